@@ -1,0 +1,386 @@
+//! The TOML schema of a training run. Every section rejects unknown keys, and every error names
+//! the file and the key path (`train.lr`), so a typo never silently falls back to a default.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Read { file: PathBuf, source: std::io::Error },
+    #[error("{file}: {key}: {message}")]
+    Invalid { file: PathBuf, key: String, message: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub model: ModelSection,
+    #[serde(default)]
+    pub lora: LoraSection,
+    pub data: DataSection,
+    #[serde(default)]
+    pub train: TrainSection,
+    #[serde(default)]
+    pub optim: AdafactorSection,
+    #[serde(default)]
+    pub checkpoint: CheckpointSection,
+    #[serde(default)]
+    pub output: OutputSection,
+}
+
+/// Where the base model comes from: a Hub repo id, a local HF folder, or a `.gguf` file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub source: String,
+    #[serde(default = "default_revision")]
+    pub revision: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+// `default` lets a section name only the keys it changes; unknown keys are still errors.
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSection {
+    pub r: usize,
+    pub alpha: f64,
+    pub dropout: f64,
+    pub target_modules: Vec<String>,
+    pub rslora: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataFormat {
+    /// `{"messages": [{"role": ..., "content": ...}, ...]}` per line (OpenAI / HF chat format).
+    Messages,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TruncationSide {
+    /// Keep the start of the conversation (drop the tail).
+    Right,
+    /// Keep the end of the conversation (drop the head).
+    Left,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSection {
+    pub train: PathBuf,
+    #[serde(default)]
+    pub eval: Option<PathBuf>,
+    #[serde(default = "default_format")]
+    pub format: DataFormat,
+    #[serde(default = "default_max_seq_len")]
+    pub max_seq_len: usize,
+    #[serde(default = "default_truncation")]
+    pub truncation_side: TruncationSide,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    Cosine,
+    Linear,
+    Constant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeDtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+// `default` lets a section name only the keys it changes; unknown keys are still errors.
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSection {
+    pub batch_size: usize,
+    pub grad_accum: usize,
+    /// Passes over the training set; ignored when `max_steps` is set.
+    pub epochs: f64,
+    /// Optimizer steps; overrides `epochs` when present.
+    pub max_steps: Option<usize>,
+    pub lr: f64,
+    pub schedule: Schedule,
+    pub warmup_steps: usize,
+    pub weight_decay: f64,
+    /// Global-norm gradient clipping; 0 turns it off.
+    pub max_grad_norm: f64,
+    pub seed: u64,
+    pub compute_dtype: ComputeDtype,
+    /// Evaluate every N optimizer steps (0: only at the end).
+    pub eval_every: usize,
+    /// Cap on eval batches per evaluation (0: the whole eval set).
+    pub eval_batches: usize,
+    pub log_every: usize,
+}
+
+/// Adafactor. `flavor = "torch"` follows `torch.optim.Adafactor`, `"hf"` follows
+/// `transformers.optimization.Adafactor` (relative step, parameter scaling, beta1).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+// `default` lets a section name only the keys it changes; unknown keys are still errors.
+#[serde(deny_unknown_fields, default)]
+pub struct AdafactorSection {
+    pub flavor: AdafactorFlavor,
+    /// Exponent of the second-moment decay schedule: beta2_t = 1 - t^decay_rate.
+    pub decay_rate: f64,
+    /// Regularizer added to squared gradients (hf: eps[0]; torch: eps1, `None` = dtype eps).
+    pub eps1: Option<f64>,
+    /// Lower bound of the parameter RMS used for relative steps (hf: eps[1]; torch: eps2).
+    pub eps2: f64,
+    /// Update clipping threshold (hf: clip_threshold; torch: d).
+    pub clip_threshold: f64,
+    /// First moment; off by default, which is what saves Adam's memory.
+    pub beta1: Option<f64>,
+    /// hf only: lr = min(1e-2, 1/sqrt(t)) scaled by the parameter RMS.
+    pub relative_step: bool,
+    pub scale_parameter: bool,
+    pub warmup_init: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdafactorFlavor {
+    Torch,
+    Hf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+// `default` lets a section name only the keys it changes; unknown keys are still errors.
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointSection {
+    /// Save a checkpoint every N optimizer steps (0: only at the end).
+    pub every: usize,
+    /// Keep only the newest N checkpoints (0: keep all).
+    pub keep_last: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+// `default` lets a section name only the keys it changes; unknown keys are still errors.
+#[serde(deny_unknown_fields, default)]
+pub struct OutputSection {
+    /// Run directory: checkpoints/, metrics.jsonl.
+    pub dir: PathBuf,
+    /// Adapter name: the adapter is exported to `adapters/<name>/`.
+    pub adapter_name: String,
+    pub adapters_dir: PathBuf,
+}
+
+fn default_revision() -> String {
+    "main".into()
+}
+fn default_format() -> DataFormat {
+    DataFormat::Messages
+}
+fn default_max_seq_len() -> usize {
+    1024
+}
+fn default_truncation() -> TruncationSide {
+    TruncationSide::Right
+}
+
+pub const ALL_TARGET_MODULES: [&str; 7] =
+    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        Self {
+            r: 16,
+            alpha: 32.0,
+            dropout: 0.05,
+            target_modules: ALL_TARGET_MODULES.iter().map(|s| s.to_string()).collect(),
+            rslora: false,
+        }
+    }
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        Self {
+            batch_size: 4,
+            grad_accum: 1,
+            epochs: 1.0,
+            max_steps: None,
+            lr: 2e-4,
+            schedule: Schedule::Cosine,
+            warmup_steps: 0,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            seed: 42,
+            compute_dtype: ComputeDtype::F32,
+            eval_every: 0,
+            eval_batches: 0,
+            log_every: 1,
+        }
+    }
+}
+
+impl Default for AdafactorSection {
+    fn default() -> Self {
+        // torch.optim.Adafactor's defaults.
+        Self {
+            flavor: AdafactorFlavor::Torch,
+            decay_rate: -0.8,
+            eps1: None,
+            eps2: 1e-3,
+            clip_threshold: 1.0,
+            beta1: None,
+            relative_step: false,
+            scale_parameter: false,
+            warmup_init: false,
+        }
+    }
+}
+
+impl Default for CheckpointSection {
+    fn default() -> Self {
+        Self { every: 0, keep_last: 2 }
+    }
+}
+
+impl Default for OutputSection {
+    fn default() -> Self {
+        Self { dir: "runs/default".into(), adapter_name: "default".into(), adapters_dir: "adapters".into() }
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file. Relative data paths stay relative to the working
+    /// directory (as users type them on the command line).
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { file: path.to_path_buf(), source })?;
+        Self::from_toml(&text, path)
+    }
+
+    pub fn from_toml(text: &str, file: &Path) -> Result<Self, ConfigError> {
+        let de = toml::Deserializer::new(text);
+        let cfg: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            let message = e.into_inner().message().trim().to_string();
+            ConfigError::Invalid { file: file.to_path_buf(), key, message }
+        })?;
+        cfg.validate().map_err(|(key, message)| ConfigError::Invalid {
+            file: file.to_path_buf(),
+            key: key.to_string(),
+            message,
+        })?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let l = &self.lora;
+        check(l.r > 0, "lora.r", "must be at least 1")?;
+        check(l.alpha > 0.0, "lora.alpha", "must be positive")?;
+        check((0.0..1.0).contains(&l.dropout), "lora.dropout", "must be in [0, 1)")?;
+        check(!l.target_modules.is_empty(), "lora.target_modules", "must name at least one module")?;
+        for m in &l.target_modules {
+            if !ALL_TARGET_MODULES.contains(&m.as_str()) {
+                return Err((
+                    "lora.target_modules",
+                    format!("unknown module {m:?}; expected some of {ALL_TARGET_MODULES:?}"),
+                ));
+            }
+        }
+        check(self.data.max_seq_len >= 2, "data.max_seq_len", "must be at least 2")?;
+        let t = &self.train;
+        check(t.batch_size > 0, "train.batch_size", "must be at least 1")?;
+        check(t.grad_accum > 0, "train.grad_accum", "must be at least 1")?;
+        check(t.lr > 0.0 && t.lr.is_finite(), "train.lr", "must be a positive number")?;
+        check(t.max_steps != Some(0), "train.max_steps", "must be at least 1")?;
+        check(t.epochs > 0.0 || t.max_steps.is_some(), "train.epochs", "must be positive")?;
+        check(t.weight_decay >= 0.0, "train.weight_decay", "must be >= 0")?;
+        check(t.max_grad_norm >= 0.0, "train.max_grad_norm", "must be >= 0 (0 turns clipping off)")?;
+        check(t.log_every > 0, "train.log_every", "must be at least 1")?;
+        let o = &self.optim;
+        check(o.decay_rate < 0.0, "optim.decay_rate", "must be negative (beta2_t = 1 - t^decay_rate)")?;
+        check(o.clip_threshold > 0.0, "optim.clip_threshold", "must be positive")?;
+        if let Some(b) = o.beta1 {
+            check((0.0..1.0).contains(&b), "optim.beta1", "must be in [0, 1)")?;
+        }
+        check(
+            o.flavor == AdafactorFlavor::Hf || !(o.relative_step || o.scale_parameter || o.warmup_init),
+            "optim.flavor",
+            "relative_step, scale_parameter and warmup_init need flavor = \"hf\"",
+        )?;
+        check(!self.output.adapter_name.is_empty(), "output.adapter_name", "must not be empty")?;
+        Ok(())
+    }
+
+    /// LoRA scale: alpha / r, or alpha / sqrt(r) with rsLoRA.
+    pub fn lora_scale(&self) -> f64 {
+        let r = self.lora.r as f64;
+        if self.lora.rslora {
+            self.lora.alpha / r.sqrt()
+        } else {
+            self.lora.alpha / r
+        }
+    }
+}
+
+fn check(ok: bool, key: &'static str, message: &str) -> Result<(), (&'static str, String)> {
+    if ok {
+        Ok(())
+    } else {
+        Err((key, message.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[model]
+source = "HuggingFaceTB/SmolLM2-135M-Instruct"
+[data]
+train = "datasets/customer-service/train.jsonl"
+"#;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(text, Path::new("run.toml"))
+    }
+
+    #[test]
+    fn minimal_config_takes_defaults() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.lora.r, 16);
+        assert_eq!(c.lora.target_modules.len(), 7);
+        assert_eq!(c.train.schedule, Schedule::Cosine);
+        assert_eq!(c.model.revision, "main");
+        assert_eq!(c.lora_scale(), 2.0);
+    }
+
+    #[test]
+    fn unknown_key_names_file_and_path() {
+        let err = parse(&format!("{MINIMAL}[train]\nlearning_rate = 1e-4\n")).unwrap_err().to_string();
+        assert!(err.starts_with("run.toml: train"), "{err}");
+        assert!(err.contains("learning_rate"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_names_key_path() {
+        let err = parse(&format!("{MINIMAL}[lora]\nr = \"sixteen\"\n")).unwrap_err().to_string();
+        assert!(err.starts_with("run.toml: lora.r:"), "{err}");
+    }
+
+    #[test]
+    fn invalid_value_names_key_path() {
+        let err = parse(&format!("{MINIMAL}[lora]\ntarget_modules = [\"qkv\"]\n")).unwrap_err().to_string();
+        assert!(err.starts_with("run.toml: lora.target_modules:"), "{err}");
+        let err = parse(&format!("{MINIMAL}[train]\nlr = -1.0\n")).unwrap_err().to_string();
+        assert!(err.starts_with("run.toml: train.lr:"), "{err}");
+    }
+
+    #[test]
+    fn rslora_scale_is_alpha_over_sqrt_r() {
+        let c = parse(&format!("{MINIMAL}[lora]\nr = 16\nalpha = 8\nrslora = true\n")).unwrap();
+        assert_eq!(c.lora_scale(), 2.0);
+    }
+}

@@ -1,0 +1,16 @@
+//! lora-ft: QLoRA fine-tuning of Llama/Mistral decoders on candle.
+//!
+//! Data flow (see DESIGN.md): `config` → `hub`/`gguf` (model source) → `model` (decoder with LoRA,
+//! checkpointed explicit backward) ← `data` (chat-templated, masked batches) → `train` (loop,
+//! `optim`) → `export` (PEFT adapter) → `generate` (chat).
+
+pub mod config;
+pub mod data;
+pub mod export;
+pub mod fixtures;
+pub mod generate;
+pub mod gguf;
+pub mod hub;
+pub mod model;
+pub mod optim;
+pub mod train;
