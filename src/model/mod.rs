@@ -1,1 +1,14 @@
-//! (being written this session)
+//! The decoder (Llama / Mistral family) with LoRA adapters and a hand-written, checkpointed
+//! backward. candle's autograd serves only as the test oracle (see DESIGN.md).
+
+pub mod attention;
+pub mod config;
+pub mod decoder;
+pub mod layer;
+pub mod linear;
+pub mod loss;
+pub mod ops;
+
+pub use config::ModelConfig;
+pub use decoder::{module_path, CausalLm, LoraSpec, TrainOutput};
+pub use layer::{KvCache, PROJECTIONS};

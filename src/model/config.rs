@@ -1,0 +1,107 @@
+//! The architecture read from an HF `config.json` (LlamaForCausalLM / MistralForCausalLM).
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ModelConfig {
+    #[serde(default)]
+    pub architectures: Vec<String>,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+    #[serde(default)]
+    pub rope_scaling: Option<serde_json::Value>,
+    #[serde(default = "default_max_pos")]
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub mlp_bias: bool,
+    #[serde(default)]
+    pub bos_token_id: Option<serde_json::Value>,
+    #[serde(default)]
+    pub eos_token_id: Option<serde_json::Value>,
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_theta() -> f64 {
+    10000.0
+}
+fn default_max_pos() -> usize {
+    4096
+}
+fn default_act() -> String {
+    "silu".into()
+}
+
+impl ModelConfig {
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let de = &mut serde_json::Deserializer::from_str(&text);
+        let cfg: ModelConfig = serde_path_to_error::deserialize(de)
+            .map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.path(), e.inner()))?;
+        cfg.validate().with_context(|| format!("{}: unsupported model", path.display()))?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        let arch = self.architectures.first().map(String::as_str).unwrap_or("LlamaForCausalLM");
+        if !matches!(arch, "LlamaForCausalLM" | "MistralForCausalLM") {
+            bail!("architectures: {arch} (lora-ft supports LlamaForCausalLM and MistralForCausalLM)");
+        }
+        if self.hidden_act != "silu" {
+            bail!("hidden_act: {:?} (only silu is supported)", self.hidden_act);
+        }
+        if self.attention_bias || self.mlp_bias {
+            bail!("attention_bias/mlp_bias: biased projections are not supported");
+        }
+        if let Some(s) = &self.rope_scaling {
+            if !s.is_null() {
+                bail!("rope_scaling: {s} (only unscaled RoPE is supported so far)");
+            }
+        }
+        if self.num_attention_heads % self.num_kv_heads() != 0 {
+            bail!("num_key_value_heads must divide num_attention_heads");
+        }
+        Ok(())
+    }
+
+    pub fn num_kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads)
+    }
+
+    /// HF Mistral masks keys more than `sliding_window - 1` positions back; Llama has no window.
+    pub fn attention_window(&self) -> Option<usize> {
+        let is_mistral = self.architectures.iter().any(|a| a == "MistralForCausalLM");
+        if is_mistral {
+            self.sliding_window
+        } else {
+            None
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The causal LM: embeddings → decoder layers → final norm → lm_head, with per-layer gradient
+//! checkpointing: the training forward keeps only each layer's input, and the backward recomputes
+//! one layer at a time (llm.c style), producing gradients for the LoRA weights only.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use candle_core::{safetensors::MmapedSafetensors, DType, Device, Tensor, Var};
+use rand::SeedableRng;
+
+use super::attention::causal_mask;
+use super::config::ModelConfig;
+use super::layer::{DecoderLayer, KvCache, LayerInput, PROJECTIONS};
+use super::linear::{BaseWeight, LoraAdapter, LoraLinear};
+use super::loss::{cross_entropy, shift_labels};
+use super::ops::{rms_norm, rms_norm_backward, Rope};
+
+/// LoRA hyper-parameters as they apply to the model.
+#[derive(Debug, Clone)]
+pub struct LoraSpec {
+    pub r: usize,
+    pub alpha: f64,
+    pub dropout: f64,
+    pub target_modules: Vec<String>,
+    pub rslora: bool,
+}
+
+impl LoraSpec {
+    pub fn scale(&self) -> f64 {
+        if self.rslora {
+            self.alpha / (self.r as f64).sqrt()
+        } else {
+            self.alpha / self.r as f64
+        }
+    }
+}
+
+pub struct CausalLm {
+    pub config: ModelConfig,
+    embed_tokens: Tensor,
+    pub layers: Vec<DecoderLayer>,
+    norm: Tensor,
+    lm_head: Tensor,
+    rope: Rope,
+    dtype: DType,
+    device: Device,
+    /// Rows of the cross-entropy processed at once (bounds the logits buffer to chunk × vocab).
+    pub loss_chunk_rows: usize,
+}
+
+/// The result of one training forward + backward on a micro-batch.
+pub struct TrainOutput {
+    pub loss_sum: f64,
+    pub n_tokens: usize,
+    /// Gradients aligned with `lora_params()`, f32.
+    pub grads: Vec<Tensor>,
+    /// Gradient w.r.t. the embedding output (the start of the input-gradient chain).
+    pub d_inputs_embeds: Tensor,
+}
+
+/// `model.layers.{l}.{self_attn|mlp}.{proj}` — the HF module path of a projection.
+pub fn module_path(layer: usize, proj: &str) -> String {
+    let block = if matches!(proj, "gate_proj" | "up_proj" | "down_proj") { "mlp" } else { "self_attn" };
+    format!("model.layers.{layer}.{block}.{proj}")
+}
+
+fn load(st: &MmapedSafetensors, name: &str, dtype: DType, device: &Device) -> anyhow::Result<Tensor> {
+    let t = st.load(name, device).with_context(|| format!("loading tensor {name}"))?;
+    Ok(t.to_dtype(dtype)?)
+}
+
+impl CausalLm {
+    /// Loads an HF-layout model (config.json + one or more safetensors files).
+    pub fn load(config_path: &Path, weights: &[PathBuf], dtype: DType, device: &Device) -> anyhow::Result<Self> {
+        let config = ModelConfig::from_file(config_path)?;
+        // SAFETY: the files are memory-mapped read-only and not modified while loading.
+        let st = unsafe { MmapedSafetensors::multi(weights) }
+            .with_context(|| format!("opening safetensors {weights:?}"))?;
+        let embed_tokens = load(&st, "model.embed_tokens.weight", dtype, device)?;
+        let lm_head = match st.get("lm_head.weight") {
+            Ok(_) => load(&st, "lm_head.weight", dtype, device)?,
+            Err(_) if config.tie_word_embeddings => embed_tokens.clone(),
+            Err(_) => anyhow::bail!("lm_head.weight is missing and tie_word_embeddings is false"),
+        };
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for l in 0..config.num_hidden_layers {
+            let proj = PROJECTIONS.map(|p| format!("{}.weight", module_path(l, p)));
+            let mut linears = Vec::with_capacity(7);
+            for name in &proj {
+                linears.push(LoraLinear { base: BaseWeight::Dense(load(&st, name, dtype, device)?), lora: None });
+            }
+            layers.push(DecoderLayer {
+                input_layernorm: load(&st, &format!("model.layers.{l}.input_layernorm.weight"), dtype, device)?,
+                post_attention_layernorm: load(
+                    &st,
+                    &format!("model.layers.{l}.post_attention_layernorm.weight"),
+                    dtype,
+                    device,
+                )?,
+                proj: linears.try_into().map_err(|_| anyhow::anyhow!("seven projections"))?,
+                n_heads: config.num_attention_heads,
+                n_kv_heads: config.num_kv_heads(),
+                head_dim: config.head_dim(),
+                rms_norm_eps: config.rms_norm_eps,
+            });
+        }
+        let norm = load(&st, "model.norm.weight", dtype, device)?;
+        let rope = Rope::new(config.head_dim(), config.rope_theta, config.max_position_embeddings, dtype, device)?;
+        Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, dtype, device: device.clone(), loss_chunk_rows: 1024 })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Adds freshly initialised adapters (A kaiming-uniform, B zero) to the target modules.
+    pub fn add_lora(&mut self, spec: &LoraSpec, seed: u64) -> candle_core::Result<()> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        for layer in &mut self.layers {
+            for (p, name) in PROJECTIONS.iter().enumerate() {
+                if spec.target_modules.iter().any(|t| t == name) {
+                    let dims = layer.proj[p].base.dims();
+                    let a = LoraAdapter::init(spec.r, dims, spec.scale(), spec.dropout, &mut rng, &self.device)?;
+                    layer.proj[p].lora = Some(a);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The trained tensors with their PEFT names
+    /// (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`), in a fixed order.
+    pub fn lora_params(&self) -> Vec<(String, Var)> {
+        let mut out = Vec::new();
+        for (l, layer) in self.layers.iter().enumerate() {
+            for (p, name) in PROJECTIONS.iter().enumerate() {
+                if let Some(lora) = &layer.proj[p].lora {
+                    let prefix = format!("base_model.model.{}", module_path(l, name));
+                    out.push((format!("{prefix}.lora_A.weight"), lora.lora_a.clone()));
+                    out.push((format!("{prefix}.lora_B.weight"), lora.lora_b.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    fn embed(&self, input_ids: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, t) = input_ids.dims2()?;
+        self.embed_tokens.index_select(&input_ids.flatten_all()?, 0)?.reshape((b, t, self.config.hidden_size))
+    }
+
+    fn layer_input<'a>(&'a self, mask: &'a Tensor, offset: usize, seed: Option<u64>, l: usize) -> LayerInput<'a> {
+        let dropout_seed = seed.map(|s| s.wrapping_mul(6364136223846793005).wrapping_add(l as u64 * 1442695040888963407));
+        LayerInput { rope: &self.rope, mask, offset, dropout_seed }
+    }
+
+    /// Eval-mode logits `[b, t, vocab]` (f32). With `caches`, continues from the cached positions.
+    pub fn forward(&self, input_ids: &Tensor, mut caches: Option<&mut [KvCache]>) -> candle_core::Result<Tensor> {
+        let (b, t) = input_ids.dims2()?;
+        let offset = caches.as_ref().map_or(0, |c| c[0].len());
+        let mask = causal_mask(t, offset + t, offset, self.config.attention_window(), &self.device)?;
+        let mut x = self.embed(input_ids)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let cache = caches.as_mut().map(|c| &mut c[l]);
+            x = layer.forward(&x, &self.layer_input(&mask, offset, None, l), cache)?;
+        }
+        let (h, _) = rms_norm(&x.reshape((b * t, self.config.hidden_size))?, &self.norm, self.config.rms_norm_eps)?;
+        h.matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?.reshape((b, t, self.config.vocab_size))
+    }
+
+    /// Runs the decoder keeping only each layer's input. Returns the inputs and the last output.
+    fn forward_checkpointed(&self, x: Tensor, mask: &Tensor, seed: Option<u64>) -> candle_core::Result<(Vec<Tensor>, Tensor)> {
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut x = x;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let next = layer.forward(&x, &self.layer_input(mask, 0, seed, l), None)?;
+            inputs.push(std::mem::replace(&mut x, next));
+        }
+        Ok((inputs, x))
+    }
+
+    /// Summed loss over trained tokens (eval mode, no gradients).
+    pub fn loss(&self, input_ids: &Tensor, labels: &[i64]) -> candle_core::Result<(f64, usize)> {
+        let (b, t) = input_ids.dims2()?;
+        let mask = causal_mask(t, t, 0, self.config.attention_window(), &self.device)?;
+        let (_, last) = self.forward_checkpointed(self.embed(input_ids)?, &mask, None)?;
+        let last = last.reshape((b * t, self.config.hidden_size))?;
+        let (h, _) = rms_norm(&last, &self.norm, self.config.rms_norm_eps)?;
+        let out = cross_entropy(&h, &self.lm_head, &shift_labels(labels, b, t), None, self.loss_chunk_rows)?;
+        Ok((out.loss_sum, out.n_tokens))
+    }
+
+    /// Forward and backward of one micro-batch. Gradients are those of `grad_scale · loss_sum`
+    /// (the trainer passes 1/tokens-in-the-step, times the fp16 loss scale).
+    /// `dropout_seed = None` turns LoRA dropout off.
+    pub fn forward_backward(
+        &self,
+        input_ids: &Tensor,
+        labels: &[i64],
+        grad_scale: f64,
+        dropout_seed: Option<u64>,
+    ) -> candle_core::Result<TrainOutput> {
+        let (b, t) = input_ids.dims2()?;
+        let hidden = self.config.hidden_size;
+        let mask = causal_mask(t, t, 0, self.config.attention_window(), &self.device)?;
+        let (mut inputs, last) = self.forward_checkpointed(self.embed(input_ids)?, &mask, dropout_seed)?;
+        let last = last.reshape((b * t, hidden))?;
+        let (h, inv_rms) = rms_norm(&last, &self.norm, self.config.rms_norm_eps)?;
+        let targets = shift_labels(labels, b, t);
+        let out = cross_entropy(&h, &self.lm_head, &targets, Some(grad_scale), self.loss_chunk_rows)?;
+        let d_h = out.d_hidden.expect("asked for the gradient");
+        let mut dx = rms_norm_backward(&last, &self.norm, &inv_rms, &d_h)?.reshape((b, t, hidden))?;
+        let mut per_layer = Vec::with_capacity(self.layers.len());
+        for (l, layer) in self.layers.iter().enumerate().rev() {
+            let input = self.layer_input(&mask, 0, dropout_seed, l);
+            let x = inputs.pop().expect("one input per layer");
+            let (_, saved) = layer.forward_saving(&x, &input)?;
+            let (d_in, grads) = layer.backward(&saved, &dx, &input)?;
+            dx = d_in;
+            per_layer.push(grads);
+        }
+        per_layer.reverse();
+        let grads = per_layer
+            .into_iter()
+            .flat_map(|g| g.into_iter().flatten())
+            .flat_map(|g| [g.lora_a, g.lora_b])
+            .collect();
+        Ok(TrainOutput { loss_sum: out.loss_sum, n_tokens: out.n_tokens, grads, d_inputs_embeds: dx })
+    }
+}

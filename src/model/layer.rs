@@ -1,0 +1,193 @@
+//! One decoder layer: x + attn(norm(x)) then h + mlp(norm(h)), with LoRA on its projections.
+//! `forward` is the cheap pass (inference, and the training forward that keeps only the layer's
+//! input); `forward_saving` is the backward's recompute, keeping exactly what `backward` reads.
+
+use candle_core::{Result, Tensor};
+
+use super::attention::{attention, attention_backward, AttentionSaved};
+use super::linear::{DropoutSeed, LoraGrad, LoraLinear};
+use super::ops::{rms_norm, rms_norm_backward, swiglu, swiglu_backward, Rope};
+
+/// The seven projections, in PEFT's `target_modules` names and in a fixed order.
+pub const PROJECTIONS: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    pub input_layernorm: Tensor,
+    pub post_attention_layernorm: Tensor,
+    /// q, k, v, o, gate, up, down (the order of `PROJECTIONS`).
+    pub proj: [LoraLinear; 7],
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+}
+
+const Q: usize = 0;
+const K: usize = 1;
+const V: usize = 2;
+const O: usize = 3;
+const GATE: usize = 4;
+const UP: usize = 5;
+const DOWN: usize = 6;
+
+/// Keys and values of the positions seen so far, for generation.
+#[derive(Debug, Default, Clone)]
+pub struct KvCache {
+    k: Option<Tensor>,
+    v: Option<Tensor>,
+}
+
+impl KvCache {
+    pub fn len(&self) -> usize {
+        self.k.as_ref().map_or(0, |k| k.dim(2).unwrap_or(0))
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Per-forward context shared by all layers.
+pub struct LayerInput<'a> {
+    pub rope: &'a Rope,
+    /// Additive attention mask `[t, kv_len]`.
+    pub mask: &'a Tensor,
+    /// Position of the first token (non-zero only with a KV cache).
+    pub offset: usize,
+    /// Seed of this layer's LoRA dropout masks; `None` in eval mode.
+    pub dropout_seed: Option<u64>,
+}
+
+/// Everything `backward` reads, kept by `forward_saving`.
+pub struct LayerSaved {
+    x: Tensor,
+    inv_rms1: Tensor,
+    n1: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn: AttentionSaved,
+    context: Tensor,
+    h1: Tensor,
+    inv_rms2: Tensor,
+    n2: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    act: Tensor,
+}
+
+fn seed(input: &LayerInput, proj: usize) -> Option<DropoutSeed> {
+    // SplitMix-style mixing so that neighbouring projections get unrelated streams.
+    input.dropout_seed.map(|s| DropoutSeed(s.wrapping_add((proj as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))))
+}
+
+impl DecoderLayer {
+    /// x `[b, t, hidden]` → `[b, t, hidden]`.
+    pub fn forward(&self, x: &Tensor, input: &LayerInput, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let (out, _) = self.run(x, input, cache, false)?;
+        Ok(out)
+    }
+
+    pub fn forward_saving(&self, x: &Tensor, input: &LayerInput) -> Result<(Tensor, LayerSaved)> {
+        let (out, saved) = self.run(x, input, None, true)?;
+        Ok((out, saved.expect("run keeps activations when asked to")))
+    }
+
+    fn heads(&self, x: &Tensor, b: usize, t: usize, n: usize) -> Result<Tensor> {
+        x.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?.contiguous()
+    }
+
+    fn run(
+        &self,
+        x: &Tensor,
+        input: &LayerInput,
+        cache: Option<&mut KvCache>,
+        save: bool,
+    ) -> Result<(Tensor, Option<LayerSaved>)> {
+        let (b, t, hidden) = x.dims3()?;
+        let x2 = x.reshape((b * t, hidden))?;
+        let (n1, inv_rms1) = rms_norm(&x2, &self.input_layernorm, self.rms_norm_eps)?;
+        let q = self.proj[Q].forward(&n1, seed(input, Q))?;
+        let k = self.proj[K].forward(&n1, seed(input, K))?;
+        let v = self.proj[V].forward(&n1, seed(input, V))?;
+        let q = input.rope.apply(&self.heads(&q, b, t, self.n_heads)?, input.offset)?;
+        let mut k = input.rope.apply(&self.heads(&k, b, t, self.n_kv_heads)?, input.offset)?;
+        let mut v = self.heads(&v, b, t, self.n_kv_heads)?;
+        if let Some(cache) = cache {
+            if let (Some(pk), Some(pv)) = (&cache.k, &cache.v) {
+                k = Tensor::cat(&[pk, &k], 2)?;
+                v = Tensor::cat(&[pv, &v], 2)?;
+            }
+            cache.k = Some(k.clone());
+            cache.v = Some(v.clone());
+        }
+        let (context, attn) = attention(&q, &k, &v, input.mask)?;
+        let context = context.transpose(1, 2)?.reshape((b * t, self.n_heads * self.head_dim))?;
+        let h1 = (&x2 + self.proj[O].forward(&context, seed(input, O))?)?;
+        let (n2, inv_rms2) = rms_norm(&h1, &self.post_attention_layernorm, self.rms_norm_eps)?;
+        let gate = self.proj[GATE].forward(&n2, seed(input, GATE))?;
+        let up = self.proj[UP].forward(&n2, seed(input, UP))?;
+        let act = swiglu(&gate, &up)?;
+        let out = (&h1 + self.proj[DOWN].forward(&act, seed(input, DOWN))?)?.reshape((b, t, hidden))?;
+        let saved = save.then(|| LayerSaved {
+            x: x2,
+            inv_rms1,
+            n1,
+            q,
+            k,
+            v,
+            attn,
+            context,
+            h1,
+            inv_rms2,
+            n2,
+            gate,
+            up,
+            act,
+        });
+        Ok((out, saved))
+    }
+
+    /// Given d(out) `[b, t, hidden]`, returns d(x) and the LoRA gradients in `PROJECTIONS` order
+    /// (`None` for projections without an adapter). Only the input gradient and the adapters'
+    /// gradients are computed; the frozen weights get none.
+    pub fn backward(
+        &self,
+        saved: &LayerSaved,
+        d_out: &Tensor,
+        input: &LayerInput,
+    ) -> Result<(Tensor, [Option<LoraGrad>; 7])> {
+        let (b, t, hidden) = d_out.dims3()?;
+        let d_out = d_out.reshape((b * t, hidden))?;
+        let mut grads: [Option<LoraGrad>; 7] = Default::default();
+
+        let (d_act, g) = self.proj[DOWN].backward(&saved.act, &d_out, seed(input, DOWN))?;
+        grads[DOWN] = g;
+        let (d_gate, d_up) = swiglu_backward(&saved.gate, &saved.up, &d_act)?;
+        let (dn2_gate, g) = self.proj[GATE].backward(&saved.n2, &d_gate, seed(input, GATE))?;
+        grads[GATE] = g;
+        let (dn2_up, g) = self.proj[UP].backward(&saved.n2, &d_up, seed(input, UP))?;
+        grads[UP] = g;
+        let dn2 = (dn2_gate + dn2_up)?;
+        let d_h1 =
+            (&d_out + rms_norm_backward(&saved.h1, &self.post_attention_layernorm, &saved.inv_rms2, &dn2)?)?;
+
+        let (d_context, g) = self.proj[O].backward(&saved.context, &d_h1, seed(input, O))?;
+        grads[O] = g;
+        let d_context = self.heads(&d_context, b, t, self.n_heads)?;
+        let (dq, dk, dv) = attention_backward(&saved.q, &saved.k, &saved.v, &saved.attn, &d_context)?;
+        let flat = |x: Tensor, n: usize| x.transpose(1, 2)?.reshape((b * t, n * self.head_dim));
+        let dq = flat(input.rope.backward(&dq, input.offset)?, self.n_heads)?;
+        let dk = flat(input.rope.backward(&dk, input.offset)?, self.n_kv_heads)?;
+        let dv = flat(dv, self.n_kv_heads)?;
+        let (dn1_q, g) = self.proj[Q].backward(&saved.n1, &dq, seed(input, Q))?;
+        grads[Q] = g;
+        let (dn1_k, g) = self.proj[K].backward(&saved.n1, &dk, seed(input, K))?;
+        grads[K] = g;
+        let (dn1_v, g) = self.proj[V].backward(&saved.n1, &dv, seed(input, V))?;
+        grads[V] = g;
+        let dn1 = ((dn1_q + dn1_k)? + dn1_v)?;
+        let dx = (d_h1 + rms_norm_backward(&saved.x, &self.input_layernorm, &saved.inv_rms1, &dn1)?)?;
+        Ok((dx.reshape((b, t, hidden))?, grads))
+    }
+}

@@ -1,0 +1,151 @@
+//! The decoder's elementwise pieces with their hand-written backward passes: RMSNorm, RoPE and
+//! the SwiGLU gate. candle's fused versions of these have no autograd, and we would not want its
+//! autograd anyway (DESIGN.md), so each forward here returns what its backward needs.
+
+use candle_core::{DType, Device, Result, Tensor, D};
+
+/// RMSNorm as HF computes it: in f32, y = w ⊙ (x · rsqrt(mean(x²) + eps)), cast back.
+/// Returns y and `inv_rms` `[n, 1]` (f32) for the backward.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    let xf = x.to_dtype(DType::F32)?;
+    let inv_rms = (xf.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
+    let normed = xf.broadcast_mul(&inv_rms)?.to_dtype(x.dtype())?;
+    Ok((normed.broadcast_mul(weight)?, inv_rms))
+}
+
+/// dx = r ⊙ g − x ⊙ r³ ⊙ mean(g ⊙ x), with g = dy ⊙ w and r = inv_rms.
+pub fn rms_norm_backward(x: &Tensor, weight: &Tensor, inv_rms: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    let xf = x.to_dtype(DType::F32)?;
+    let g = dy.broadcast_mul(weight)?.to_dtype(DType::F32)?;
+    let mean_gx = (&g * &xf)?.mean_keepdim(D::Minus1)?;
+    let r3 = inv_rms.powf(3.0)?;
+    let dx = (g.broadcast_mul(inv_rms)? - xf.broadcast_mul(&(r3 * mean_gx)?)?)?;
+    dx.to_dtype(x.dtype())
+}
+
+/// Rotary position embedding in HF's "rotate_half" layout: cos/sin tables `[max_pos, head_dim/2]`.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    pub fn new(head_dim: usize, theta: f64, max_pos: usize, dtype: DType, device: &Device) -> Result<Self> {
+        let half = head_dim / 2;
+        // Computed in f64 and rounded once, as close to HF's f32 inv_freq as the angles allow.
+        let inv_freq: Vec<f32> =
+            (0..half).map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32).collect();
+        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+        let pos = Tensor::arange(0u32, max_pos as u32, device)?.to_dtype(DType::F32)?.reshape((max_pos, 1))?;
+        let angles = pos.broadcast_mul(&inv_freq)?;
+        Ok(Self { cos: angles.cos()?.to_dtype(dtype)?, sin: angles.sin()?.to_dtype(dtype)? })
+    }
+
+    fn tables(&self, offset: usize, len: usize) -> Result<(Tensor, Tensor)> {
+        if offset + len > self.cos.dim(0)? {
+            candle_core::bail!("position {} is past the RoPE table ({})", offset + len, self.cos.dim(0)?);
+        }
+        Ok((self.cos.narrow(0, offset, len)?.contiguous()?, self.sin.narrow(0, offset, len)?.contiguous()?))
+    }
+
+    /// x `[b, heads, t, head_dim]` at positions offset..offset+t.
+    pub fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
+        let (cos, sin) = self.tables(offset, x.dim(2)?)?;
+        candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin)
+    }
+
+    /// RoPE is a rotation, so its backward is the rotation by the opposite angle.
+    pub fn backward(&self, dy: &Tensor, offset: usize) -> Result<Tensor> {
+        let (cos, sin) = self.tables(offset, dy.dim(2)?)?;
+        candle_nn::rotary_emb::rope(&dy.contiguous()?, &cos, &sin.neg()?)
+    }
+}
+
+/// SwiGLU: a = silu(g) ⊙ u.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    gate.silu()? * up
+}
+
+/// Returns (d_gate, d_up): silu'(g) = σ(g)(1 + g(1 − σ(g))).
+pub fn swiglu_backward(gate: &Tensor, up: &Tensor, da: &Tensor) -> Result<(Tensor, Tensor)> {
+    let sig = candle_nn::ops::sigmoid(gate)?;
+    let silu = (gate * &sig)?;
+    let d_up = (da * &silu)?;
+    let dsilu = (&sig * (1.0 + (gate * (1.0 - &sig)?)?)?)?;
+    let d_gate = ((da * up)? * dsilu)?;
+    Ok((d_gate, d_up))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn randn(shape: &[usize], seed: u64) -> Tensor {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+        let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let scale = b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        diff / scale.max(1e-12)
+    }
+
+    /// Checks a hand backward against candle's autograd on the same composed forward.
+    fn autograd_grad(x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>, dy: &Tensor) -> Tensor {
+        let xv = candle_core::Var::from_tensor(x).unwrap();
+        let y = f(xv.as_tensor()).unwrap();
+        let grads = (y * dy).unwrap().sum_all().unwrap().backward().unwrap();
+        grads.get(xv.as_tensor()).unwrap().clone()
+    }
+
+    #[test]
+    fn rms_norm_backward_matches_autograd() {
+        let x = randn(&[5, 16], 1);
+        let w = (randn(&[16], 2) + 1.0).unwrap();
+        let dy = randn(&[5, 16], 3);
+        let (y, inv) = rms_norm(&x, &w, 1e-5).unwrap();
+        let y_ref = candle_nn::ops::rms_norm_slow(&x, &w, 1e-5).unwrap();
+        assert!(max_rel(&y, &y_ref) < 1e-6);
+        let dx = rms_norm_backward(&x, &w, &inv, &dy).unwrap();
+        let dx_ref = autograd_grad(&x, |x| candle_nn::ops::rms_norm_slow(x, &w, 1e-5), &dy);
+        assert!(max_rel(&dx, &dx_ref) < 1e-5, "{}", max_rel(&dx, &dx_ref));
+    }
+
+    fn rope_slow(x: &Tensor, rope: &Rope) -> Result<Tensor> {
+        let (cos, sin) = rope.tables(0, x.dim(2)?)?;
+        let cos = Tensor::cat(&[&cos, &cos], D::Minus1)?;
+        let sin = Tensor::cat(&[&sin, &sin], D::Minus1)?;
+        let half = x.dim(D::Minus1)? / 2;
+        let rotated = Tensor::cat(&[&x.narrow(D::Minus1, half, half)?.neg()?, &x.narrow(D::Minus1, 0, half)?], 3)?;
+        x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
+    }
+
+    #[test]
+    fn rope_matches_rotate_half_and_backward_matches_autograd() {
+        let rope = Rope::new(8, 10000.0, 32, DType::F32, &Device::Cpu).unwrap();
+        let x = randn(&[2, 3, 7, 8], 4);
+        let dy = randn(&[2, 3, 7, 8], 5);
+        assert!(max_rel(&rope.apply(&x, 0).unwrap(), &rope_slow(&x, &rope).unwrap()) < 1e-6);
+        let dx = rope.backward(&dy, 0).unwrap();
+        let dx_ref = autograd_grad(&x, |x| rope_slow(x, &rope), &dy);
+        assert!(max_rel(&dx, &dx_ref) < 1e-6);
+    }
+
+    #[test]
+    fn swiglu_backward_matches_autograd() {
+        let g = (randn(&[4, 6], 6) * 3.0).unwrap();
+        let u = randn(&[4, 6], 7);
+        let da = randn(&[4, 6], 8);
+        let (dg, du) = swiglu_backward(&g, &u, &da).unwrap();
+        let slow = |g: &Tensor, u: &Tensor| (g * candle_nn::ops::sigmoid(g)?)? * u;
+        let dg_ref = autograd_grad(&g, |g| slow(g, &u), &da);
+        let du_ref = autograd_grad(&u, |u| slow(&g, u), &da);
+        assert!(max_rel(&dg, &dg_ref) < 1e-5);
+        assert!(max_rel(&du, &du_ref) < 1e-6);
+    }
+}
