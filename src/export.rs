@@ -1,1 +1,156 @@
-//! (being written this session)
+//! The PEFT adapter format: `adapter_model.safetensors` (keys like
+//! `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`, A `[r, in]`, B `[out, r]`)
+//! and `adapter_config.json`, so `PeftModel.from_pretrained` loads what lora-ft trains and
+//! lora-ft loads what PEFT trains.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{CausalLm, LoraSpec};
+
+pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
+pub const ADAPTER_CONFIG: &str = "adapter_config.json";
+
+/// The fields of PEFT's `LoraConfig` that lora-ft reads and writes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeftLoraConfig {
+    pub peft_type: String,
+    pub task_type: Option<String>,
+    pub r: usize,
+    pub lora_alpha: f64,
+    #[serde(default)]
+    pub lora_dropout: f64,
+    pub target_modules: TargetModules,
+    #[serde(default = "bias_none")]
+    pub bias: String,
+    #[serde(default)]
+    pub use_rslora: bool,
+    #[serde(default)]
+    pub base_model_name_or_path: Option<String>,
+    #[serde(default)]
+    pub inference_mode: bool,
+    #[serde(default)]
+    pub fan_in_fan_out: bool,
+    #[serde(default)]
+    pub use_dora: bool,
+}
+
+/// PEFT writes `target_modules` as a list (or a set, serialized as a list), sometimes a regex string.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TargetModules {
+    List(Vec<String>),
+    Pattern(String),
+}
+
+fn bias_none() -> String {
+    "none".into()
+}
+
+impl PeftLoraConfig {
+    pub fn from_spec(spec: &LoraSpec, base_model: &str) -> Self {
+        Self {
+            peft_type: "LORA".into(),
+            task_type: Some("CAUSAL_LM".into()),
+            r: spec.r,
+            lora_alpha: spec.alpha,
+            lora_dropout: spec.dropout,
+            target_modules: TargetModules::List(spec.target_modules.clone()),
+            bias: "none".into(),
+            use_rslora: spec.rslora,
+            base_model_name_or_path: Some(base_model.into()),
+            inference_mode: true,
+            fan_in_fan_out: false,
+            use_dora: false,
+        }
+    }
+
+    fn to_spec(&self, file: &Path) -> anyhow::Result<LoraSpec> {
+        let bad = |what: &str| anyhow::anyhow!("{}: {what} is not supported by lora-ft", file.display());
+        if self.peft_type != "LORA" {
+            return Err(bad(&format!("peft_type {:?}", self.peft_type)));
+        }
+        if self.bias != "none" {
+            return Err(bad(&format!("bias {:?}", self.bias)));
+        }
+        if self.use_dora || self.fan_in_fan_out {
+            return Err(bad("use_dora / fan_in_fan_out"));
+        }
+        let target_modules = match &self.target_modules {
+            TargetModules::List(l) => l.clone(),
+            TargetModules::Pattern(p) => return Err(bad(&format!("target_modules pattern {p:?}"))),
+        };
+        Ok(LoraSpec { r: self.r, alpha: self.lora_alpha, dropout: self.lora_dropout, target_modules, rslora: self.use_rslora })
+    }
+}
+
+/// Writes the model's adapters to `dir` (created if needed); each file is written to a
+/// temporary name and renamed, so a crash never leaves a half-written adapter.
+pub fn save_adapter(model: &CausalLm, spec: &LoraSpec, base_model: &str, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tensors: HashMap<String, Tensor> =
+        model.lora_params().into_iter().map(|(name, var)| (name, var.as_tensor().clone())).collect();
+    let weights = dir.join(ADAPTER_WEIGHTS);
+    let tmp = dir.join(format!(".{ADAPTER_WEIGHTS}.tmp"));
+    candle_core::safetensors::save(&tensors, &tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &weights)?;
+    let config = serde_json::to_string_pretty(&PeftLoraConfig::from_spec(spec, base_model))?;
+    write_atomic(&dir.join(ADAPTER_CONFIG), config.as_bytes())
+}
+
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}
+
+pub fn read_adapter_config(dir: &Path) -> anyhow::Result<PeftLoraConfig> {
+    let file = dir.join(ADAPTER_CONFIG);
+    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not a PEFT LoRA config", file.display()))
+}
+
+/// Adds the adapter in `dir` (PEFT layout) to the model and returns its settings. Every tensor
+/// the model expects must be in the file with the right shape, and nothing else may be.
+pub fn load_adapter(model: &mut CausalLm, dir: &Path) -> anyhow::Result<LoraSpec> {
+    let config_file = dir.join(ADAPTER_CONFIG);
+    let spec = read_adapter_config(dir)?.to_spec(&config_file)?;
+    model.add_lora(&spec, 0)?;
+    let file = dir.join(ADAPTER_WEIGHTS);
+    let mut tensors = candle_core::safetensors::load(&file, model.device())
+        .with_context(|| format!("reading {}", file.display()))?;
+    for (name, var) in model.lora_params() {
+        let t = tensors
+            .remove(&name)
+            .or_else(|| tensors.remove(&name.replace(".weight", ".default.weight")))
+            .with_context(|| format!("{}: missing tensor {name}", file.display()))?;
+        if t.dims() != var.dims() {
+            bail!("{}: {name} has shape {:?}, the model needs {:?}", file.display(), t.dims(), var.dims());
+        }
+        var.set(&t.to_dtype(var.dtype())?)?;
+    }
+    if let Some(extra) = tensors.keys().next() {
+        bail!("{}: unexpected tensor {extra} (not a LoRA weight of this model)", file.display());
+    }
+    Ok(spec)
+}
+
+/// `lora-ft export CHECKPOINT OUTDIR`: copies a checkpoint's adapter into a standalone PEFT folder.
+pub fn export_checkpoint(checkpoint: &Path, out_dir: &Path) -> anyhow::Result<()> {
+    read_adapter_config(checkpoint)?;
+    let weights = checkpoint.join(ADAPTER_WEIGHTS);
+    if !weights.exists() {
+        bail!("{} has no {ADAPTER_WEIGHTS}: is it a lora-ft checkpoint?", checkpoint.display());
+    }
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    for name in [ADAPTER_WEIGHTS, ADAPTER_CONFIG] {
+        let bytes = std::fs::read(checkpoint.join(name))?;
+        write_atomic(&out_dir.join(name), &bytes)?;
+    }
+    Ok(())
+}

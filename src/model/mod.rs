@@ -8,6 +8,8 @@ pub mod layer;
 pub mod linear;
 pub mod loss;
 pub mod ops;
+#[cfg(test)]
+mod reference;
 
 pub use config::ModelConfig;
 pub use decoder::{module_path, CausalLm, LoraSpec, TrainOutput};
