@@ -1,1 +1,157 @@
-fn main(){}
+//! `lora-ft`: the command line.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use lora_ft::config::Config;
+use lora_ft::data::{ChatTokenizer, Message};
+use lora_ft::generate::{reply, stop_ids, GenerationSettings};
+use lora_ft::model::CausalLm;
+use lora_ft::train::{compute_dtype, select_device};
+
+#[derive(Parser)]
+#[command(name = "lora-ft", version, about = "QLoRA fine-tuning of Llama/Mistral models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a LoRA adapter as a config file says.
+    Train { config: PathBuf },
+    /// Copy a checkpoint's adapter into a standalone PEFT adapter folder.
+    Export { checkpoint: PathBuf, out_dir: PathBuf },
+    /// Convert a GGUF file into an HF-layout model folder (f32 safetensors, tokenizer, config).
+    Import { gguf: PathBuf, out_dir: PathBuf },
+    /// Chat with a model, with or without an adapter.
+    Chat(ChatArgs),
+    /// Inspect training data.
+    Data {
+        #[command(subcommand)]
+        command: DataCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Counts, token-length percentiles, truncation and one rendered example with the trained spans.
+    Check {
+        file: PathBuf,
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct ChatArgs {
+    /// Hub repo id, local HF folder or .gguf file.
+    #[arg(long)]
+    model: String,
+    /// A PEFT adapter folder (adapter_config.json + adapter_model.safetensors).
+    #[arg(long)]
+    adapter: Option<PathBuf>,
+    /// One user message; without it, chat interactively on stdin.
+    #[arg(long)]
+    prompt: Option<String>,
+    #[arg(long)]
+    system: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    max_new_tokens: usize,
+    /// 0 decodes greedily.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    #[arg(long)]
+    top_p: Option<f64>,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    #[arg(long, default_value = "main")]
+    revision: String,
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "lora_ft=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Train { config } => train(&config),
+        Command::Export { checkpoint, out_dir } => {
+            lora_ft::export::export_checkpoint(&checkpoint, &out_dir)?;
+            println!("exported {} to {}", checkpoint.display(), out_dir.display());
+            Ok(())
+        }
+        Command::Import { gguf, out_dir } => {
+            let summary = lora_ft::gguf::import_gguf(&gguf, &out_dir)?;
+            println!("imported {} into {}: {summary:?}", gguf.display(), out_dir.display());
+            Ok(())
+        }
+        Command::Chat(args) => chat(&args),
+        Command::Data { command: DataCommand::Check { file, config } } => {
+            let cfg = Config::from_file(&config)?;
+            let files = lora_ft::hub::resolve(&cfg.model.source, &cfg.model.revision)?;
+            print!("{}", lora_ft::data::data_check(&file, &cfg, &files.dir)?);
+            Ok(())
+        }
+    }
+}
+
+fn train(config: &Path) -> anyhow::Result<()> {
+    let cfg = Config::from_file(config)?;
+    let s = lora_ft::train::run(&cfg)?;
+    println!("trained {} steps: loss {:.4} → {:.4}, {:.0} tokens/s", s.steps, s.first_loss, s.last_loss, s.tokens_per_s);
+    if let Some(e) = &s.last_eval {
+        println!("eval loss {:.4}, perplexity {:.2}", e.eval_loss, e.eval_ppl);
+    }
+    println!("adapter: {}", s.adapter_dir.display());
+    Ok(())
+}
+
+fn chat(args: &ChatArgs) -> anyhow::Result<()> {
+    let device = select_device()?;
+    let files = lora_ft::hub::resolve(&args.model, &args.revision)?;
+    let dtype = if device.is_cpu() { candle_core::DType::F32 } else { candle_core::DType::BF16 };
+    let mut model = CausalLm::load(&files.config, &files.weights, dtype, &device)?;
+    if let Some(adapter) = &args.adapter {
+        lora_ft::export::load_adapter(&mut model, adapter)
+            .with_context(|| format!("loading adapter {}", adapter.display()))?;
+    }
+    let tokenizer = ChatTokenizer::from_dir(&files.dir)?;
+    let stop = stop_ids(&files.dir, &tokenizer);
+    let settings = GenerationSettings {
+        max_new_tokens: args.max_new_tokens,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        seed: args.seed,
+    };
+    let mut messages: Vec<Message> = args.system.iter().map(|s| Message::new("system", s)).collect();
+    if let Some(prompt) = &args.prompt {
+        messages.push(Message::new("user", prompt));
+        println!("{}", reply(&model, &tokenizer, &messages, &stop, &settings)?);
+        return Ok(());
+    }
+    let stdin = std::io::stdin();
+    loop {
+        print!("> ");
+        std::io::stdout().flush()?;
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        messages.push(Message::new("user", line.trim_end()));
+        let answer = reply(&model, &tokenizer, &messages, &stop, &settings)?;
+        println!("{answer}");
+        messages.push(Message::new("assistant", &answer));
+    }
+}

@@ -1,1 +1,274 @@
-//! (being written this session)
+//! The training loop: micro-batches → forward/backward (checkpointed) → gradient accumulation →
+//! global-norm clipping → Adafactor with a warmup schedule; evaluation, metrics, checkpoints and
+//! the final PEFT adapter export.
+
+pub mod checkpoint;
+pub mod metrics;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use candle_core::{DType, Device, Tensor};
+
+use crate::config::{ComputeDtype, Config};
+use crate::data::{Batch, BatchLoader, ChatTokenizer, EpochBatches, TokenizedDataset};
+use crate::export::save_adapter;
+use crate::model::loss::{shift_labels, IGNORE_INDEX};
+use crate::model::{CausalLm, LoraSpec};
+use crate::optim::{clip_grad_norm, Adafactor, LrSchedule};
+use checkpoint::TrainerState;
+use metrics::{EvalRecord, MetricsLog, StepRecord};
+
+pub fn lora_spec(cfg: &Config) -> LoraSpec {
+    LoraSpec {
+        r: cfg.lora.r,
+        alpha: cfg.lora.alpha,
+        dropout: cfg.lora.dropout,
+        target_modules: cfg.lora.target_modules.clone(),
+        rslora: cfg.lora.rslora,
+    }
+}
+
+pub fn compute_dtype(d: ComputeDtype) -> DType {
+    match d {
+        ComputeDtype::F32 => DType::F32,
+        ComputeDtype::F16 => DType::F16,
+        ComputeDtype::Bf16 => DType::BF16,
+    }
+}
+
+/// CUDA device 0 when built with `--features cuda` and a GPU is present, else the CPU.
+pub fn select_device() -> anyhow::Result<Device> {
+    Ok(Device::cuda_if_available(0)?)
+}
+
+/// Tokens that are a prediction target after the causal shift.
+pub fn target_tokens(batch: &Batch) -> usize {
+    shift_labels(&batch.labels, batch.batch_size, batch.seq_len).iter().filter(|&&l| l != IGNORE_INDEX).count()
+}
+
+/// Batches across epochs, in each epoch's seeded order, remembering the position for checkpoints.
+pub struct BatchStream {
+    loader: BatchLoader,
+    pub epoch: u64,
+    pub index: usize,
+    current: EpochBatches,
+}
+
+impl BatchStream {
+    pub fn new(loader: BatchLoader, epoch: u64, index: usize) -> Self {
+        let current = loader.epoch(epoch, index);
+        Self { loader, epoch, index, current }
+    }
+
+    pub fn next_batch(&mut self) -> Batch {
+        loop {
+            if let Some(b) = self.current.next() {
+                self.index += 1;
+                return b;
+            }
+            self.epoch += 1;
+            self.index = 0;
+            self.current = self.loader.epoch(self.epoch, 0);
+        }
+    }
+
+    pub fn epoch_progress(&self) -> f64 {
+        self.epoch as f64 + self.index as f64 / self.loader.num_batches().max(1) as f64
+    }
+}
+
+pub fn batch_tensor(batch: &Batch, device: &Device) -> candle_core::Result<Tensor> {
+    Tensor::from_vec(batch.input_ids.clone(), (batch.batch_size, batch.seq_len), device)
+}
+
+/// Mean loss over an evaluation set (all of it, or the first `max_batches`).
+pub fn evaluate(model: &CausalLm, loader: &BatchLoader, max_batches: usize) -> anyhow::Result<(f64, usize)> {
+    let (mut sum, mut tokens) = (0f64, 0usize);
+    let limit = if max_batches == 0 { usize::MAX } else { max_batches };
+    for batch in loader.epoch(0, 0).take(limit) {
+        let (s, n) = model.loss(&batch_tensor(&batch, model.device())?, &batch.labels)?;
+        sum += s;
+        tokens += n;
+    }
+    Ok((sum / tokens.max(1) as f64, tokens))
+}
+
+pub struct TrainSummary {
+    pub steps: usize,
+    pub first_loss: f64,
+    pub last_loss: f64,
+    pub last_eval: Option<EvalRecord>,
+    pub adapter_dir: PathBuf,
+    pub tokens_per_s: f64,
+}
+
+/// One optimizer step's inputs and results.
+struct StepResult {
+    loss: f64,
+    grad_norm: f64,
+    trained_tokens: usize,
+    tokens: usize,
+}
+
+struct Trainer {
+    model: CausalLm,
+    optimizer: Adafactor,
+    schedule: LrSchedule,
+    max_grad_norm: f64,
+    seed: u64,
+}
+
+impl Trainer {
+    fn step(&mut self, step: usize, micro_batches: &[Batch]) -> anyhow::Result<Option<StepResult>> {
+        let trained: usize = micro_batches.iter().map(target_tokens).sum();
+        if trained == 0 {
+            return Ok(None);
+        }
+        // Normalize by the trained tokens of the whole step, so accumulation is exactly a
+        // bigger batch (what HF's Trainer does with num_items_in_batch).
+        let grad_scale = 1.0 / trained as f64;
+        let (mut grads, mut loss_sum): (Option<Vec<Tensor>>, f64) = (None, 0.0);
+        for (m, batch) in micro_batches.iter().enumerate() {
+            let ids = batch_tensor(batch, self.model.device())?;
+            let seed = self.seed ^ ((step as u64) << 20) ^ m as u64;
+            let out = self.model.forward_backward(&ids, &batch.labels, grad_scale, Some(seed))?;
+            loss_sum += out.loss_sum;
+            grads = Some(match grads {
+                None => out.grads,
+                Some(acc) => acc.iter().zip(&out.grads).map(|(a, g)| a + g).collect::<candle_core::Result<_>>()?,
+            });
+        }
+        let mut grads = grads.context("no micro-batches")?;
+        let grad_norm = clip_grad_norm(&mut grads, self.max_grad_norm)?;
+        self.optimizer.step(&grads, self.schedule.lr_at(step))?;
+        let tokens = micro_batches.iter().map(|b| b.batch_size * b.seq_len).sum();
+        Ok(Some(StepResult { loss: loss_sum / trained as f64, grad_norm, trained_tokens: trained, tokens }))
+    }
+}
+
+fn total_steps(cfg: &Config, batches_per_epoch: usize) -> usize {
+    cfg.train.max_steps.unwrap_or_else(|| {
+        ((cfg.train.epochs * batches_per_epoch as f64) / cfg.train.grad_accum as f64).ceil().max(1.0) as usize
+    })
+}
+
+/// `lora-ft train CONFIG`.
+pub fn run(cfg: &Config) -> anyhow::Result<TrainSummary> {
+    let device = select_device()?;
+    let files = crate::hub::resolve(&cfg.model.source, &cfg.model.revision)?;
+    let base_model = if cfg.model.source.ends_with(".gguf") {
+        files.dir.display().to_string()
+    } else {
+        cfg.model.source.clone()
+    };
+    let dtype = compute_dtype(cfg.train.compute_dtype);
+    tracing::info!("loading {} ({dtype:?} on {device:?})", files.dir.display());
+    let mut model = CausalLm::load(&files.config, &files.weights, dtype, &device)?;
+    let spec = lora_spec(cfg);
+    model.add_lora(&spec, cfg.train.seed)?;
+
+    let tokenizer = ChatTokenizer::from_dir(&files.dir)?;
+    let (max_len, side) = (cfg.data.max_seq_len, cfg.data.truncation_side);
+    let train_set = TokenizedDataset::from_jsonl(&cfg.data.train, &tokenizer, max_len, side)?;
+    let s = &train_set.stats;
+    tracing::info!(
+        "{}: {} rows, {} truncated, {} dropped (no trained token left), {} trained tokens",
+        cfg.data.train.display(),
+        s.rows,
+        s.truncated,
+        s.dropped,
+        s.trained_tokens
+    );
+    anyhow::ensure!(!train_set.examples.is_empty(), "{}: no usable rows", cfg.data.train.display());
+    let eval_loader = match &cfg.data.eval {
+        Some(path) => {
+            let set = TokenizedDataset::from_jsonl(path, &tokenizer, max_len, side)?;
+            Some(BatchLoader::new(Arc::new(set.examples), cfg.train.batch_size, tokenizer.pad_id(), None))
+        }
+        None => None,
+    };
+    let loader =
+        BatchLoader::new(Arc::new(train_set.examples), cfg.train.batch_size, tokenizer.pad_id(), Some(cfg.train.seed));
+    let total = total_steps(cfg, loader.num_batches());
+
+    let run_dir = cfg.output.dir.clone();
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    std::fs::write(run_dir.join("config.json"), serde_json::to_string_pretty(cfg)?)?;
+    let params = model.lora_params().into_iter().map(|(_, v)| v).collect();
+    let optimizer = Adafactor::new(params, &cfg.optim, cfg.train.weight_decay)?;
+    let schedule = LrSchedule::new(cfg.train.schedule, cfg.train.lr, cfg.train.warmup_steps, total);
+    let mut trainer = Trainer { model, optimizer, schedule, max_grad_norm: cfg.train.max_grad_norm, seed: cfg.train.seed };
+    let mut stream = BatchStream::new(loader, 0, 0);
+    let mut log = MetricsLog::open(&run_dir.join("metrics.jsonl"), total, 0)?;
+    train_loop(cfg, &mut trainer, &mut stream, &mut log, eval_loader.as_ref(), total, &base_model, &spec)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn train_loop(
+    cfg: &Config,
+    trainer: &mut Trainer,
+    stream: &mut BatchStream,
+    log: &mut MetricsLog,
+    eval_loader: Option<&BatchLoader>,
+    total: usize,
+    base_model: &str,
+    spec: &LoraSpec,
+) -> anyhow::Result<TrainSummary> {
+    let started = Instant::now();
+    let (mut first_loss, mut last_loss, mut last_eval, mut all_tokens) = (f64::NAN, f64::NAN, None, 0usize);
+    for step in 0..total {
+        let t0 = Instant::now();
+        let micro: Vec<Batch> = (0..cfg.train.grad_accum).map(|_| stream.next_batch()).collect();
+        let Some(r) = trainer.step(step, &micro)? else {
+            log.println(format!("step {step}: no trained tokens in these batches, skipped"));
+            continue;
+        };
+        let done = step + 1;
+        all_tokens += r.tokens;
+        if first_loss.is_nan() {
+            first_loss = r.loss;
+        }
+        last_loss = r.loss;
+        anyhow::ensure!(r.loss.is_finite(), "step {done}: the loss is {} — lower train.lr?", r.loss);
+        if done % cfg.train.log_every == 0 || done == total {
+            log.step(&StepRecord {
+                step: done,
+                epoch: stream.epoch_progress(),
+                loss: r.loss,
+                lr: trainer.schedule.lr_at(step),
+                grad_norm: r.grad_norm,
+                trained_tokens: r.trained_tokens,
+                tokens: r.tokens,
+                tokens_per_s: r.tokens as f64 / t0.elapsed().as_secs_f64(),
+                elapsed_s: started.elapsed().as_secs_f64(),
+            })?;
+        }
+        let eval_now = cfg.train.eval_every > 0 && done % cfg.train.eval_every == 0;
+        if let Some(loader) = eval_loader.filter(|_| eval_now || done == total) {
+            let (loss, tokens) = evaluate(&trainer.model, loader, cfg.train.eval_batches)?;
+            let record = EvalRecord { step: done, eval_loss: loss, eval_ppl: loss.exp(), eval_tokens: tokens };
+            log.eval(&record)?;
+            last_eval = Some(record);
+        }
+        if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0) || done == total {
+            let state = TrainerState {
+                step: done,
+                total_steps: total,
+                epoch: stream.epoch,
+                batch_in_epoch: stream.index,
+                seed: cfg.train.seed,
+            };
+            let opt_state = trainer.optimizer.state_tensors();
+            checkpoint::save(&cfg.output.dir, &trainer.model, spec, base_model, opt_state, &state)?;
+            checkpoint::prune(&cfg.output.dir, cfg.checkpoint.keep_last)?;
+        }
+    }
+    log.finish();
+    let adapter_dir = cfg.output.adapters_dir.join(&cfg.output.adapter_name);
+    save_adapter(&trainer.model, spec, base_model, &adapter_dir)?;
+    let tokens_per_s = all_tokens as f64 / started.elapsed().as_secs_f64();
+    Ok(TrainSummary { steps: total, first_loss, last_loss, last_eval, adapter_dir, tokens_per_s })
+}

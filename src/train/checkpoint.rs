@@ -1,0 +1,85 @@
+//! Checkpoints: `<run>/checkpoints/step-N/` with the adapter (PEFT layout, so any checkpoint can
+//! be exported or loaded by PEFT directly), the optimizer state and the data position. The
+//! folder is written under a temporary name and renamed, so a crash never leaves half of one.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
+
+use crate::export::{save_adapter, write_atomic};
+use crate::model::{CausalLm, LoraSpec};
+
+pub const OPTIMIZER_STATE: &str = "optimizer.safetensors";
+pub const TRAINER_STATE: &str = "trainer_state.json";
+
+/// Where the run stands: enough to continue on the same batch with the same schedule.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// Optimizer steps taken.
+    pub step: usize,
+    pub total_steps: usize,
+    /// The epoch the next batch comes from, and its index within that epoch.
+    pub epoch: u64,
+    pub batch_in_epoch: usize,
+    pub seed: u64,
+}
+
+pub fn checkpoint_dir(run_dir: &Path, step: usize) -> PathBuf {
+    run_dir.join("checkpoints").join(format!("step-{step}"))
+}
+
+pub fn save(
+    run_dir: &Path,
+    model: &CausalLm,
+    spec: &LoraSpec,
+    base_model: &str,
+    optimizer_state: Vec<(String, Tensor)>,
+    state: &TrainerState,
+) -> anyhow::Result<PathBuf> {
+    let dir = checkpoint_dir(run_dir, state.step);
+    let tmp = dir.with_file_name(format!(".step-{}.tmp", state.step));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)?;
+    }
+    save_adapter(model, spec, base_model, &tmp)?;
+    let opt: HashMap<String, Tensor> = optimizer_state.into_iter().collect();
+    candle_core::safetensors::save(&opt, tmp.join(OPTIMIZER_STATE)).context("writing optimizer state")?;
+    write_atomic(&tmp.join(TRAINER_STATE), serde_json::to_string_pretty(state)?.as_bytes())?;
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::rename(&tmp, &dir).with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
+    Ok(dir)
+}
+
+/// Keeps the newest `keep` checkpoints (0 keeps all).
+pub fn prune(run_dir: &Path, keep: usize) -> anyhow::Result<()> {
+    if keep == 0 {
+        return Ok(());
+    }
+    let mut steps: Vec<usize> = list(run_dir)?;
+    steps.sort_unstable();
+    for step in steps.iter().take(steps.len().saturating_sub(keep)) {
+        std::fs::remove_dir_all(checkpoint_dir(run_dir, *step))?;
+    }
+    Ok(())
+}
+
+/// Steps of the complete checkpoints in a run directory.
+pub fn list(run_dir: &Path) -> anyhow::Result<Vec<usize>> {
+    let dir = run_dir.join("checkpoints");
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    let mut steps = Vec::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+        let name = entry?.file_name();
+        if let Some(step) = name.to_str().and_then(|n| n.strip_prefix("step-")).and_then(|s| s.parse().ok()) {
+            steps.push(step);
+        }
+    }
+    Ok(steps)
+}

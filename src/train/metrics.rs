@@ -1,0 +1,85 @@
+//! What a run reports while it trains: a JSONL metrics file (one object per logged step or
+//! evaluation) and a progress bar with loss, learning rate, tokens/s and ETA.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StepRecord {
+    pub step: usize,
+    pub epoch: f64,
+    pub loss: f64,
+    pub lr: f64,
+    pub grad_norm: f64,
+    /// Trained (label ≠ −100) tokens in this optimizer step.
+    pub trained_tokens: usize,
+    /// All tokens processed in this step, padding included.
+    pub tokens: usize,
+    pub tokens_per_s: f64,
+    pub elapsed_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalRecord {
+    pub step: usize,
+    pub eval_loss: f64,
+    pub eval_ppl: f64,
+    pub eval_tokens: usize,
+}
+
+pub struct MetricsLog {
+    out: BufWriter<File>,
+    bar: ProgressBar,
+}
+
+impl MetricsLog {
+    /// Appends to `path` (a resumed run continues the same file).
+    pub fn open(path: &Path, total_steps: usize, start_step: usize) -> anyhow::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        let bar = ProgressBar::new(total_steps as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} steps [{elapsed_precise}<{eta_precise}] {msg}")
+                .expect("static template"),
+        );
+        bar.set_position(start_step as u64);
+        Ok(Self { out: BufWriter::new(file), bar })
+    }
+
+    pub fn step(&mut self, r: &StepRecord) -> anyhow::Result<()> {
+        self.bar.set_position(r.step as u64);
+        self.bar.set_message(format!(
+            "loss {:.4} lr {:.2e} |g| {:.3} {:.0} tok/s",
+            r.loss, r.lr, r.grad_norm, r.tokens_per_s
+        ));
+        self.write(r)
+    }
+
+    pub fn eval(&mut self, r: &EvalRecord) -> anyhow::Result<()> {
+        self.bar.println(format!("step {}: eval loss {:.4}, perplexity {:.2}", r.step, r.eval_loss, r.eval_ppl));
+        self.write(r)
+    }
+
+    pub fn println(&self, line: impl AsRef<str>) {
+        self.bar.println(line.as_ref());
+    }
+
+    fn write(&mut self, record: &impl Serialize) -> anyhow::Result<()> {
+        serde_json::to_writer(&mut self.out, record)?;
+        self.out.write_all(b"\n")?;
+        self.out.flush()?;
+        Ok(())
+    }
+
+    pub fn finish(&self) {
+        self.bar.finish();
+    }
+}
