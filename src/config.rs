@@ -250,6 +250,19 @@ impl Default for OutputSection {
     }
 }
 
+impl ModelSection {
+    /// `source` with `${LORA_FT_CACHE}` (default `~/.cache/lora-ft`) and a leading `~/`
+    /// expanded, so shipped configs can point at the demo model wherever the cache is.
+    pub fn expanded_source(&self) -> String {
+        let cache = crate::fixtures::cache_dir().display().to_string();
+        let s = self.source.replace("${LORA_FT_CACHE}", &cache);
+        match (s.strip_prefix("~/"), std::env::var_os("HOME")) {
+            (Some(rest), Some(home)) => format!("{}/{rest}", home.to_string_lossy()),
+            _ => s,
+        }
+    }
+}
+
 impl Config {
     /// Reads and validates a config file. Relative data paths stay relative to the working
     /// directory (as users type them on the command line).
@@ -376,6 +389,14 @@ train = "datasets/customer-service/train.jsonl"
         assert!(err.starts_with("run.toml: lora.target_modules:"), "{err}");
         let err = parse(&format!("{MINIMAL}[train]\nlr = -1.0\n")).unwrap_err().to_string();
         assert!(err.starts_with("run.toml: train.lr:"), "{err}");
+    }
+
+    #[test]
+    fn shipped_configs_parse() {
+        for name in ["quickstart", "mistral-7b"] {
+            let path = std::path::PathBuf::from(format!("configs/{name}.toml"));
+            Config::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        }
     }
 
     #[test]

@@ -100,7 +100,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Chat(args) => chat(&args),
         Command::Data { command: DataCommand::Check { file, config } } => {
             let cfg = Config::from_file(&config)?;
-            let files = lora_ft::hub::resolve(&cfg.model.source, &cfg.model.revision)?;
+            let files = lora_ft::hub::resolve(&cfg.model.expanded_source(), &cfg.model.revision)?;
             print!("{}", lora_ft::data::data_check(&file, &cfg, &files.dir)?);
             Ok(())
         }

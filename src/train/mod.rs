@@ -158,12 +158,10 @@ fn total_steps(cfg: &Config, batches_per_epoch: usize) -> usize {
 /// `lora-ft train CONFIG`.
 pub fn run(cfg: &Config) -> anyhow::Result<TrainSummary> {
     let device = select_device()?;
-    let files = crate::hub::resolve(&cfg.model.source, &cfg.model.revision)?;
-    let base_model = if cfg.model.source.ends_with(".gguf") {
-        files.dir.display().to_string()
-    } else {
-        cfg.model.source.clone()
-    };
+    let source = cfg.model.expanded_source();
+    let files = crate::hub::resolve(&source, &cfg.model.revision)?;
+    // PEFT needs a base it can load: the imported folder rather than the .gguf file.
+    let base_model = if source.ends_with(".gguf") { files.dir.display().to_string() } else { source };
     let dtype = compute_dtype(cfg.train.compute_dtype);
     tracing::info!("loading {} ({dtype:?} on {device:?})", files.dir.display());
     let mut model = CausalLm::load(&files.config, &files.weights, dtype, &device)?;
