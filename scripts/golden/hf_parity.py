@@ -1,0 +1,485 @@
+#!/usr/bin/env python3
+"""Reference numbers for lora-ft's model parity tests, from transformers + PEFT (CPU, float32).
+
+For each case this writes tests/golden/parity_<case>.safetensors with the logits, the loss and the
+LoRA gradients of one forward/backward on a fixed batch with fixed LoRA weights, and describes every
+case in tests/golden/parity_cases.json. The two tiny random models (Llama, and Mistral with a
+sliding window shorter than the sequence) and their PEFT adapters are written to tests/fixtures/.
+SmolLM2-135M comes from the project's GGUF; its LoRA weights follow a formula the Rust test
+recomputes, so no 12 MB adapter is committed.
+
+Run from anywhere:  /work/venv/bin/python scripts/golden/hf_parity.py [--case tiny-llama ...]
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import peft
+import torch
+import transformers
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import save_file
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "golden"
+FIXTURES = REPO / "tests" / "fixtures"
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+SMOLLM2_GGUF = Path.home() / ".cache/lora-ft/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_GRAD_LAYERS = [0, 15, 29]
+
+# Tolerances (logits and loss, LoRA gradients) the checks below enforce against the eager f32
+# reference: another attention kernel or float64 only moves f32 rounding noise, which grows in the
+# backward through 30 layers (SmolLM2's gradients: ~2e-5).
+SDPA_TOL = (1e-5, 1e-4)
+F64_TOL = (1e-5, 1e-4)
+ROUNDTRIP_TOL = (0.0, 0.0)
+
+TINY_SIZES = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=128,
+)
+
+SMOLLM2_FORMULA = {
+    "A": "lora_A [r, in]: A[i, j] = 0.02 * sin(0.37*i + 0.11*j + 1.3*l + m + 1)",
+    "B": "lora_B [out, r]: B[i, j] = 0.02 * cos(0.23*i + 0.17*j + 0.7*l + m + 2)",
+    "indices": "i = row, j = column (0-based); l = layer index 0..29; "
+    "m = module index in (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj) = 0..6",
+    "precision": "evaluated in float64, then cast to float32 (round to nearest)",
+}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b|: the metric every check here (and the Rust tests) uses."""
+    a, b = a.double(), b.double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def peft_key(param_name: str) -> str:
+    """PEFT's in-memory name -> the key in adapter_model.safetensors (drops the adapter name)."""
+    return param_name.replace(".default.", ".")
+
+
+def module_index(name: str) -> int:
+    return next(i for i, t in enumerate(TARGETS) if f".{t}." in name)
+
+
+def layer_index(name: str) -> int:
+    return int(name.split(".layers.")[1].split(".")[0])
+
+
+# ---------------------------------------------------------------- tiny random models
+
+def tiny_model(arch: str, seed: int, rope_theta: float, attn: str):
+    if arch == "llama":
+        cfg = LlamaConfig(**TINY_SIZES, rope_theta=rope_theta, tie_word_embeddings=False)
+        cls = LlamaForCausalLM
+    else:
+        cfg = MistralConfig(
+            **TINY_SIZES,
+            head_dim=TINY_SIZES["hidden_size"] // TINY_SIZES["num_attention_heads"],
+            rope_theta=rope_theta,
+            tie_word_embeddings=True,
+            sliding_window=5,
+        )
+        cls = MistralForCausalLM
+    cfg._attn_implementation = attn
+    torch.manual_seed(seed)
+    model = cls(cfg).float()
+    with torch.no_grad():
+        # Explicit init so the numbers do not depend on transformers' init code; norm weights
+        # away from 1 so that a missing or misplaced norm weight shows in the logits.
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(0.02 * torch.randn_like(p))
+    return model.eval()
+
+
+def tiny_batch(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, TINY_SIZES["vocab_size"], (2, 12), generator=g, dtype=torch.int64)
+    input_ids[1, -3:] = 0  # right padding with pad id 0
+    labels = input_ids.clone()
+    labels[0, :4] = -100
+    labels[1, -3:] = -100
+    return input_ids, labels
+
+
+def add_lora(model, r: int, alpha: int):
+    cfg = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=0.0,
+        target_modules=TARGETS,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, cfg)
+
+
+def set_lora_random(pm, seed: int, std: float = 0.1):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(pm.named_parameters()):
+            if "lora_" in name:
+                p.copy_(std * torch.randn(p.shape, generator=g))
+
+
+def set_lora_formula(pm):
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" not in name:
+                continue
+            p.copy_(formula_weight(name, tuple(p.shape)))
+
+
+def formula_weight(name: str, shape) -> torch.Tensor:
+    l, m = layer_index(name), module_index(name)
+    i = np.arange(shape[0], dtype=np.float64)[:, None]
+    j = np.arange(shape[1], dtype=np.float64)[None, :]
+    if ".lora_A." in name:
+        w = 0.02 * np.sin(0.37 * i + 0.11 * j + 1.3 * l + m + 1)
+    else:
+        w = 0.02 * np.cos(0.23 * i + 0.17 * j + 0.7 * l + m + 2)
+    return torch.from_numpy(w.astype(np.float32))
+
+
+def save_tiny_base(model, out_dir: Path):
+    """config.json + model.safetensors (f32) of the plain model, before LoRA is injected."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    # transformers 5 writes rope_theta only inside rope_parameters; published checkpoints (and
+    # most readers) use the top-level key, so write both. transformers reads either.
+    cfg_path = out_dir / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["rope_theta"] = cfg["rope_parameters"]["rope_theta"]
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def save_adapter(pm, out_dir: Path):
+    """adapter/adapter_model.safetensors + adapter/adapter_config.json, as PEFT writes them."""
+    pm.peft_config["default"].base_model_name_or_path = str(out_dir.relative_to(REPO))
+    pm.save_pretrained(out_dir / "adapter")
+    readme = out_dir / "adapter" / "README.md"
+    if readme.exists():
+        readme.unlink()
+    # PEFT stores target_modules from a set; sort it so reruns write the same file.
+    cfg_path = out_dir / "adapter" / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["target_modules"] = sorted(cfg["target_modules"])
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+# ---------------------------------------------------------------- reference run
+
+def reference_run(pm, input_ids, labels, keep_grad=lambda key: True):
+    """Forward with labels + backward through inputs_embeds; returns the tensors of the golden file."""
+    pm.zero_grad(set_to_none=True)
+    embed = pm.get_base_model().get_input_embeddings()
+    inputs_embeds = embed(input_ids).detach().requires_grad_()
+    out = pm(inputs_embeds=inputs_embeds, labels=labels, use_cache=False)
+    out.loss.backward()
+
+    logits = out.logits.detach()
+    check_loss_definition(logits, labels, out.loss.detach())
+    with torch.no_grad():
+        by_ids = pm(input_ids=input_ids, use_cache=False).logits
+    assert rel_err(by_ids, logits) == 0.0, "input_ids and inputs_embeds paths differ"
+
+    grads = {}
+    for name, p in pm.named_parameters():
+        if "lora_" in name:
+            key = peft_key(name)
+            assert p.grad is not None and p.grad.abs().max() > 0, f"no gradient for {key}"
+            if keep_grad(key):
+                grads["grad." + key] = p.grad.detach().clone()
+        else:
+            assert not p.requires_grad, f"base weight {name} is trainable"
+    return {
+        "logits": logits,
+        "loss": out.loss.detach().reshape(1),
+        "grad.inputs_embeds": inputs_embeds.grad.detach().clone(),
+        "grads": grads,
+    }
+
+
+def check_loss_definition(logits, labels, loss):
+    """The loss is the mean next-token cross-entropy over positions whose shifted label != -100."""
+    shift_logits = logits[:, :-1].reshape(-1, logits.shape[-1]).double()
+    shift_labels = labels[:, 1:].reshape(-1)
+    mine = torch.nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
+    assert abs(mine.item() - loss.item()) <= 1e-5 * abs(mine.item()), (mine, loss)
+
+
+def check_lora_matters(pm, input_ids, logits):
+    with torch.no_grad(), pm.disable_adapter():
+        plain = pm(input_ids=input_ids, use_cache=False).logits
+    diff = (plain - logits).abs().max().item()
+    assert diff > 1e-3, f"LoRA path barely changes the logits ({diff})"
+    return diff
+
+
+def compare_runs(ref, other, tols, what):
+    """Relative errors of another run against the reference; tols = (logits and loss, grads)."""
+    errs = {"logits": rel_err(other["logits"], ref["logits"]), "loss": rel_err(other["loss"], ref["loss"])}
+    worst_key = max(ref["grads"], key=lambda k: rel_err(other["grads"][k], ref["grads"][k]))
+    errs["grads"] = rel_err(other["grads"][worst_key], ref["grads"][worst_key])
+    print(f"  {what}: rel err logits {errs['logits']:.1e}, loss {errs['loss']:.1e}, "
+          f"grads {errs['grads']:.1e} (worst {worst_key})")
+    assert max(errs["logits"], errs["loss"]) <= tols[0] and errs["grads"] <= tols[1], f"{what}: {errs} > {tols}"
+    return errs
+
+
+def check_sliding_window(pm, input_ids, window: int):
+    """Eager attention probabilities must be zero exactly outside i - window < j <= i."""
+    with torch.no_grad():
+        out = pm(input_ids=input_ids, use_cache=False, output_attentions=True)
+    n = input_ids.shape[1]
+    q = torch.arange(n)[:, None]
+    k = torch.arange(n)[None, :]
+    allowed = (k <= q) & (k > q - window)
+    for att in out.attentions:
+        assert (att[..., ~allowed] == 0).all(), "attention outside the sliding window"
+        assert (att[..., allowed] > 0).all(), "masked position inside the sliding window"
+
+
+# ---------------------------------------------------------------- cases
+
+def run_tiny(case: str, arch: str, seed: int, rope_theta: float):
+    print(f"[{case}]")
+    input_ids, labels = tiny_batch(seed + 100)
+    model = tiny_model(arch, seed, rope_theta, "eager")
+    out_dir = FIXTURES / case
+    save_tiny_base(model, out_dir)
+    pm = add_lora(model, r=4, alpha=8)
+    set_lora_random(pm, seed + 200)
+    ref = reference_run(pm, input_ids, labels)
+    lora_diff = check_lora_matters(pm, input_ids, ref["logits"])
+
+    save_adapter(pm, out_dir)
+    checks = {"lora_changes_logits_by_max_abs": lora_diff}
+    # Reload what was written: eager must reproduce the golden numbers exactly; sdpa and float64
+    # (transformers still computes norms and rope tables in f32) only move f32 rounding noise.
+    for attn, tol in (("eager", ROUNDTRIP_TOL), ("sdpa", SDPA_TOL)):
+        reloaded = load_fixture(out_dir, attn)
+        checks[f"reload_{attn}_rel_err"] = compare_runs(
+            ref, reference_run(reloaded, input_ids, labels), tol, f"reload {attn}"
+        )
+    checks["float64_rel_err"] = compare_runs(
+        ref, reference_run(load_fixture(out_dir, "eager").double(), input_ids, labels), F64_TOL, "float64"
+    )
+    if arch == "mistral":
+        window = pm.get_base_model().config.sliding_window
+        check_sliding_window(pm, input_ids, window)
+        full = load_fixture(out_dir, "eager", sliding_window=None)
+        with torch.no_grad():
+            no_window = full(input_ids=input_ids, use_cache=False).logits
+        diff = (no_window - ref["logits"]).abs().max().item()
+        assert diff > 1e-4, f"sliding_window=None gives the same logits ({diff})"
+        # Positions that see at most `window` tokens are untouched by the window.
+        assert rel_err(no_window[:, :window], ref["logits"][:, :window]) < 1e-6
+        checks["no_window_changes_logits_by_max_abs"] = diff
+        print(f"  sliding window: logits differ from sliding_window=None by {diff:.2e}")
+
+    tensors = {"input_ids": input_ids, "labels": labels, "logits": ref["logits"], "loss": ref["loss"],
+               "grad.inputs_embeds": ref["grad.inputs_embeds"], **ref["grads"]}
+    golden = GOLDEN / f"parity_{case}.safetensors"
+    save_file(contiguous(tensors), golden, metadata={"case": case, "generator": "scripts/golden/hf_parity.py"})
+    cfg = pm.get_base_model().config
+    return {
+        "model_dir": str(out_dir.relative_to(REPO)),
+        "adapter_dir": str((out_dir / "adapter").relative_to(REPO)),
+        "golden": str(golden.relative_to(REPO)),
+        "arch": arch,
+        "config": tiny_config_summary(cfg),
+        "base_init": f"torch.manual_seed({seed}); norm weights 1 + 0.1*randn, all other weights 0.02*randn "
+        "(stored in model.safetensors, f32)",
+        "lora": {"r": 4, "lora_alpha": 8, "scaling": 2.0, "lora_dropout": 0.0, "target_modules": TARGETS,
+                 "init": f"0.1*randn from torch.Generator seed {seed + 200} (stored in adapter/adapter_model.safetensors)"},
+        "batch": "input_ids [2,12] random ids in 1..255; row 1 right-padded with 3 pad tokens (id 0); "
+        "labels = input_ids with -100 on row 0 positions 0..3 and on row 1's pads; no attention_mask "
+        "(all ones: pure causal, pads attend like any token)",
+        "checks": checks,
+        "tensors": describe(tensors),
+    }
+
+
+def tiny_config_summary(cfg):
+    keys = list(TINY_SIZES) + ["tie_word_embeddings", "head_dim"]
+    out = {k: getattr(cfg, k) for k in keys}
+    out["rope_theta"] = cfg.rope_parameters["rope_theta"]
+    if getattr(cfg, "sliding_window", None) is not None:
+        out["sliding_window"] = cfg.sliding_window
+        out["sliding_window_rule"] = "query i attends key j iff i - sliding_window < j <= i"
+    return out
+
+
+def load_fixture(out_dir: Path, attn: str, **overrides):
+    base = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32, attn_implementation=attn, **overrides)
+    pm = PeftModel.from_pretrained(base, out_dir / "adapter", is_trainable=True)
+    return pm.eval()
+
+
+def smollm2_batch(tok):
+    chats = [
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+         {"role": "assistant", "content": "Hello! How can I help?"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+         {"role": "assistant", "content": "4"}],
+    ]
+    texts = [tok.apply_chat_template(c, tokenize=False) for c in chats]
+    rows = [tok(t, add_special_tokens=False).input_ids for t in texts]
+    seq = max(len(r) for r in rows)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    input_ids = torch.full((2, seq), pad, dtype=torch.int64)
+    labels = torch.full((2, seq), -100, dtype=torch.int64)
+    n_prompt_masked = 4
+    for b, r in enumerate(rows):
+        input_ids[b, : len(r)] = torch.tensor(r)
+        labels[b, n_prompt_masked: len(r)] = torch.tensor(r[n_prompt_masked:])
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+    return texts, input_ids, labels, lengths, pad, n_prompt_masked
+
+
+def run_smollm2():
+    print("[smollm2]")
+    gdir, gname = str(SMOLLM2_GGUF.parent), SMOLLM2_GGUF.name
+    tok = AutoTokenizer.from_pretrained(gdir, gguf_file=gname)
+    model = AutoModelForCausalLM.from_pretrained(
+        gdir, gguf_file=gname, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    texts, input_ids, labels, lengths, pad, n_masked = smollm2_batch(tok)
+    checksums = weight_checksums(model)
+    pm = add_lora(model, r=8, alpha=16)
+    set_lora_formula(pm)
+    keep = lambda key: layer_index(key) in SMOLLM2_GRAD_LAYERS  # noqa: E731
+    ref = reference_run(pm, input_ids, labels, keep_grad=keep)
+    lora_diff = check_lora_matters(pm, input_ids, ref["logits"])
+    pm.get_base_model().set_attn_implementation("sdpa")
+    sdpa_err = compare_runs(ref, reference_run(pm, input_ids, labels, keep_grad=keep), SDPA_TOL, "sdpa")
+    pm.get_base_model().set_attn_implementation("eager")
+    f64_err = compare_runs(ref, reference_run(pm.double(), input_ids, labels, keep_grad=keep), F64_TOL, "float64")
+
+    last = lengths - 1
+    tensors = {
+        "input_ids": input_ids,
+        "labels": labels,
+        "loss": ref["loss"],
+        "logits_head": ref["logits"][:, :, :1024],
+        "last_positions": last,
+        "logits_last": ref["logits"][torch.arange(2), last],
+        **ref["grads"],
+    }
+    golden = GOLDEN / "parity_smollm2.safetensors"
+    save_file(contiguous(tensors), golden, metadata={"case": "smollm2", "generator": "scripts/golden/hf_parity.py"})
+    cfg = model.config
+    return {
+        "model_gguf": "~/.cache/lora-ft/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "model_dir": "lora_ft::fixtures::smollm2_dir() (the same weights after `lora-ft import`)",
+        "base_weights": "transformers GGUF loader: Q4_1 dequantized to f32 by gguf-py; q_proj/k_proj "
+        "un-permuted to the HF (rotate_half) layout; lm_head tied to embed_tokens",
+        "base_weight_checksums": checksums,
+        "golden": str(golden.relative_to(REPO)),
+        "arch": "llama",
+        "config": {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+                   "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_hidden_layers,
+                   "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+                   "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps,
+                   "rope_theta": cfg.rope_parameters["rope_theta"], "tie_word_embeddings": cfg.tie_word_embeddings},
+        "lora": {"r": 8, "lora_alpha": 16, "scaling": 2.0, "lora_dropout": 0.0, "target_modules": TARGETS,
+                 "formula": SMOLLM2_FORMULA},
+        "batch": {
+            "texts": texts,
+            "tokenization": "tokenizer(text, add_special_tokens=False) of the chat template's output "
+            "(the template itself writes <|im_start|>)",
+            "pad_token_id": pad,
+            "padding": "right, to the longest row; no attention_mask (pure causal)",
+            "labels": f"input_ids with -100 on the first {n_masked} positions of each row and on the pads",
+            "lengths": lengths.tolist(),
+        },
+        "stored": {
+            "logits_head": "logits[:, :, :1024]",
+            "logits_last": "logits[b, last_positions[b], :] (the full vocab row at each row's last real token)",
+            "grad.*": f"LoRA gradients of layers {SMOLLM2_GRAD_LAYERS} only, all 7 modules, A and B",
+        },
+        "checks": {"lora_changes_logits_by_max_abs": lora_diff, "sdpa_rel_err": sdpa_err, "float64_rel_err": f64_err},
+        "tensors": describe(tensors),
+    }
+
+
+def weight_checksums(model):
+    """Sums of a few dequantized base weights, to check an importer against transformers' reading."""
+    sd = model.state_dict()
+    names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+             "model.layers.0.self_attn.k_proj.weight", "model.layers.0.mlp.down_proj.weight",
+             "model.layers.29.input_layernorm.weight", "model.norm.weight"]
+    return {n: {"shape": list(sd[n].shape), "sum": sd[n].double().sum().item(),
+                "sum_abs": sd[n].double().abs().sum().item(),
+                "first8": [float(x) for x in sd[n].reshape(-1)[:8]]} for n in names}
+
+
+def contiguous(tensors):
+    return {k: v.detach().contiguous() for k, v in tensors.items()}
+
+
+def describe(tensors):
+    return {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)} for k, v in sorted(tensors.items())}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", action="append", choices=["tiny-llama", "tiny-mistral", "smollm2"],
+                    help="run only these cases (default: all); parity_cases.json keeps the others")
+    args = ap.parse_args()
+    cases = args.case or ["tiny-llama", "tiny-mistral", "smollm2"]
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+
+    index_path = GOLDEN / "parity_cases.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else {}
+    index["about"] = {
+        "generator": "scripts/golden/hf_parity.py",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
+        "precision": "CPU, float32, attn_implementation=eager; each case's checks record the relative error "
+        "of sdpa and of a float64 run against these numbers (the f32 noise floor)",
+        "metric": "relative error = max|rust - golden| / max|golden| per tensor; target <= 1e-4",
+        "loss": "mean over positions t with labels[b, t+1] != -100 of cross_entropy(logits[b, t], labels[b, t+1])",
+        "lora": "y = W x + scaling * B (A x), scaling = lora_alpha / r; grad.<key> is dLoss/d<key>, key as in "
+        "adapter_model.safetensors",
+        "grad.inputs_embeds": "dLoss/d(output of the embedding layer), the model was fed inputs_embeds",
+    }
+    cases_out = index.setdefault("cases", {})
+    for case in cases:
+        if case == "tiny-llama":
+            cases_out[case] = run_tiny(case, "llama", seed=1234, rope_theta=10000.0)
+        elif case == "tiny-mistral":
+            cases_out[case] = run_tiny(case, "mistral", seed=4321, rope_theta=500000.0)
+        else:
+            cases_out[case] = run_smollm2()
+    index_path.write_text(json.dumps(index, indent=2) + "\n")
+    print(f"wrote {index_path.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
