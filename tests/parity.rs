@@ -70,3 +70,70 @@ fn tiny_llama_matches_hf_peft() {
 fn tiny_mistral_with_sliding_window_matches_hf_peft() {
     check_tiny("tiny-mistral");
 }
+
+/// The formula LoRA weights of the SmolLM2 golden case (parity_cases.json): for layer l and
+/// module m, A[i, j] = 0.02 sin(0.37i + 0.11j + 1.3l + m + 1), B[i, j] = 0.02 cos(0.23i + 0.17j
+/// + 0.7l + m + 2), in f64 then rounded to f32.
+fn set_formula_lora(model: &CausalLm) {
+    for (key, var) in model.lora_params() {
+        let l: f64 = key.split("layers.").nth(1).unwrap().split('.').next().unwrap().parse().unwrap();
+        let m = lora_ft::model::PROJECTIONS.iter().position(|p| key.contains(&format!(".{p}."))).unwrap() as f64;
+        let (rows, cols) = var.dims2().unwrap();
+        let is_a = key.contains("lora_A");
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|k| {
+                let (i, j) = ((k / cols) as f64, (k % cols) as f64);
+                let v = if is_a {
+                    0.02 * (0.37 * i + 0.11 * j + 1.3 * l + m + 1.0).sin()
+                } else {
+                    0.02 * (0.23 * i + 0.17 * j + 0.7 * l + m + 2.0).cos()
+                };
+                v as f32
+            })
+            .collect();
+        var.set(&Tensor::from_vec(values, (rows, cols), &Device::Cpu).unwrap()).unwrap();
+    }
+}
+
+#[test]
+fn smollm2_matches_hf_peft() {
+    let dir = lora_ft::fixtures::smollm2_dir();
+    let g = golden("smollm2");
+    let mut model =
+        CausalLm::load(&dir.join("config.json"), &[dir.join("model.safetensors")], DType::F32, &Device::Cpu).unwrap();
+    let spec = lora_ft::model::LoraSpec {
+        r: 8,
+        alpha: 16.0,
+        dropout: 0.0,
+        target_modules: lora_ft::model::PROJECTIONS.iter().map(|s| s.to_string()).collect(),
+        rslora: false,
+    };
+    model.add_lora(&spec, 0).unwrap();
+    set_formula_lora(&model);
+    let (ids, labels) = batch(&g);
+
+    let logits = model.forward(&ids, None).unwrap();
+    let e = rel_err(&logits.narrow(2, 0, 1024).unwrap(), &g["logits_head"]);
+    assert!(e < TOLERANCE, "smollm2: logits[..1024] rel err {e}");
+    let last = g["last_positions"].to_vec1::<i64>().unwrap();
+    for (row, &pos) in last.iter().enumerate() {
+        let got = logits.get(row).unwrap().get(pos as usize).unwrap();
+        let e = rel_err(&got, &g["logits_last"].get(row).unwrap());
+        assert!(e < TOLERANCE, "smollm2: row {row} last logits rel err {e}");
+    }
+
+    let (_, count) = model.loss(&ids, &labels).unwrap();
+    let out = model.forward_backward(&ids, &labels, 1.0 / count as f64, None).unwrap();
+    let loss = out.loss_sum / out.n_tokens as f64;
+    let want = g["loss"].to_vec1::<f32>().unwrap()[0] as f64;
+    assert!((loss - want).abs() / want < TOLERANCE as f64, "smollm2: loss {loss} vs {want}");
+    let mut checked = 0;
+    for ((key, _), grad) in model.lora_params().iter().zip(&out.grads) {
+        if let Some(want) = g.get(&format!("grad.{key}")) {
+            let e = rel_err(grad, want);
+            assert!(e < TOLERANCE, "smollm2: {key} grad rel err {e}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 42, "layers 0, 15 and 29: 7 modules × A, B");
+}

@@ -24,6 +24,9 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     #[serde(default)]
     pub rope_scaling: Option<serde_json::Value>,
+    /// transformers ≥ 5 writes `{"rope_theta": …, "rope_type": "default"}` here.
+    #[serde(default)]
+    pub rope_parameters: Option<serde_json::Value>,
     #[serde(default = "default_max_pos")]
     pub max_position_embeddings: usize,
     #[serde(default)]
@@ -81,10 +84,25 @@ impl ModelConfig {
                 bail!("rope_scaling: {s} (only unscaled RoPE is supported so far)");
             }
         }
+        if let Some(p) = &self.rope_parameters {
+            let kind = p.get("rope_type").and_then(|t| t.as_str()).unwrap_or("default");
+            if kind != "default" {
+                bail!("rope_parameters.rope_type: {kind:?} (only \"default\" RoPE is supported so far)");
+            }
+        }
         if self.num_attention_heads % self.num_kv_heads() != 0 {
             bail!("num_key_value_heads must divide num_attention_heads");
         }
         Ok(())
+    }
+
+    /// RoPE base frequency: `rope_parameters.rope_theta` (transformers ≥ 5) or `rope_theta`.
+    pub fn rope_theta(&self) -> f64 {
+        self.rope_parameters
+            .as_ref()
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(|t| t.as_f64())
+            .unwrap_or(self.rope_theta)
     }
 
     pub fn num_kv_heads(&self) -> usize {

@@ -105,7 +105,7 @@ impl CausalLm {
             });
         }
         let norm = load(&st, "model.norm.weight", dtype, device)?;
-        let rope = Rope::new(config.head_dim(), config.rope_theta, config.max_position_embeddings, dtype, device)?;
+        let rope = Rope::new(config.head_dim(), config.rope_theta(), config.max_position_embeddings, dtype, device)?;
         Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, dtype, device: device.clone(), loss_chunk_rows: 1024 })
     }
 
