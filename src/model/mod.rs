@@ -8,8 +8,9 @@ pub mod layer;
 pub mod linear;
 pub mod loss;
 pub mod ops;
-#[cfg(test)]
-mod reference;
+/// The autograd test oracle (also used by `benches/layer_backward.rs`).
+#[doc(hidden)]
+pub mod reference;
 
 pub use config::ModelConfig;
 pub use decoder::{module_path, CausalLm, LoraSpec, TrainOutput};
