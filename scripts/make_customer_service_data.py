@@ -215,7 +215,9 @@ def is_plural(product: str) -> bool:
 
 
 def article(product: str) -> str:
-    return product if is_plural(product) else f"a {product}"
+    if is_plural(product):
+        return product
+    return f"an {product}" if product[0] in "AEIOU" else f"a {product}"
 
 
 ZIPPED = {"Ridgeline Rain Jacket", "Drift Down Vest", "Cirrus Softshell Pants", "Granite Insulated Parka",
