@@ -223,9 +223,12 @@ impl Default for TrainSection {
 
 impl Default for AdafactorSection {
     fn default() -> Self {
-        // torch.optim.Adafactor's defaults.
+        // transformers' Adafactor with an absolute learning rate (relative_step and
+        // scale_parameter off), HF's advice for fine-tuning. torch.optim.Adafactor always scales
+        // the step by the parameter's RMS, so a zero-initialised lora_B barely moves
+        // (eps2 · lr per step): it is kept as `flavor = "torch"` for like-for-like comparisons.
         Self {
-            flavor: AdafactorFlavor::Torch,
+            flavor: AdafactorFlavor::Hf,
             decay_rate: -0.8,
             eps1: None,
             eps2: 1e-3,
