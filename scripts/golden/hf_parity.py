@@ -13,7 +13,6 @@ Run from anywhere:  /work/venv/bin/python scripts/golden/hf_parity.py [--case ti
 
 import argparse
 import json
-import math
 import os
 import shutil
 from pathlib import Path
@@ -305,7 +304,7 @@ def run_tiny(case: str, arch: str, seed: int, rope_theta: float):
     tensors = {"input_ids": input_ids, "labels": labels, "logits": ref["logits"], "loss": ref["loss"],
                "grad.inputs_embeds": ref["grad.inputs_embeds"], **ref["grads"]}
     golden = GOLDEN / f"parity_{case}.safetensors"
-    save_file(contiguous(tensors), golden, metadata={"case": case, "generator": "scripts/golden/hf_parity.py"})
+    save_file(contiguous(tensors), golden, metadata={"generator": f"scripts/golden/hf_parity.py --case {case}"})
     cfg = pm.get_base_model().config
     return {
         "model_dir": str(out_dir.relative_to(REPO)),
@@ -392,7 +391,7 @@ def run_smollm2():
         **ref["grads"],
     }
     golden = GOLDEN / "parity_smollm2.safetensors"
-    save_file(contiguous(tensors), golden, metadata={"case": "smollm2", "generator": "scripts/golden/hf_parity.py"})
+    save_file(contiguous(tensors), golden, metadata={"generator": "scripts/golden/hf_parity.py --case smollm2"})
     cfg = model.config
     return {
         "model_gguf": "~/.cache/lora-ft/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
