@@ -182,3 +182,19 @@ fn importing_a_non_gguf_file_names_the_file() {
     assert!(err.contains(&path.display().to_string()), "{err}");
     assert!(!out.join("config.json").exists());
 }
+
+/// A `.gguf` source is imported once into `<cache>/imported/<stem>-<hash>` and then reused.
+#[test]
+fn resolving_a_gguf_source_imports_once() {
+    let gguf = lora_ft::fixtures::smollm2_gguf();
+    let first = lora_ft::hub::resolve(gguf.to_str().unwrap(), "main").unwrap();
+    let folder = first.dir.file_name().unwrap().to_str().unwrap().to_string();
+    assert!(folder.starts_with("SmolLM2-135M-Instruct.Q4_1-"), "{folder}");
+    assert_eq!(first.dir.parent().unwrap(), lora_ft::fixtures::cache_dir().join("imported"));
+    assert_eq!(first.weights, vec![first.dir.join("model.safetensors")]);
+    assert!(first.tokenizer_config.is_some() && first.generation_config.is_some());
+    let stamp = std::fs::metadata(&first.weights[0]).unwrap().modified().unwrap();
+    let second = lora_ft::hub::resolve(gguf.to_str().unwrap(), "main").unwrap();
+    assert_eq!(second, first);
+    assert_eq!(std::fs::metadata(&second.weights[0]).unwrap().modified().unwrap(), stamp, "re-imported");
+}
