@@ -1,0 +1,237 @@
+//! GGUF tensors → one f32 model.safetensors with Hugging Face names, written one tensor at a time
+//! (the dequantized model never exists whole in memory).
+
+use anyhow::{bail, Context, Result};
+use candle_core::quantized::gguf_file::Content;
+use candle_core::Device;
+use std::collections::BTreeMap;
+use std::io::{BufWriter, Read, Seek, Write};
+use std::path::Path;
+
+/// Attention head counts, needed to undo llama.cpp's Q/K permutation.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Heads {
+    pub attention: usize,
+    pub key_value: usize,
+}
+
+pub(super) struct Written {
+    pub tensors: usize,
+    pub parameters: u64,
+    pub bytes: u64,
+}
+
+/// The Hugging Face name of a llama.cpp tensor, e.g. `blk.3.attn_q.weight` →
+/// `model.layers.3.self_attn.q_proj.weight`. `None` for a name this importer does not know.
+pub fn hf_tensor_name(gguf_name: &str) -> Option<String> {
+    let fixed = match gguf_name {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(name) = fixed {
+        return Some(name.to_string());
+    }
+    let rest = gguf_name.strip_prefix("blk.")?;
+    let (layer, part) = rest.split_once('.')?;
+    layer.parse::<usize>().ok()?;
+    let module = match part {
+        "attn_q.weight" => "self_attn.q_proj",
+        "attn_k.weight" => "self_attn.k_proj",
+        "attn_v.weight" => "self_attn.v_proj",
+        "attn_output.weight" => "self_attn.o_proj",
+        "ffn_gate.weight" => "mlp.gate_proj",
+        "ffn_up.weight" => "mlp.up_proj",
+        "ffn_down.weight" => "mlp.down_proj",
+        "attn_norm.weight" => "input_layernorm",
+        "ffn_norm.weight" => "post_attention_layernorm",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{module}.weight"))
+}
+
+/// How many head groups a tensor's rows were permuted in (Q: all heads, K: the KV heads).
+fn permuted_heads(gguf_name: &str, heads: Heads) -> Option<usize> {
+    if gguf_name.ends_with(".attn_q.weight") {
+        Some(heads.attention)
+    } else if gguf_name.ends_with(".attn_k.weight") {
+        Some(heads.key_value)
+    } else {
+        None
+    }
+}
+
+struct Entry<'a> {
+    gguf_name: &'a str,
+    shape: Vec<usize>,
+    permute: Option<usize>,
+}
+
+impl Entry<'_> {
+    fn byte_len(&self) -> u64 {
+        self.shape.iter().product::<usize>() as u64 * 4
+    }
+}
+
+pub(super) fn write_safetensors<R: Read + Seek>(
+    file: &Path,
+    reader: &mut R,
+    content: &Content,
+    heads: Heads,
+    out_dir: &Path,
+) -> Result<Written> {
+    let entries = plan(file, content, heads)?;
+    let target = out_dir.join("model.safetensors");
+    let partial = out_dir.join("model.safetensors.partial");
+    let io = |e: std::io::Error| anyhow::Error::from(e).context(format!("writing {}", partial.display()));
+    let mut out = BufWriter::new(std::fs::File::create(&partial).map_err(io)?);
+    let header = header(&entries)?;
+    out.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+    out.write_all(&header).map_err(io)?;
+    let mut parameters = 0u64;
+    for entry in entries.values() {
+        let info = &content.tensor_infos[entry.gguf_name];
+        let qtensor = info
+            .read(reader, content.tensor_data_offset, &Device::Cpu)
+            .with_context(|| format!("{}: reading tensor {}", file.display(), entry.gguf_name))?;
+        let values = qtensor
+            .dequantize(&Device::Cpu)
+            .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
+            .with_context(|| format!("{}: dequantizing tensor {}", file.display(), entry.gguf_name))?;
+        let values = match entry.permute {
+            Some(n_head) => unpermute_rows(&values, entry.shape[0], n_head),
+            None => values,
+        };
+        parameters += values.len() as u64;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        out.write_all(&bytes).map_err(io)?;
+    }
+    out.flush().map_err(io)?;
+    drop(out);
+    std::fs::rename(&partial, &target)
+        .with_context(|| format!("renaming {} to {}", partial.display(), target.display()))?;
+    let bytes = std::fs::metadata(&target)?.len();
+    Ok(Written { tensors: entries.len(), parameters, bytes })
+}
+
+/// Every tensor of the file with its HF name (sorted, as safetensors files usually are); an
+/// unknown tensor is an error, since skipping it would silently change the model.
+fn plan<'a>(file: &Path, content: &'a Content, heads: Heads) -> Result<BTreeMap<String, Entry<'a>>> {
+    let mut entries = BTreeMap::new();
+    for (gguf_name, info) in &content.tensor_infos {
+        let Some(hf_name) = hf_tensor_name(gguf_name) else {
+            bail!(
+                "{}: tensor `{gguf_name}` has no Llama/Mistral counterpart (rope_freqs, biases, \
+                 MoE experts and other architectures are not supported)",
+                file.display()
+            );
+        };
+        let shape = info.shape.dims().to_vec();
+        let permute = permuted_heads(gguf_name, heads);
+        if let Some(n_head) = permute {
+            if shape.len() != 2 || n_head == 0 || shape[0] % (2 * n_head) != 0 {
+                bail!(
+                    "{}: tensor `{gguf_name}` of shape {shape:?} cannot be split into {n_head} \
+                     heads of even size (check attention.head_count / head_count_kv)",
+                    file.display()
+                );
+            }
+        }
+        entries.insert(hf_name, Entry { gguf_name: gguf_name.as_str(), shape, permute });
+    }
+    Ok(entries)
+}
+
+/// The safetensors header: JSON with dtype, shape and byte range per tensor, padded with spaces
+/// to a multiple of 8 bytes.
+fn header(entries: &BTreeMap<String, Entry>) -> Result<Vec<u8>> {
+    let mut map = serde_json::Map::new();
+    map.insert("__metadata__".into(), serde_json::json!({ "format": "pt" }));
+    let mut offset = 0u64;
+    for (name, entry) in entries {
+        let end = offset + entry.byte_len();
+        map.insert(
+            name.clone(),
+            serde_json::json!({ "dtype": "F32", "shape": entry.shape, "data_offsets": [offset, end] }),
+        );
+        offset = end;
+    }
+    let mut bytes = serde_json::to_vec(&map)?;
+    bytes.resize(bytes.len().div_ceil(8) * 8, b' ');
+    Ok(bytes)
+}
+
+/// Undo llama.cpp's `permute` of Q/K rows, as transformers' `_reverse_permute_weights` does:
+/// within each of `n_head` groups, HF row `(j, d)` (j < 2, d < half) is GGUF row `(d, j)`.
+pub(super) fn unpermute_rows(values: &[f32], rows: usize, n_head: usize) -> Vec<f32> {
+    let cols = values.len() / rows;
+    let half = rows / n_head / 2;
+    let mut out = Vec::with_capacity(values.len());
+    for row in 0..rows {
+        let (head, within) = (row / (2 * half), row % (2 * half));
+        let (j, d) = (within / half, within % half);
+        let source = head * 2 * half + d * 2 + j;
+        out.extend_from_slice(&values[source * cols..(source + 1) * cols]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_to_hugging_face() {
+        assert_eq!(hf_tensor_name("token_embd.weight").unwrap(), "model.embed_tokens.weight");
+        assert_eq!(hf_tensor_name("output.weight").unwrap(), "lm_head.weight");
+        assert_eq!(
+            hf_tensor_name("blk.12.attn_output.weight").unwrap(),
+            "model.layers.12.self_attn.o_proj.weight"
+        );
+        assert_eq!(
+            hf_tensor_name("blk.0.ffn_norm.weight").unwrap(),
+            "model.layers.0.post_attention_layernorm.weight"
+        );
+        assert_eq!(hf_tensor_name("blk.x.attn_q.weight"), None);
+        assert_eq!(hf_tensor_name("blk.0.attn_q.bias"), None);
+        assert_eq!(hf_tensor_name("rope_freqs.weight"), None);
+    }
+
+    /// llama.cpp's permute (convert_hf_to_gguf.py): reshape(n_head, 2, half, cols)
+    /// .swapaxes(1, 2); unpermute must be its exact inverse.
+    #[test]
+    fn unpermute_inverts_llama_cpp_permute() {
+        let (n_head, half, cols) = (3, 4, 2);
+        let rows = n_head * 2 * half;
+        let hf: Vec<f32> = (0..rows * cols).map(|v| v as f32).collect();
+        let mut gguf = vec![0.0; hf.len()];
+        for h in 0..n_head {
+            for j in 0..2 {
+                for d in 0..half {
+                    let hf_row = h * 2 * half + j * half + d;
+                    let gguf_row = h * 2 * half + d * 2 + j;
+                    gguf[gguf_row * cols..(gguf_row + 1) * cols]
+                        .copy_from_slice(&hf[hf_row * cols..(hf_row + 1) * cols]);
+                }
+            }
+        }
+        assert_ne!(gguf, hf);
+        assert_eq!(unpermute_rows(&gguf, rows, n_head), hf);
+        // HF row 1 (first half, d=1) comes from GGUF row 2; HF row 4 (second half, d=0) from row 1
+        assert_eq!(unpermute_rows(&gguf, rows, n_head)[cols], gguf[2 * cols]);
+        assert_eq!(unpermute_rows(&gguf, rows, n_head)[4 * cols], gguf[cols]);
+    }
+
+    #[test]
+    fn header_is_padded_and_contiguous() {
+        let mut entries = BTreeMap::new();
+        entries.insert("a".to_string(), Entry { gguf_name: "x", shape: vec![2, 3], permute: None });
+        entries.insert("b".to_string(), Entry { gguf_name: "y", shape: vec![5], permute: None });
+        let bytes = header(&entries).unwrap();
+        assert_eq!(bytes.len() % 8, 0);
+        let parsed: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(parsed["a"]["data_offsets"], serde_json::json!([0, 24]));
+        assert_eq!(parsed["b"]["data_offsets"], serde_json::json!([24, 44]));
+    }
+}
