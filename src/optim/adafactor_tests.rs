@@ -143,17 +143,17 @@ fn resuming_from_saved_state_is_exact() {
         let (section, wd, lrs) = golden.config(config);
         let mut straight = Adafactor::new(golden.vars("f32"), &section, wd).unwrap();
         let mut first = Adafactor::new(golden.vars("f32"), &section, wd).unwrap();
-        for k in 0..2 {
-            straight.step(&golden.grads("f32", k + 1), lrs[k]).unwrap();
-            first.step(&golden.grads("f32", k + 1), lrs[k]).unwrap();
+        for (k, &lr) in lrs.iter().enumerate().take(2) {
+            straight.step(&golden.grads("f32", k + 1), lr).unwrap();
+            first.step(&golden.grads("f32", k + 1), lr).unwrap();
         }
         let saved: HashMap<String, Tensor> = first.state_tensors().into_iter().collect();
         let params = first.params().iter().map(|v| Var::from_tensor(&v.as_tensor().copy().unwrap()).unwrap());
         let mut resumed = Adafactor::new(params.collect(), &section, wd).unwrap();
         resumed.load_state(&saved, first.step_count()).unwrap();
-        for k in 2..5 {
-            straight.step(&golden.grads("f32", k + 1), lrs[k]).unwrap();
-            resumed.step(&golden.grads("f32", k + 1), lrs[k]).unwrap();
+        for (k, &lr) in lrs.iter().enumerate().skip(2) {
+            straight.step(&golden.grads("f32", k + 1), lr).unwrap();
+            resumed.step(&golden.grads("f32", k + 1), lr).unwrap();
         }
         assert_eq!(resumed.step_count(), 5);
         for (a, b) in straight.params().iter().zip(resumed.params()) {
