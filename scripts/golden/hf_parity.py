@@ -378,7 +378,16 @@ def run_smollm2():
     pm.get_base_model().set_attn_implementation("sdpa")
     sdpa_err = compare_runs(ref, reference_run(pm, input_ids, labels, keep_grad=keep), SDPA_TOL, "sdpa")
     pm.get_base_model().set_attn_implementation("eager")
-    f64_err = compare_runs(ref, reference_run(pm.double(), input_ids, labels, keep_grad=keep), F64_TOL, "float64")
+    # SmolLM2's 30 layers accumulate f32 rounding (~2.5e-5 in the deepest gradients), so the stored
+    # numbers come from the float64 run of the same weights: a Rust f32 result is then compared with
+    # the exact answer, not with another f32 run's noise. The f32 run's distance is kept as a check.
+    ref64 = reference_run(pm.double(), input_ids, labels, keep_grad=keep)
+    f64_err = compare_runs(ref64, ref, F64_TOL, "float32 vs float64")
+    ref = {
+        "logits": ref64["logits"].float(),
+        "loss": ref64["loss"].float(),
+        "grads": {k: v.float() for k, v in ref64["grads"].items()},
+    }
 
     last = lengths - 1
     tensors = {
@@ -422,7 +431,9 @@ def run_smollm2():
             "logits_last": "logits[b, last_positions[b], :] (the full vocab row at each row's last real token)",
             "grad.*": f"LoRA gradients of layers {SMOLLM2_GRAD_LAYERS} only, all 7 modules, A and B",
         },
-        "checks": {"lora_changes_logits_by_max_abs": lora_diff, "sdpa_rel_err": sdpa_err, "float64_rel_err": f64_err},
+        "checks": {"lora_changes_logits_by_max_abs": lora_diff, "sdpa_rel_err": sdpa_err,
+                   "float32_run_rel_err_to_stored_float64": f64_err},
+        "stored_precision": "the float64 run, cast to float32",
         "tensors": describe(tensors),
     }
 

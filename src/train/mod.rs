@@ -142,7 +142,9 @@ impl Trainer {
             });
         }
         let mut grads = grads.context("no micro-batches")?;
-        let grad_norm = clip_grad_norm(&mut grads, self.max_grad_norm)?;
+        // max_grad_norm = 0 turns clipping off; the norm is still reported.
+        let max_norm = if self.max_grad_norm > 0.0 { self.max_grad_norm } else { f64::INFINITY };
+        let grad_norm = clip_grad_norm(&mut grads, max_norm)?;
         self.optimizer.step(&grads, self.schedule.lr_at(step))?;
         let tokens = micro_batches.iter().map(|b| b.batch_size * b.seq_len).sum();
         Ok(Some(StepResult { loss: loss_sum / trained as f64, grad_norm, trained_tokens: trained, tokens }))
