@@ -54,7 +54,9 @@ pub fn data_check(file: &Path, cfg: &Config, tokenizer_dir: &Path) -> anyhow::Re
             file.display()
         );
         out.push_str(&mark_trained(&encoded, max_len, side));
-        out.push('\n');
+        if !out.ends_with('\n') {
+            out.push('\n');
+        }
     }
     Ok(out)
 }
