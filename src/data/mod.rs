@@ -1,1 +1,29 @@
-//! (being written this session)
+//! Dialogue data: `{"messages": [...]}` JSONL → the model's own chat template → token ids with
+//! labels that train only on assistant replies → truncated, padded, shuffled batches.
+//!
+//! ```text
+//! read_messages_jsonl ──► ChatTemplate::render ──► ChatTokenizer::encode (ids + labels)
+//!   ──► TokenizedDataset (truncate, drop rows with nothing to train, stats)
+//!   ──► BatchLoader (seeded shuffle per epoch, right padding, prefetch thread) ──► Batch
+//! ```
+//!
+//! Labels follow the Hugging Face convention: `labels` is aligned with `input_ids`, -100 marks an
+//! ignored position, and the model shifts (logits at t predict `labels[t + 1]`).
+
+mod batch;
+mod check;
+mod dataset;
+mod jinja_compat;
+mod masking;
+mod messages;
+mod template;
+
+pub use batch::{Batch, BatchLoader, EpochBatches};
+pub use check::data_check;
+pub use dataset::{DatasetStats, Example, TokenizedDataset};
+pub use masking::ChatTokenizer;
+pub use messages::{read_messages_jsonl, Conversation, LineError, Message};
+pub use template::ChatTemplate;
+
+/// The label of a position the loss ignores (PyTorch's `ignore_index`).
+pub const IGNORE_INDEX: i64 = -100;

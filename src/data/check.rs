@@ -1,0 +1,165 @@
+//! `lora-ft data check`: what training would see in a data file, before spending GPU time on it.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use super::masking::EncodedConversation;
+use super::{read_messages_jsonl, ChatTokenizer, TokenizedDataset, IGNORE_INDEX};
+use crate::config::{Config, TruncationSide};
+
+const OPEN: &str = "[[";
+const CLOSE: &str = "]]";
+
+/// Reads `file` with the tokenizer in `tokenizer_dir` and the `[data]` settings of `cfg`, and
+/// returns a report: counts, token-length percentiles, truncated and dropped rows, and the first
+/// kept conversation rendered with its trained tokens marked.
+pub fn data_check(file: &Path, cfg: &Config, tokenizer_dir: &Path) -> anyhow::Result<String> {
+    let tokenizer = ChatTokenizer::from_dir(tokenizer_dir)?;
+    let conversations = read_messages_jsonl(file)?;
+    let (max_len, side) = (cfg.data.max_seq_len, cfg.data.truncation_side);
+    let dataset = TokenizedDataset::from_conversations(file, &conversations, &tokenizer, max_len, side)?;
+    let s = &dataset.stats;
+    let mut out = String::new();
+    let side_name = match side {
+        TruncationSide::Right => "right",
+        TruncationSide::Left => "left",
+    };
+    let _ = writeln!(out, "data check: {}", file.display());
+    let _ = writeln!(out, "conversations: {}", s.rows);
+    let mut roles = [("system", 0), ("user", 0), ("assistant", 0)];
+    for m in conversations.iter().flat_map(|c| &c.messages) {
+        roles.iter_mut().filter(|(r, _)| *r == m.role).for_each(|(_, n)| *n += 1);
+    }
+    let roles: Vec<String> = roles.iter().map(|(r, n)| format!("{r} {n}")).collect();
+    let _ = writeln!(out, "messages: {}", roles.join(", "));
+    let _ = writeln!(out, "tokens per conversation (before truncation): {}", percentiles(&s.lengths));
+    let _ = writeln!(out, "max_seq_len: {max_len}, truncation_side: {side_name}");
+    let _ = writeln!(out, "truncated: {} of {} rows longer than max_seq_len", s.truncated, s.rows);
+    let _ = writeln!(out, "dropped: {} rows with no trained token left after truncation", s.dropped);
+    let share = 100.0 * s.trained_tokens as f64 / s.tokens.max(1) as f64;
+    let _ = writeln!(
+        out,
+        "kept: {} rows, {} tokens, {} trained ({share:.1}%)",
+        dataset.examples.len(),
+        s.tokens,
+        s.trained_tokens
+    );
+    if let Some(&line) = dataset.lines.first() {
+        let conv = conversations.iter().find(|c| c.line == line).expect("kept rows come from conversations");
+        let encoded = tokenizer.encode_with_offsets(&conv.messages)?;
+        let _ = writeln!(
+            out,
+            "\nexample ({}:{line}); trained tokens (assistant replies and their end-of-turn token) \
+             are between {OPEN} and {CLOSE}:",
+            file.display()
+        );
+        out.push_str(&mark_trained(&encoded, max_len, side));
+        if !out.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}
+
+/// Nearest-rank percentiles of the token lengths.
+fn percentiles(lengths: &[usize]) -> String {
+    let mut sorted = lengths.to_vec();
+    sorted.sort_unstable();
+    let Some(&max) = sorted.last() else {
+        return "none".into();
+    };
+    let rank =
+        |p: f64| sorted[((p / 100.0 * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1];
+    format!(
+        "min {}, p50 {}, p90 {}, p95 {}, p99 {}, max {max}",
+        sorted[0],
+        rank(50.0),
+        rank(90.0),
+        rank(95.0),
+        rank(99.0)
+    )
+}
+
+/// The rendered text with trained tokens wrapped in markers; text that truncation cuts off is
+/// replaced by a note saying how many tokens were cut.
+fn mark_trained(encoded: &EncodedConversation, max_len: usize, side: TruncationSide) -> String {
+    let EncodedConversation { text, offsets, example } = encoded;
+    let n = offsets.len();
+    let kept = match side {
+        _ if n <= max_len => 0..n,
+        TruncationSide::Right => 0..max_len,
+        TruncationSide::Left => n - max_len..n,
+    };
+    let mut out = String::new();
+    if kept.start > 0 {
+        let _ = write!(out, "[... {} tokens cut by truncation ...]", kept.start);
+    }
+    let Some(&(first, _)) = offsets.get(kept.start) else {
+        return out;
+    };
+    let (mut written, mut end, mut inside) = (char_floor(text, first), first, false);
+    for t in kept.clone() {
+        let (a, b) = offsets[t];
+        let trained = example.labels[t] != IGNORE_INDEX;
+        if trained != inside {
+            // Byte-level BPE may split a character over tokens that share its offsets.
+            let at = char_floor(text, a.max(written));
+            out.push_str(&text[written..at]);
+            out.push_str(if trained { OPEN } else { CLOSE });
+            (written, inside) = (at, trained);
+        }
+        end = end.max(b);
+    }
+    out.push_str(&text[written..char_floor(text, end).max(written)]);
+    if inside {
+        out.push_str(CLOSE);
+    }
+    if kept.end < n {
+        let _ = write!(out, "[... {} tokens cut by truncation ...]", n - kept.end);
+    }
+    out
+}
+
+fn char_floor(text: &str, mut i: usize) -> usize {
+    i = i.min(text.len());
+    while !text.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::Example;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let lengths: Vec<usize> = (1..=100).rev().collect();
+        assert_eq!(percentiles(&lengths), "min 1, p50 50, p90 90, p95 95, p99 99, max 100");
+        assert_eq!(percentiles(&[7]), "min 7, p50 7, p90 7, p95 7, p99 7, max 7");
+        assert_eq!(percentiles(&[]), "none");
+    }
+
+    fn encoded() -> EncodedConversation {
+        // "U:hi A:yo." tokenized as "U:", "hi", " A:", "yo", "." with "yo." trained.
+        EncodedConversation {
+            text: "U:hi A:yo.".into(),
+            offsets: vec![(0, 2), (2, 4), (4, 7), (7, 9), (9, 10)],
+            example: Example { input_ids: vec![1, 2, 3, 4, 5], labels: vec![-100, -100, -100, 4, 5] },
+        }
+    }
+
+    #[test]
+    fn marks_trained_tokens_and_truncation() {
+        assert_eq!(mark_trained(&encoded(), 8, TruncationSide::Right), "U:hi A:[[yo.]]");
+        assert_eq!(
+            mark_trained(&encoded(), 4, TruncationSide::Right),
+            "U:hi A:[[yo]][... 1 tokens cut by truncation ...]"
+        );
+        assert_eq!(
+            mark_trained(&encoded(), 3, TruncationSide::Left),
+            "[... 2 tokens cut by truncation ...] A:[[yo.]]"
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! A tokenized dataset: every conversation encoded, truncated to `max_seq_len`, and dropped (and
+//! counted) when truncation leaves it nothing to train on.
+
+use std::path::Path;
+
+use anyhow::Context;
+
+use super::{read_messages_jsonl, ChatTokenizer, Conversation, IGNORE_INDEX};
+use crate::config::TruncationSide;
+
+/// One training row: token ids and labels of the same length (-100 = not trained).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Example {
+    pub input_ids: Vec<u32>,
+    pub labels: Vec<i64>,
+}
+
+impl Example {
+    pub fn len(&self) -> usize {
+        self.input_ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.input_ids.is_empty()
+    }
+
+    /// Positions that contribute to the loss. The model shifts (logits at t predict
+    /// `labels[t + 1]`), so a label at position 0 never does and is not counted.
+    pub fn trained_tokens(&self) -> usize {
+        self.labels.iter().skip(1).filter(|&&l| l != IGNORE_INDEX).count()
+    }
+
+    /// Cuts the row to at most `max_len` tokens; `Right` keeps the start, `Left` keeps the end.
+    /// Returns whether anything was cut.
+    pub fn truncate(&mut self, max_len: usize, side: TruncationSide) -> bool {
+        let len = self.len();
+        if len <= max_len {
+            return false;
+        }
+        match side {
+            TruncationSide::Right => {
+                self.input_ids.truncate(max_len);
+                self.labels.truncate(max_len);
+            }
+            TruncationSide::Left => {
+                self.input_ids.drain(..len - max_len);
+                self.labels.drain(..len - max_len);
+            }
+        }
+        true
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DatasetStats {
+    /// Conversations read.
+    pub rows: usize,
+    /// Rows longer than `max_seq_len` (cut, kept or dropped).
+    pub truncated: usize,
+    /// Rows left with no trained token after truncation (not in `examples`).
+    pub dropped: usize,
+    /// Token length of every row before truncation, in file order.
+    pub lengths: Vec<usize>,
+    /// Tokens and trained tokens of the kept rows, after truncation.
+    pub tokens: usize,
+    pub trained_tokens: usize,
+}
+
+pub struct TokenizedDataset {
+    pub examples: Vec<Example>,
+    /// The file line of each kept example.
+    pub lines: Vec<usize>,
+    pub stats: DatasetStats,
+}
+
+impl TokenizedDataset {
+    pub fn from_jsonl(
+        path: &Path,
+        tokenizer: &ChatTokenizer,
+        max_seq_len: usize,
+        side: TruncationSide,
+    ) -> anyhow::Result<Self> {
+        let conversations = read_messages_jsonl(path)?;
+        Self::from_conversations(path, &conversations, tokenizer, max_seq_len, side)
+    }
+
+    /// `file` only names the source in error messages.
+    pub fn from_conversations(
+        file: &Path,
+        conversations: &[Conversation],
+        tokenizer: &ChatTokenizer,
+        max_seq_len: usize,
+        side: TruncationSide,
+    ) -> anyhow::Result<Self> {
+        let mut examples = Vec::new();
+        let mut lines = Vec::new();
+        let mut stats = DatasetStats { rows: conversations.len(), ..Default::default() };
+        for conv in conversations {
+            let mut example = tokenizer
+                .encode(&conv.messages)
+                .with_context(|| format!("{}:{}", file.display(), conv.line))?;
+            stats.lengths.push(example.len());
+            stats.truncated += usize::from(example.truncate(max_seq_len, side));
+            let trained = example.trained_tokens();
+            if trained == 0 {
+                stats.dropped += 1;
+                continue;
+            }
+            stats.tokens += example.len();
+            stats.trained_tokens += trained;
+            examples.push(example);
+            lines.push(conv.line);
+        }
+        if stats.dropped > 0 {
+            tracing::warn!(
+                file = %file.display(),
+                dropped = stats.dropped,
+                "rows with no assistant token left after truncation to {max_seq_len} tokens were dropped"
+            );
+        }
+        Ok(Self { examples, lines, stats })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example() -> Example {
+        Example { input_ids: vec![1, 2, 3, 4, 5], labels: vec![-100, -100, 3, 4, -100] }
+    }
+
+    #[test]
+    fn truncates_either_side() {
+        let mut right = example();
+        assert!(right.truncate(3, TruncationSide::Right));
+        assert_eq!(right, Example { input_ids: vec![1, 2, 3], labels: vec![-100, -100, 3] });
+        let mut left = example();
+        assert!(left.truncate(3, TruncationSide::Left));
+        assert_eq!(left, Example { input_ids: vec![3, 4, 5], labels: vec![3, 4, -100] });
+        let mut short = example();
+        assert!(!short.truncate(5, TruncationSide::Left));
+        assert_eq!(short, example());
+    }
+
+    #[test]
+    fn a_label_at_position_zero_is_not_trained() {
+        let mut left = example();
+        left.truncate(3, TruncationSide::Left);
+        assert_eq!(left.trained_tokens(), 1);
+        let mut only_first = example();
+        only_first.truncate(2, TruncationSide::Left);
+        assert_eq!(only_first.labels, [4, -100]);
+        assert_eq!(only_first.trained_tokens(), 0);
+    }
+}

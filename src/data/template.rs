@@ -1,0 +1,174 @@
+//! The model's own chat template, rendered the way `transformers`' `apply_chat_template` does:
+//! Jinja with `trim_blocks` and `lstrip_blocks`, loop controls, Python string/dict methods
+//! (minijinja-contrib pycompat), `raise_exception`, `strftime_now`, Python-style `tojson`, and
+//! the special tokens (`bos_token`, `eos_token`, ...) as variables.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use minijinja::{Environment, Error, ErrorKind, Value};
+use serde_json::Value as Json;
+
+use super::jinja_compat;
+use super::Message;
+
+const NAME: &str = "chat_template";
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    /// `bos_token`, `eos_token`, `pad_token`, `unk_token` as the template sees them.
+    special_tokens: BTreeMap<&'static str, String>,
+}
+
+impl ChatTemplate {
+    /// Reads `chat_template` and the special tokens from a `tokenizer_config.json`. As in
+    /// transformers, a `chat_template.jinja` next to it takes precedence over the JSON key.
+    pub fn from_tokenizer_config(path: &Path) -> anyhow::Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+        let config: Json =
+            serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))?;
+        let jinja_file = path.with_file_name("chat_template.jinja");
+        let source = if jinja_file.is_file() {
+            std::fs::read_to_string(&jinja_file)
+                .with_context(|| format!("{}: cannot read", jinja_file.display()))?
+        } else {
+            template_source(&config).with_context(|| format!("{}: chat_template", path.display()))?
+        };
+        let mut special_tokens = BTreeMap::new();
+        for key in ["bos_token", "eos_token", "pad_token", "unk_token"] {
+            if let Some(token) =
+                token_content(&config[key]).with_context(|| format!("{}: {key}", path.display()))?
+            {
+                special_tokens.insert(key, token);
+            }
+        }
+        Self::new(source, special_tokens).with_context(|| format!("{}: chat_template", path.display()))
+    }
+
+    /// Compiles a template; `special_tokens` maps names such as `"eos_token"` to their text.
+    pub fn new(source: String, special_tokens: BTreeMap<&'static str, String>) -> anyhow::Result<Self> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", jinja_compat::tojson);
+        env.add_function("strftime_now", jinja_compat::strftime_now);
+        env.add_function("raise_exception", |message: String| -> Result<Value, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, message))
+        });
+        env.add_template_owned(NAME, source).map_err(|e| anyhow::anyhow!("cannot compile: {e:#}"))?;
+        Ok(Self { env, special_tokens })
+    }
+
+    /// Renders a conversation; with `add_generation_prompt` the text ends where the assistant's
+    /// next reply begins.
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> anyhow::Result<String> {
+        let mut ctx: BTreeMap<&str, Value> =
+            self.special_tokens.iter().map(|(k, v)| (*k, Value::from(v.as_str()))).collect();
+        ctx.insert("messages", Value::from_serialize(messages));
+        ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
+        let template = self.env.get_template(NAME).expect("compiled in new()");
+        template.render(ctx).map_err(|e| match e.kind() {
+            ErrorKind::InvalidOperation => {
+                anyhow::anyhow!("chat template: {}", e.detail().unwrap_or("error"))
+            }
+            _ => anyhow::anyhow!("chat template: {e:#}"),
+        })
+    }
+
+    /// The text of a special token (`"eos_token"`, `"pad_token"`, ...), if the config names one.
+    pub fn special_token(&self, name: &str) -> Option<&str> {
+        self.special_tokens.get(name).map(String::as_str)
+    }
+}
+
+/// `chat_template` is a string, or a list of `{"name", "template"}` of which "default" is used.
+fn template_source(config: &Json) -> anyhow::Result<String> {
+    match &config["chat_template"] {
+        Json::String(s) => Ok(s.clone()),
+        Json::Array(named) => {
+            let default = named.iter().find(|t| t["name"] == "default");
+            match default.map(|t| &t["template"]) {
+                Some(Json::String(s)) => Ok(s.clone()),
+                _ => bail!("a list of templates needs one named \"default\" with a \"template\" string"),
+            }
+        }
+        Json::Null => bail!("missing: this tokenizer has no chat template"),
+        _ => bail!("expected a string or a list of named templates"),
+    }
+}
+
+/// A special token is a string, an AddedToken dict `{"content": ...}`, or null.
+fn token_content(value: &Json) -> anyhow::Result<Option<String>> {
+    match value {
+        Json::Null => Ok(None),
+        Json::String(s) => Ok(Some(s.clone())),
+        Json::Object(map) => match map.get("content") {
+            Some(Json::String(s)) => Ok(Some(s.clone())),
+            _ => bail!("expected a string or an object with a \"content\" string"),
+        },
+        _ => bail!("expected a string or an object with a \"content\" string"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn template(source: &str) -> ChatTemplate {
+        let tokens = BTreeMap::from([("bos_token", "<s>".to_string()), ("eos_token", "</s>".to_string())]);
+        ChatTemplate::new(source.into(), tokens).unwrap()
+    }
+
+    fn conversation() -> Vec<Message> {
+        vec![Message::new("user", "  Hi there "), Message::new("assistant", "Hello")]
+    }
+
+    // Mistral-Instruct-v0.1-style template: bos/eos variables, raise_exception, Python's strip().
+    const MISTRAL: &str = "{{ bos_token }}{% for message in messages %}\
+        {% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}\
+        {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}\
+        {% if message['role'] == 'user' %}{{ '[INST] ' + message['content'].strip() + ' [/INST]' }}\
+        {% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}";
+
+    #[test]
+    fn renders_mistral_style_template() {
+        let t = template(MISTRAL);
+        assert_eq!(t.render(&conversation(), false).unwrap(), "<s>[INST] Hi there [/INST]Hello</s>");
+        let err = t.render(&[Message::new("assistant", "x")], false).unwrap_err().to_string();
+        assert_eq!(err, "chat template: Conversation roles must alternate user/assistant/user/assistant/...");
+    }
+
+    #[test]
+    fn trims_blocks_like_transformers() {
+        // With trim_blocks and lstrip_blocks the newline after a block tag and the indentation
+        // before it vanish, so this renders on one line per message.
+        let t = template(
+            "{% for m in messages %}\n  {% if m.role == 'user' %}\nU:{{ m.content }}|\n  {% else %}\nA:{{ m.content }}|\n  {% endif %}\n{% endfor %}\n{% if add_generation_prompt %}A:{% endif %}",
+        );
+        assert_eq!(t.render(&conversation(), true).unwrap(), "U:  Hi there |\nA:Hello|\nA:");
+    }
+
+    #[test]
+    fn supports_loop_controls_and_python_methods() {
+        let t = template(
+            "{% for m in messages %}{% if m.role == 'assistant' %}{% break %}{% endif %}\
+             {{ m.content.split()|join(',') }}{{ m.get('missing', '?') }}{% endfor %}",
+        );
+        assert_eq!(t.render(&conversation(), false).unwrap(), "Hi,there?");
+    }
+
+    #[test]
+    fn reads_list_form_and_added_token_dicts() {
+        let config = serde_json::json!({
+            "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}],
+            "eos_token": {"content": "<|eot|>", "lstrip": false},
+        });
+        assert_eq!(template_source(&config).unwrap(), "D");
+        assert_eq!(token_content(&config["eos_token"]).unwrap().as_deref(), Some("<|eot|>"));
+        let err = template_source(&serde_json::json!({})).unwrap_err().to_string();
+        assert_eq!(err, "missing: this tokenizer has no chat template");
+    }
+}
