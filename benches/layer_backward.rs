@@ -51,7 +51,9 @@ fn main() {
         },
         5,
     );
-    println!("layer {hidden}x{inter}, {heads}/{kv} heads, batch 2 x {seq}, LoRA r=8 on 7 projections (CPU, f32)");
+    println!(
+        "layer {hidden}x{inter}, {heads}/{kv} heads, batch 2 x {seq}, LoRA r=8 on 7 projections (CPU, f32)"
+    );
     println!("hand-written recompute+backward: {:.1} ms", hand * 1e3);
     println!("candle autograd forward+backward: {:.1} ms", autograd * 1e3);
     println!("ratio autograd / hand-written: {:.2}x", autograd / hand);

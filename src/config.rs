@@ -326,8 +326,16 @@ impl Config {
             "relative_step, scale_parameter and warmup_init need flavor = \"hf\"",
         )?;
         let torch = o.flavor == AdafactorFlavor::Torch;
-        check(!(torch && o.beta1.is_some()), "optim.beta1", "torch.optim.Adafactor has no beta1: use flavor = \"hf\"")?;
-        check(!torch || o.clip_threshold >= 1.0, "optim.clip_threshold", "must be >= 1 with flavor = \"torch\" (its d)")?;
+        check(
+            !(torch && o.beta1.is_some()),
+            "optim.beta1",
+            "torch.optim.Adafactor has no beta1: use flavor = \"hf\"",
+        )?;
+        check(
+            !torch || o.clip_threshold >= 1.0,
+            "optim.clip_threshold",
+            "must be >= 1 with flavor = \"torch\" (its d)",
+        )?;
         check(!o.warmup_init || o.relative_step, "optim.warmup_init", "needs relative_step = true")?;
         check(!self.output.adapter_name.is_empty(), "output.adapter_name", "must not be empty")?;
         Ok(())

@@ -84,7 +84,13 @@ impl PeftLoraConfig {
             TargetModules::List(l) => l.clone(),
             TargetModules::Pattern(p) => return Err(bad(&format!("target_modules pattern {p:?}"))),
         };
-        Ok(LoraSpec { r: self.r, alpha: self.lora_alpha, dropout: self.lora_dropout, target_modules, rslora: self.use_rslora })
+        Ok(LoraSpec {
+            r: self.r,
+            alpha: self.lora_alpha,
+            dropout: self.lora_dropout,
+            target_modules,
+            rslora: self.use_rslora,
+        })
     }
 }
 

@@ -83,7 +83,11 @@ pub fn reply(
     settings: &GenerationSettings,
 ) -> anyhow::Result<String> {
     let prompt = tokenizer.template().render(messages, true)?;
-    let enc = tokenizer.tokenizer().encode(prompt.as_str(), false).map_err(anyhow::Error::msg).context("tokenizing")?;
+    let enc = tokenizer
+        .tokenizer()
+        .encode(prompt.as_str(), false)
+        .map_err(anyhow::Error::msg)
+        .context("tokenizing")?;
     let ids = generate(model, enc.get_ids(), stop, settings)?;
     tokenizer.tokenizer().decode(&ids, true).map_err(anyhow::Error::msg)
 }

@@ -9,7 +9,7 @@ use lora_ft::config::Config;
 use lora_ft::data::{ChatTokenizer, Message};
 use lora_ft::generate::{reply, stop_ids, GenerationSettings};
 use lora_ft::model::CausalLm;
-use lora_ft::train::{compute_dtype, select_device};
+use lora_ft::train::select_device;
 
 #[derive(Parser)]
 #[command(name = "lora-ft", version, about = "QLoRA fine-tuning of Llama/Mistral models")]
@@ -110,7 +110,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 fn train(config: &Path) -> anyhow::Result<()> {
     let cfg = Config::from_file(config)?;
     let s = lora_ft::train::run(&cfg)?;
-    println!("trained {} steps: loss {:.4} → {:.4}, {:.0} tokens/s", s.steps, s.first_loss, s.last_loss, s.tokens_per_s);
+    println!(
+        "trained {} steps: loss {:.4} → {:.4}, {:.0} tokens/s",
+        s.steps, s.first_loss, s.last_loss, s.tokens_per_s
+    );
     if let Some(e) = &s.last_eval {
         println!("eval loss {:.4}, perplexity {:.2}", e.eval_loss, e.eval_ppl);
     }

@@ -77,7 +77,8 @@ fn tiny_mistral_with_sliding_window_matches_hf_peft() {
 fn set_formula_lora(model: &CausalLm) {
     for (key, var) in model.lora_params() {
         let l: f64 = key.split("layers.").nth(1).unwrap().split('.').next().unwrap().parse().unwrap();
-        let m = lora_ft::model::PROJECTIONS.iter().position(|p| key.contains(&format!(".{p}."))).unwrap() as f64;
+        let m =
+            lora_ft::model::PROJECTIONS.iter().position(|p| key.contains(&format!(".{p}."))).unwrap() as f64;
         let (rows, cols) = var.dims2().unwrap();
         let is_a = key.contains("lora_A");
         let values: Vec<f32> = (0..rows * cols)
@@ -100,7 +101,8 @@ fn smollm2_matches_hf_peft() {
     let dir = lora_ft::fixtures::smollm2_dir();
     let g = golden("smollm2");
     let mut model =
-        CausalLm::load(&dir.join("config.json"), &[dir.join("model.safetensors")], DType::F32, &Device::Cpu).unwrap();
+        CausalLm::load(&dir.join("config.json"), &[dir.join("model.safetensors")], DType::F32, &Device::Cpu)
+            .unwrap();
     let spec = lora_ft::model::LoraSpec {
         r: 8,
         alpha: 16.0,

@@ -15,7 +15,8 @@ use lora_ft::optim::{clip_grad_norm, Adafactor, LrSchedule};
 fn smollm2() -> (CausalLm, std::path::PathBuf) {
     let dir = lora_ft::fixtures::smollm2_dir();
     let model =
-        CausalLm::load(&dir.join("config.json"), &[dir.join("model.safetensors")], DType::F32, &Device::Cpu).unwrap();
+        CausalLm::load(&dir.join("config.json"), &[dir.join("model.safetensors")], DType::F32, &Device::Cpu)
+            .unwrap();
     (model, dir)
 }
 
@@ -34,10 +35,12 @@ fn loss_falls_on_a_repeated_batch_and_export_reloads_identically() {
     let (mut model, dir) = smollm2();
     let tokenizer = ChatTokenizer::from_dir(&dir).unwrap();
     let data = Path::new("datasets/customer-service/train.jsonl");
-    let set = TokenizedDataset::from_jsonl(data, &tokenizer, 160, lora_ft::config::TruncationSide::Right).unwrap();
+    let set =
+        TokenizedDataset::from_jsonl(data, &tokenizer, 160, lora_ft::config::TruncationSide::Right).unwrap();
     let loader = BatchLoader::new(Arc::new(set.examples), 2, tokenizer.pad_id(), Some(1));
     let batch = loader.epoch(0, 0).next().unwrap();
-    let ids = Tensor::from_vec(batch.input_ids.clone(), (batch.batch_size, batch.seq_len), &Device::Cpu).unwrap();
+    let ids =
+        Tensor::from_vec(batch.input_ids.clone(), (batch.batch_size, batch.seq_len), &Device::Cpu).unwrap();
 
     model.add_lora(&spec(), 7).unwrap();
     let before = model.forward(&ids, None).unwrap();

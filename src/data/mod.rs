@@ -25,5 +25,5 @@ pub use masking::ChatTokenizer;
 pub use messages::{read_messages_jsonl, Conversation, LineError, Message};
 pub use template::ChatTemplate;
 
-/// The label of a position the loss ignores (PyTorch's `ignore_index`).
-pub const IGNORE_INDEX: i64 = -100;
+/// The label of a position the loss ignores; owned by the loss, re-exported for the data side.
+pub use crate::model::loss::IGNORE_INDEX;

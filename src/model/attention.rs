@@ -6,7 +6,13 @@ use candle_core::{DType, Device, Result, Tensor, D};
 
 /// Additive mask `[q_len, kv_len]` (0 or −∞) for queries at positions offset..offset+q_len.
 /// A key j is visible to query i when j ≤ i and, with a window w, i − j < w (HF Mistral).
-pub fn causal_mask(q_len: usize, kv_len: usize, offset: usize, window: Option<usize>, device: &Device) -> Result<Tensor> {
+pub fn causal_mask(
+    q_len: usize,
+    kv_len: usize,
+    offset: usize,
+    window: Option<usize>,
+    device: &Device,
+) -> Result<Tensor> {
     let mask: Vec<f32> = (0..q_len)
         .flat_map(|qi| {
             let i = qi + offset;

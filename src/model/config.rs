@@ -90,7 +90,7 @@ impl ModelConfig {
                 bail!("rope_parameters.rope_type: {kind:?} (only \"default\" RoPE is supported so far)");
             }
         }
-        if self.num_attention_heads % self.num_kv_heads() != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_kv_heads()) {
             bail!("num_key_value_heads must divide num_attention_heads");
         }
         Ok(())

@@ -71,7 +71,12 @@ fn load(st: &MmapedSafetensors, name: &str, dtype: DType, device: &Device) -> an
 
 impl CausalLm {
     /// Loads an HF-layout model (config.json + one or more safetensors files).
-    pub fn load(config_path: &Path, weights: &[PathBuf], dtype: DType, device: &Device) -> anyhow::Result<Self> {
+    pub fn load(
+        config_path: &Path,
+        weights: &[PathBuf],
+        dtype: DType,
+        device: &Device,
+    ) -> anyhow::Result<Self> {
         let config = ModelConfig::from_file(config_path)?;
         // SAFETY: the files are memory-mapped read-only and not modified while loading.
         let st = unsafe { MmapedSafetensors::multi(weights) }
@@ -87,10 +92,18 @@ impl CausalLm {
             let proj = PROJECTIONS.map(|p| format!("{}.weight", module_path(l, p)));
             let mut linears = Vec::with_capacity(7);
             for name in &proj {
-                linears.push(LoraLinear { base: BaseWeight::Dense(load(&st, name, dtype, device)?), lora: None });
+                linears.push(LoraLinear {
+                    base: BaseWeight::Dense(load(&st, name, dtype, device)?),
+                    lora: None,
+                });
             }
             layers.push(DecoderLayer {
-                input_layernorm: load(&st, &format!("model.layers.{l}.input_layernorm.weight"), dtype, device)?,
+                input_layernorm: load(
+                    &st,
+                    &format!("model.layers.{l}.input_layernorm.weight"),
+                    dtype,
+                    device,
+                )?,
                 post_attention_layernorm: load(
                     &st,
                     &format!("model.layers.{l}.post_attention_layernorm.weight"),
@@ -105,8 +118,19 @@ impl CausalLm {
             });
         }
         let norm = load(&st, "model.norm.weight", dtype, device)?;
-        let rope = Rope::new(config.head_dim(), config.rope_theta(), config.max_position_embeddings, dtype, device)?;
-        Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, dtype, device: device.clone(), loss_chunk_rows: 1024 })
+        let rope =
+            Rope::new(config.head_dim(), config.rope_theta(), config.max_position_embeddings, dtype, device)?;
+        Ok(Self {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            dtype,
+            device: device.clone(),
+            loss_chunk_rows: 1024,
+        })
     }
 
     pub fn device(&self) -> &Device {
@@ -124,7 +148,8 @@ impl CausalLm {
             for (p, name) in PROJECTIONS.iter().enumerate() {
                 if spec.target_modules.iter().any(|t| t == name) {
                     let dims = layer.proj[p].base.dims();
-                    let a = LoraAdapter::init(spec.r, dims, spec.scale(), spec.dropout, &mut rng, &self.device)?;
+                    let a =
+                        LoraAdapter::init(spec.r, dims, spec.scale(), spec.dropout, &mut rng, &self.device)?;
                     layer.proj[p].lora = Some(a);
                 }
             }
@@ -153,13 +178,24 @@ impl CausalLm {
         self.embed_tokens.index_select(&input_ids.flatten_all()?, 0)?.reshape((b, t, self.config.hidden_size))
     }
 
-    fn layer_input<'a>(&'a self, mask: &'a Tensor, offset: usize, seed: Option<u64>, l: usize) -> LayerInput<'a> {
-        let dropout_seed = seed.map(|s| s.wrapping_mul(6364136223846793005).wrapping_add(l as u64 * 1442695040888963407));
+    fn layer_input<'a>(
+        &'a self,
+        mask: &'a Tensor,
+        offset: usize,
+        seed: Option<u64>,
+        l: usize,
+    ) -> LayerInput<'a> {
+        let dropout_seed =
+            seed.map(|s| s.wrapping_mul(6364136223846793005).wrapping_add(l as u64 * 1442695040888963407));
         LayerInput { rope: &self.rope, mask, offset, dropout_seed }
     }
 
     /// Eval-mode logits `[b, t, vocab]` (f32). With `caches`, continues from the cached positions.
-    pub fn forward(&self, input_ids: &Tensor, mut caches: Option<&mut [KvCache]>) -> candle_core::Result<Tensor> {
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        mut caches: Option<&mut [KvCache]>,
+    ) -> candle_core::Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
         let offset = caches.as_ref().map_or(0, |c| c[0].len());
         let mask = causal_mask(t, offset + t, offset, self.config.attention_window(), &self.device)?;
@@ -168,12 +204,18 @@ impl CausalLm {
             let cache = caches.as_mut().map(|c| &mut c[l]);
             x = layer.forward(&x, &self.layer_input(&mask, offset, None, l), cache)?;
         }
-        let (h, _) = rms_norm(&x.reshape((b * t, self.config.hidden_size))?, &self.norm, self.config.rms_norm_eps)?;
+        let (h, _) =
+            rms_norm(&x.reshape((b * t, self.config.hidden_size))?, &self.norm, self.config.rms_norm_eps)?;
         h.matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?.reshape((b, t, self.config.vocab_size))
     }
 
     /// Runs the decoder keeping only each layer's input. Returns the inputs and the last output.
-    fn forward_checkpointed(&self, x: Tensor, mask: &Tensor, seed: Option<u64>) -> candle_core::Result<(Vec<Tensor>, Tensor)> {
+    fn forward_checkpointed(
+        &self,
+        x: Tensor,
+        mask: &Tensor,
+        seed: Option<u64>,
+    ) -> candle_core::Result<(Vec<Tensor>, Tensor)> {
         let mut inputs = Vec::with_capacity(self.layers.len());
         let mut x = x;
         for (l, layer) in self.layers.iter().enumerate() {

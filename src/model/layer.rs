@@ -9,7 +9,8 @@ use super::linear::{DropoutSeed, LoraGrad, LoraLinear};
 use super::ops::{rms_norm, rms_norm_backward, swiglu, swiglu_backward, Rope};
 
 /// The seven projections, in PEFT's `target_modules` names and in a fixed order.
-pub const PROJECTIONS: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+pub const PROJECTIONS: [&str; 7] =
+    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
 
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
@@ -78,7 +79,9 @@ pub struct LayerSaved {
 
 fn seed(input: &LayerInput, proj: usize) -> Option<DropoutSeed> {
     // SplitMix-style mixing so that neighbouring projections get unrelated streams.
-    input.dropout_seed.map(|s| DropoutSeed(s.wrapping_add((proj as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))))
+    input
+        .dropout_seed
+        .map(|s| DropoutSeed(s.wrapping_add((proj as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))))
 }
 
 impl DecoderLayer {

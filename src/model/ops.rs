@@ -37,7 +37,8 @@ impl Rope {
         let inv_freq: Vec<f32> =
             (0..half).map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32).collect();
         let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
-        let pos = Tensor::arange(0u32, max_pos as u32, device)?.to_dtype(DType::F32)?.reshape((max_pos, 1))?;
+        let pos =
+            Tensor::arange(0u32, max_pos as u32, device)?.to_dtype(DType::F32)?.reshape((max_pos, 1))?;
         let angles = pos.broadcast_mul(&inv_freq)?;
         Ok(Self { cos: angles.cos()?.to_dtype(dtype)?, sin: angles.sin()?.to_dtype(dtype)? })
     }
@@ -121,7 +122,8 @@ mod tests {
         let cos = Tensor::cat(&[&cos, &cos], D::Minus1)?;
         let sin = Tensor::cat(&[&sin, &sin], D::Minus1)?;
         let half = x.dim(D::Minus1)? / 2;
-        let rotated = Tensor::cat(&[&x.narrow(D::Minus1, half, half)?.neg()?, &x.narrow(D::Minus1, 0, half)?], 3)?;
+        let rotated =
+            Tensor::cat(&[&x.narrow(D::Minus1, half, half)?.neg()?, &x.narrow(D::Minus1, 0, half)?], 3)?;
         x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
     }
 

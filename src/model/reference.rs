@@ -58,7 +58,14 @@ pub fn layer_forward(layer: &DecoderLayer, x: &Tensor, rope: &Rope, window: Opti
 }
 
 /// A random layer with LoRA (non-zero B) on every projection.
-pub fn random_layer(hidden: usize, inter: usize, heads: usize, kv_heads: usize, r: usize, seed: u64) -> DecoderLayer {
+pub fn random_layer(
+    hidden: usize,
+    inter: usize,
+    heads: usize,
+    kv_heads: usize,
+    r: usize,
+    seed: u64,
+) -> DecoderLayer {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dev = candle_core::Device::Cpu;
     let mut rand_t = |shape: (usize, usize), std: f32| {

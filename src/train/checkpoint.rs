@@ -51,7 +51,8 @@ pub fn save(
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
     }
-    std::fs::rename(&tmp, &dir).with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
+    std::fs::rename(&tmp, &dir)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
     Ok(dir)
 }
 

@@ -47,8 +47,10 @@ impl MetricsLog {
             .with_context(|| format!("opening {}", path.display()))?;
         let bar = ProgressBar::new(total_steps as u64);
         bar.set_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} steps [{elapsed_precise}<{eta_precise}] {msg}")
-                .expect("static template"),
+            ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} steps [{elapsed_precise}<{eta_precise}] {msg}",
+            )
+            .expect("static template"),
         );
         bar.set_position(start_step as u64);
         Ok(Self { out: BufWriter::new(file), bar })
@@ -64,7 +66,8 @@ impl MetricsLog {
     }
 
     pub fn eval(&mut self, r: &EvalRecord) -> anyhow::Result<()> {
-        self.bar.println(format!("step {}: eval loss {:.4}, perplexity {:.2}", r.step, r.eval_loss, r.eval_ppl));
+        self.bar
+            .println(format!("step {}: eval loss {:.4}, perplexity {:.2}", r.step, r.eval_loss, r.eval_ppl));
         self.write(r)
     }
 

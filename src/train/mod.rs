@@ -46,7 +46,10 @@ pub fn select_device() -> anyhow::Result<Device> {
 
 /// Tokens that are a prediction target after the causal shift.
 pub fn target_tokens(batch: &Batch) -> usize {
-    shift_labels(&batch.labels, batch.batch_size, batch.seq_len).iter().filter(|&&l| l != IGNORE_INDEX).count()
+    shift_labels(&batch.labels, batch.batch_size, batch.seq_len)
+        .iter()
+        .filter(|&&l| l != IGNORE_INDEX)
+        .count()
 }
 
 /// Batches across epochs, in each epoch's seeded order, remembering the position for checkpoints.
@@ -138,7 +141,9 @@ impl Trainer {
             loss_sum += out.loss_sum;
             grads = Some(match grads {
                 None => out.grads,
-                Some(acc) => acc.iter().zip(&out.grads).map(|(a, g)| a + g).collect::<candle_core::Result<_>>()?,
+                Some(acc) => {
+                    acc.iter().zip(&out.grads).map(|(a, g)| a + g).collect::<candle_core::Result<_>>()?
+                }
             });
         }
         let mut grads = grads.context("no micro-batches")?;
@@ -190,8 +195,12 @@ pub fn run(cfg: &Config) -> anyhow::Result<TrainSummary> {
         }
         None => None,
     };
-    let loader =
-        BatchLoader::new(Arc::new(train_set.examples), cfg.train.batch_size, tokenizer.pad_id(), Some(cfg.train.seed));
+    let loader = BatchLoader::new(
+        Arc::new(train_set.examples),
+        cfg.train.batch_size,
+        tokenizer.pad_id(),
+        Some(cfg.train.seed),
+    );
     let total = total_steps(cfg, loader.num_batches());
 
     let run_dir = cfg.output.dir.clone();
@@ -200,7 +209,8 @@ pub fn run(cfg: &Config) -> anyhow::Result<TrainSummary> {
     let params = model.lora_params().into_iter().map(|(_, v)| v).collect();
     let optimizer = Adafactor::new(params, &cfg.optim, cfg.train.weight_decay)?;
     let schedule = LrSchedule::new(cfg.train.schedule, cfg.train.lr, cfg.train.warmup_steps, total);
-    let mut trainer = Trainer { model, optimizer, schedule, max_grad_norm: cfg.train.max_grad_norm, seed: cfg.train.seed };
+    let mut trainer =
+        Trainer { model, optimizer, schedule, max_grad_norm: cfg.train.max_grad_norm, seed: cfg.train.seed };
     let mut stream = BatchStream::new(loader, 0, 0);
     let mut log = MetricsLog::open(&run_dir.join("metrics.jsonl"), total, 0)?;
     train_loop(cfg, &mut trainer, &mut stream, &mut log, eval_loader.as_ref(), total, &base_model, &spec)
@@ -249,7 +259,8 @@ fn train_loop(
         let eval_now = cfg.train.eval_every > 0 && done % cfg.train.eval_every == 0;
         if let Some(loader) = eval_loader.filter(|_| eval_now || done == total) {
             let (loss, tokens) = evaluate(&trainer.model, loader, cfg.train.eval_batches)?;
-            let record = EvalRecord { step: done, eval_loss: loss, eval_ppl: loss.exp(), eval_tokens: tokens };
+            let record =
+                EvalRecord { step: done, eval_loss: loss, eval_ppl: loss.exp(), eval_tokens: tokens };
             log.eval(&record)?;
             last_eval = Some(record);
         }
