@@ -114,8 +114,11 @@ fn train(config: &Path) -> anyhow::Result<()> {
         "trained {} steps: loss {:.4} → {:.4}, {:.0} tokens/s",
         s.steps, s.first_loss, s.last_loss, s.tokens_per_s
     );
-    if let Some(e) = &s.last_eval {
-        println!("eval loss {:.4}, perplexity {:.2}", e.eval_loss, e.eval_ppl);
+    if let (Some(a), Some(b)) = (&s.first_eval, &s.last_eval) {
+        println!(
+            "eval loss {:.4} → {:.4}, perplexity {:.2} → {:.2}",
+            a.eval_loss, b.eval_loss, a.eval_ppl, b.eval_ppl
+        );
     }
     println!("adapter: {}", s.adapter_dir.display());
     Ok(())

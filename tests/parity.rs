@@ -71,31 +71,6 @@ fn tiny_mistral_with_sliding_window_matches_hf_peft() {
     check_tiny("tiny-mistral");
 }
 
-/// The formula LoRA weights of the SmolLM2 golden case (parity_cases.json): for layer l and
-/// module m, A[i, j] = 0.02 sin(0.37i + 0.11j + 1.3l + m + 1), B[i, j] = 0.02 cos(0.23i + 0.17j
-/// + 0.7l + m + 2), in f64 then rounded to f32.
-fn set_formula_lora(model: &CausalLm) {
-    for (key, var) in model.lora_params() {
-        let l: f64 = key.split("layers.").nth(1).unwrap().split('.').next().unwrap().parse().unwrap();
-        let m =
-            lora_ft::model::PROJECTIONS.iter().position(|p| key.contains(&format!(".{p}."))).unwrap() as f64;
-        let (rows, cols) = var.dims2().unwrap();
-        let is_a = key.contains("lora_A");
-        let values: Vec<f32> = (0..rows * cols)
-            .map(|k| {
-                let (i, j) = ((k / cols) as f64, (k % cols) as f64);
-                let v = if is_a {
-                    0.02 * (0.37 * i + 0.11 * j + 1.3 * l + m + 1.0).sin()
-                } else {
-                    0.02 * (0.23 * i + 0.17 * j + 0.7 * l + m + 2.0).cos()
-                };
-                v as f32
-            })
-            .collect();
-        var.set(&Tensor::from_vec(values, (rows, cols), &Device::Cpu).unwrap()).unwrap();
-    }
-}
-
 #[test]
 fn smollm2_matches_hf_peft() {
     let dir = lora_ft::fixtures::smollm2_dir();
@@ -111,7 +86,7 @@ fn smollm2_matches_hf_peft() {
         rslora: false,
     };
     model.add_lora(&spec, 0).unwrap();
-    set_formula_lora(&model);
+    lora_ft::model::reference::set_formula_lora(&model).unwrap();
     let (ids, labels) = batch(&g);
 
     let logits = model.forward(&ids, None).unwrap();

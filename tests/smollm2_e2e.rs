@@ -111,6 +111,7 @@ adapters_dir = "{run}/adapters"
     let summary = lora_ft::train::run(&cfg).unwrap();
     assert_eq!(summary.steps, 3);
     assert!(summary.first_loss.is_finite() && summary.last_loss.is_finite());
+    assert_eq!(summary.first_eval.expect("an eval before the first step").step, 0);
     let eval = summary.last_eval.expect("an eval at the end");
     assert!((eval.eval_ppl - eval.eval_loss.exp()).abs() < 1e-9 * eval.eval_ppl);
 

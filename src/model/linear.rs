@@ -70,6 +70,14 @@ impl LoraAdapter {
     pub fn rank(&self) -> usize {
         self.lora_a.dim(0).unwrap_or(0)
     }
+
+    /// A and B in the compute dtype, detached: the training path has its own backward, and a
+    /// tracked `Var` would make candle keep every intermediate of the forward alive.
+    fn weights(&self, dtype: DType) -> Result<(Tensor, Tensor)> {
+        let a = self.lora_a.as_tensor().detach().to_dtype(dtype)?;
+        let b = self.lora_b.as_tensor().detach().to_dtype(dtype)?;
+        Ok((a, b))
+    }
 }
 
 /// Dropout mask for one LoRA input, regenerated from its seed in the backward's recompute so that
@@ -103,8 +111,8 @@ impl LoraLinear {
         let y = self.base.forward(x)?;
         let Some(lora) = &self.lora else { return Ok(y) };
         let xd = self.dropped_input(x, dropout)?;
-        let h = xd.matmul(&lora.lora_a.as_tensor().to_dtype(x.dtype())?.t()?)?;
-        let delta = h.matmul(&lora.lora_b.as_tensor().to_dtype(x.dtype())?.t()?)?;
+        let (a, b) = lora.weights(x.dtype())?;
+        let delta = xd.matmul(&a.t()?)?.matmul(&b.t()?)?;
         y + (delta * lora.scale)?
     }
 
@@ -128,8 +136,7 @@ impl LoraLinear {
     ) -> Result<(Tensor, Option<LoraGrad>)> {
         let dx = self.base.backward_input(dy)?;
         let Some(lora) = &self.lora else { return Ok((dx, None)) };
-        let a = lora.lora_a.as_tensor().to_dtype(x.dtype())?;
-        let b = lora.lora_b.as_tensor().to_dtype(x.dtype())?;
+        let (a, b) = lora.weights(x.dtype())?;
         let mask = match dropout {
             Some(seed) if lora.dropout > 0.0 => {
                 Some(dropout_mask(seed, lora.dropout, x.dims2()?, x.device())?.to_dtype(x.dtype())?)

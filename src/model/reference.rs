@@ -6,9 +6,11 @@ use candle_core::{Result, Tensor, Var, D};
 use rand::{Rng, SeedableRng};
 
 use super::attention::{causal_mask, repeat_kv};
+use super::decoder::CausalLm;
 use super::layer::DecoderLayer;
 use super::linear::{BaseWeight, LoraAdapter, LoraLinear};
 use super::ops::Rope;
+use super::PROJECTIONS;
 
 fn linear(x: &Tensor, l: &LoraLinear) -> Result<Tensor> {
     let y = x.matmul(&l.base.dense()?.t()?)?;
@@ -104,6 +106,36 @@ pub fn random_layer(
         head_dim: hd,
         rms_norm_eps: 1e-5,
     }
+}
+
+/// The formula LoRA weights of the SmolLM2 golden case (parity_cases.json): for layer l and
+/// module m, A[i, j] = 0.02 sin(0.37i + 0.11j + 1.3l + m + 1), B[i, j] = 0.02 cos(0.23i + 0.17j
+/// + 0.7l + m + 2), in f64 then rounded to f32. Also the adapter of the PEFT loading test.
+pub fn set_formula_lora(model: &CausalLm) -> Result<()> {
+    for (key, var) in model.lora_params() {
+        let l: f64 = layer_of(&key);
+        let m = PROJECTIONS.iter().position(|p| key.contains(&format!(".{p}."))).unwrap_or(0) as f64;
+        let (rows, cols) = var.dims2()?;
+        let is_a = key.contains("lora_A");
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|k| {
+                let (i, j) = ((k / cols) as f64, (k % cols) as f64);
+                let v = if is_a {
+                    0.02 * (0.37 * i + 0.11 * j + 1.3 * l + m + 1.0).sin()
+                } else {
+                    0.02 * (0.23 * i + 0.17 * j + 0.7 * l + m + 2.0).cos()
+                };
+                v as f32
+            })
+            .collect();
+        var.set(&Tensor::from_vec(values, (rows, cols), var.device())?)?;
+    }
+    Ok(())
+}
+
+fn layer_of(key: &str) -> f64 {
+    let n = key.split("layers.").nth(1).and_then(|s| s.split('.').next());
+    n.and_then(|n| n.parse().ok()).unwrap_or(0.0)
 }
 
 #[cfg(test)]

@@ -103,6 +103,8 @@ pub struct TrainSummary {
     pub steps: usize,
     pub first_loss: f64,
     pub last_loss: f64,
+    /// Before the first step.
+    pub first_eval: Option<EvalRecord>,
     pub last_eval: Option<EvalRecord>,
     pub adapter_dir: PathBuf,
     pub tokens_per_s: f64,
@@ -228,7 +230,10 @@ fn train_loop(
     spec: &LoraSpec,
 ) -> anyhow::Result<TrainSummary> {
     let started = Instant::now();
-    let (mut first_loss, mut last_loss, mut last_eval, mut all_tokens) = (f64::NAN, f64::NAN, None, 0usize);
+    let (mut first_loss, mut last_loss, mut all_tokens) = (f64::NAN, f64::NAN, 0usize);
+    // The untrained model's eval loss first, so the log shows what training changed.
+    let first_eval = eval_loader.map(|l| eval_record(trainer, l, cfg, 0, log)).transpose()?;
+    let mut last_eval = first_eval.clone();
     for step in 0..total {
         let t0 = Instant::now();
         let micro: Vec<Batch> = (0..cfg.train.grad_accum).map(|_| stream.next_batch()).collect();
@@ -258,11 +263,7 @@ fn train_loop(
         }
         let eval_now = cfg.train.eval_every > 0 && done % cfg.train.eval_every == 0;
         if let Some(loader) = eval_loader.filter(|_| eval_now || done == total) {
-            let (loss, tokens) = evaluate(&trainer.model, loader, cfg.train.eval_batches)?;
-            let record =
-                EvalRecord { step: done, eval_loss: loss, eval_ppl: loss.exp(), eval_tokens: tokens };
-            log.eval(&record)?;
-            last_eval = Some(record);
+            last_eval = Some(eval_record(trainer, loader, cfg, done, log)?);
         }
         if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0) || done == total {
             let state = TrainerState {
@@ -281,5 +282,18 @@ fn train_loop(
     let adapter_dir = cfg.output.adapters_dir.join(&cfg.output.adapter_name);
     save_adapter(&trainer.model, spec, base_model, &adapter_dir)?;
     let tokens_per_s = all_tokens as f64 / started.elapsed().as_secs_f64();
-    Ok(TrainSummary { steps: total, first_loss, last_loss, last_eval, adapter_dir, tokens_per_s })
+    Ok(TrainSummary { steps: total, first_loss, last_loss, first_eval, last_eval, adapter_dir, tokens_per_s })
+}
+
+fn eval_record(
+    trainer: &Trainer,
+    loader: &BatchLoader,
+    cfg: &Config,
+    step: usize,
+    log: &mut MetricsLog,
+) -> anyhow::Result<EvalRecord> {
+    let (loss, tokens) = evaluate(&trainer.model, loader, cfg.train.eval_batches)?;
+    let record = EvalRecord { step, eval_loss: loss, eval_ppl: loss.exp(), eval_tokens: tokens };
+    log.eval(&record)?;
+    Ok(record)
 }
