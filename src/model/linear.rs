@@ -24,6 +24,14 @@ impl BaseWeight {
         }
     }
 
+    /// Bytes the stored weight occupies.
+    pub fn size_in_bytes(&self) -> usize {
+        match self {
+            BaseWeight::Dense(w) => w.elem_count() * w.dtype().size_in_bytes(),
+            BaseWeight::Nf4(q) => q.size_in_bytes(),
+        }
+    }
+
     /// x `[n, in]` → `[n, out]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {

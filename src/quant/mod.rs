@@ -13,6 +13,15 @@ use half::{bf16, f16};
 
 use double::DoubleQuantized;
 
+/// How the frozen projection weights of a model are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quantization {
+    /// Dense, in the compute dtype.
+    None,
+    /// NF4 in blocks of 64; `double_quant` stores the absmax values as 8-bit codes.
+    Nf4 { double_quant: bool },
+}
+
 /// How the per-block absmax values of an `Nf4Tensor` are stored.
 #[derive(Debug, Clone)]
 pub enum Absmax {
