@@ -82,6 +82,36 @@ pub fn quantize_value(x: f32) -> u8 {
     }
 }
 
+/// The decision tree's thresholds in ascending order: the tree returns the number of thresholds
+/// strictly below x, which is how the blockwise loop computes it without branches.
+#[allow(clippy::excessive_precision)]
+const THRESHOLDS: [f32; 15] = [
+    -0.848_096_400_499_343_9,
+    -0.610_632_926_225_662_2,
+    -0.459_995_269_775_390_6,
+    -0.339_679_434_895_515_44,
+    -0.234_607_405_960_559_84,
+    -0.137_911_733_239_889_14,
+    -0.045_525_018_125_772_476,
+    0.039_790_149_778_127_67,
+    0.120_255_250_483_751_3,
+    0.203_521_251_678_466_8,
+    0.292_013_771_789_389_3,
+    0.389_312_535_524_368_3,
+    0.501_663_416_624_069_2,
+    0.642_786_920_070_648_2,
+    0.861_478_418_111_801_1,
+];
+
+/// `quantize_value(v * inv)` for each value, branch-free (vectorizes).
+#[inline]
+fn quantize_scaled(vals: &[f32], inv: f32, codes: &mut [u8]) {
+    for (c, &v) in codes.iter_mut().zip(vals) {
+        let x = v * inv;
+        *c = THRESHOLDS.iter().map(|&t| (x > t) as u8).sum();
+    }
+}
+
 /// An input element the quantizer reads as f32 (exactly, as the kernel's `(float)` cast does).
 pub trait Element: Copy + Send + Sync {
     fn to_f32(self) -> f32;
@@ -135,13 +165,13 @@ pub fn quantize<T: Element>(x: &[T]) -> (Vec<u8>, Vec<f32>) {
         }
         let amax = super::dynamic::block_absmax(vals, chunk.len() < BLOCKSIZE);
         let inv = 1.0 / amax;
-        let mut pairs = vals.chunks_exact(2);
-        for p in &mut pairs {
-            packed.push(quantize_value(p[0] * inv) << 4 | quantize_value(p[1] * inv));
-        }
-        if let [last] = pairs.remainder() {
-            packed.push(quantize_value(last * inv) << 4 | quantize_value(0.0 * inv));
-        }
+        // the kernel pads a partial block with zeros, which also scale (0 * inv) and quantize;
+        // whole blocks of a fixed size let the compiler vectorize the comparisons
+        block[chunk.len()..].fill(0.0);
+        let mut codes = [0u8; BLOCKSIZE];
+        quantize_scaled(&block, inv, &mut codes);
+        let len = chunk.len().div_ceil(2) * 2;
+        packed.extend(codes[..len].chunks_exact(2).map(|p| p[0] << 4 | p[1]));
         absmax.push(amax);
     }
     (packed, absmax)
@@ -182,6 +212,21 @@ mod tests {
             let codes: Vec<u8> = (-8..=8).map(|k| quantize_value(ulps(k))).collect();
             assert!(codes.windows(2).all(|w| w[0] <= w[1]), "midpoint {i}: {codes:?}");
             assert_eq!((codes[0] as usize, codes[16] as usize), (i, i + 1), "midpoint {i}: {codes:?}");
+        }
+    }
+
+    #[test]
+    fn branch_free_quantizer_equals_the_decision_tree() {
+        let mut xs = vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1.0, -1.0];
+        for &t in &THRESHOLDS {
+            let b = t.to_bits() as i32;
+            xs.extend((-3..=3).map(|k| f32::from_bits((b + k) as u32)));
+        }
+        xs.extend((0..20_000).map(|i| (i as f32 / 10_000.0 - 1.0) * 1.01));
+        let mut codes = vec![0u8; xs.len()];
+        quantize_scaled(&xs, 1.0, &mut codes);
+        for (x, c) in xs.iter().zip(&codes) {
+            assert_eq!(*c, quantize_value(*x), "x = {x:e}");
         }
     }
 
