@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::quant::Quantization;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{file}: cannot read: {source}")]
@@ -37,6 +39,20 @@ pub struct ModelSection {
     pub source: String,
     #[serde(default = "default_revision")]
     pub revision: String,
+    /// Storage of the frozen projection weights: "nf4" (QLoRA, the default) or "none" (dense).
+    #[serde(default)]
+    pub quantization: QuantizationKind,
+    /// Quantize NF4's absmax values to 8 bits (bitsandbytes' `bnb_4bit_use_double_quant`).
+    #[serde(default = "default_double_quant")]
+    pub double_quant: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuantizationKind {
+    #[default]
+    Nf4,
+    None,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -175,6 +191,9 @@ pub struct OutputSection {
 fn default_revision() -> String {
     "main".into()
 }
+fn default_double_quant() -> bool {
+    true
+}
 fn default_format() -> DataFormat {
     DataFormat::Messages
 }
@@ -254,6 +273,14 @@ impl Default for OutputSection {
 }
 
 impl ModelSection {
+    /// How `CausalLm::load` stores the projection weights.
+    pub fn quantization(&self) -> Quantization {
+        match self.quantization {
+            QuantizationKind::Nf4 => Quantization::Nf4 { double_quant: self.double_quant },
+            QuantizationKind::None => Quantization::None,
+        }
+    }
+
     /// `source` with `${LORA_FT_CACHE}` (default `~/.cache/lora-ft`) and a leading `~/`
     /// expanded, so shipped configs can point at the demo model wherever the cache is.
     pub fn expanded_source(&self) -> String {
@@ -382,6 +409,7 @@ train = "datasets/customer-service/train.jsonl"
         assert_eq!(c.lora.target_modules.len(), 7);
         assert_eq!(c.train.schedule, Schedule::Cosine);
         assert_eq!(c.model.revision, "main");
+        assert_eq!(c.model.quantization(), Quantization::Nf4 { double_quant: true });
         assert_eq!(c.lora_scale(), 2.0);
     }
 
@@ -412,6 +440,17 @@ train = "datasets/customer-service/train.jsonl"
             let path = std::path::PathBuf::from(format!("configs/{name}.toml"));
             Config::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
         }
+    }
+
+    #[test]
+    fn quantization_is_nf4_or_none() {
+        let model = |extra: &str| format!("[model]\nsource = \"m\"\n{extra}\n[data]\ntrain = \"t.jsonl\"\n");
+        let c = parse(&model("quantization = \"nf4\"\ndouble_quant = false")).unwrap();
+        assert_eq!(c.model.quantization(), Quantization::Nf4 { double_quant: false });
+        let c = parse(&model("quantization = \"none\"")).unwrap();
+        assert_eq!(c.model.quantization(), Quantization::None);
+        let err = parse(&model("quantization = \"int4\"")).unwrap_err().to_string();
+        assert!(err.starts_with("run.toml: model.quantization:"), "{err}");
     }
 
     #[test]

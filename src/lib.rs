@@ -13,4 +13,5 @@ pub mod gguf;
 pub mod hub;
 pub mod model;
 pub mod optim;
+pub mod quant;
 pub mod train;

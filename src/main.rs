@@ -9,6 +9,7 @@ use lora_ft::config::Config;
 use lora_ft::data::{ChatTokenizer, Message};
 use lora_ft::generate::{reply, stop_ids, GenerationSettings};
 use lora_ft::model::CausalLm;
+use lora_ft::quant::Quantization;
 use lora_ft::train::select_device;
 
 #[derive(Parser)]
@@ -69,6 +70,9 @@ struct ChatArgs {
     seed: u64,
     #[arg(long, default_value = "main")]
     revision: String,
+    /// Storage of the base's projection weights; use what the adapter was trained with.
+    #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
+    quantization: String,
 }
 
 fn main() {
@@ -128,7 +132,12 @@ fn chat(args: &ChatArgs) -> anyhow::Result<()> {
     let device = select_device()?;
     let files = lora_ft::hub::resolve(&args.model, &args.revision)?;
     let dtype = if device.is_cpu() { candle_core::DType::F32 } else { candle_core::DType::BF16 };
-    let mut model = CausalLm::load(&files.config, &files.weights, dtype, &device)?;
+    let quantization = match args.quantization.as_str() {
+        "nf4" => Quantization::Nf4 { double_quant: true },
+        "nf4-no-double-quant" => Quantization::Nf4 { double_quant: false },
+        _ => Quantization::None,
+    };
+    let mut model = CausalLm::load(&files.config, &files.weights, dtype, quantization, &device)?;
     if let Some(adapter) = &args.adapter {
         lora_ft::export::load_adapter(&mut model, adapter)
             .with_context(|| format!("loading adapter {}", adapter.display()))?;

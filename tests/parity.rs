@@ -8,6 +8,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use lora_ft::export::load_adapter;
 use lora_ft::model::CausalLm;
+use lora_ft::quant::Quantization;
 
 const TOLERANCE: f32 = 1e-4;
 
@@ -32,9 +33,14 @@ fn batch(g: &HashMap<String, Tensor>) -> (Tensor, Vec<i64>) {
 fn check_tiny(name: &str) {
     let dir = Path::new("tests/fixtures").join(name);
     let g = golden(name);
-    let mut model =
-        CausalLm::load(&dir.join("config.json"), &[dir.join("model.safetensors")], DType::F32, &Device::Cpu)
-            .unwrap();
+    let mut model = CausalLm::load(
+        &dir.join("config.json"),
+        &[dir.join("model.safetensors")],
+        DType::F32,
+        Quantization::None,
+        &Device::Cpu,
+    )
+    .unwrap();
     load_adapter(&mut model, &dir.join("adapter")).unwrap();
     let (ids, labels) = batch(&g);
 
@@ -75,9 +81,14 @@ fn tiny_mistral_with_sliding_window_matches_hf_peft() {
 fn smollm2_matches_hf_peft() {
     let dir = lora_ft::fixtures::smollm2_dir();
     let g = golden("smollm2");
-    let mut model =
-        CausalLm::load(&dir.join("config.json"), &[dir.join("model.safetensors")], DType::F32, &Device::Cpu)
-            .unwrap();
+    let mut model = CausalLm::load(
+        &dir.join("config.json"),
+        &[dir.join("model.safetensors")],
+        DType::F32,
+        Quantization::None,
+        &Device::Cpu,
+    )
+    .unwrap();
     let spec = lora_ft::model::LoraSpec {
         r: 8,
         alpha: 16.0,
@@ -113,4 +124,48 @@ fn smollm2_matches_hf_peft() {
         }
     }
     assert_eq!(checked, 42, "layers 0, 15 and 29: 7 modules × A, B");
+}
+
+/// Quantize-while-loading: every projection of the NF4-loaded model is the NF4 form of the dense
+/// weight, and the model computes exactly what the dense model does on the dequantized weights.
+#[test]
+fn nf4_load_equals_the_dense_model_on_dequantized_projections() {
+    use lora_ft::model::linear::BaseWeight;
+    use lora_ft::quant::Nf4Tensor;
+    let dir = Path::new("tests/fixtures/tiny-llama");
+    let load = |q| {
+        CausalLm::load(
+            &dir.join("config.json"),
+            &[dir.join("model.safetensors")],
+            DType::F32,
+            q,
+            &Device::Cpu,
+        )
+        .unwrap()
+    };
+    let nf4 = load(Quantization::Nf4 { double_quant: true });
+    let mut dense = load(Quantization::None);
+    for (lq, ld) in nf4.layers.iter().zip(dense.layers.iter_mut()) {
+        for (pq, pd) in lq.proj.iter().zip(ld.proj.iter_mut()) {
+            let BaseWeight::Nf4(q) = &pq.base else { panic!("projection not quantized") };
+            let w = pd.base.dense().unwrap();
+            let expect = Nf4Tensor::quantize(&w, true).unwrap();
+            assert_eq!(q.packed().to_vec1::<u8>().unwrap(), expect.packed().to_vec1::<u8>().unwrap());
+            assert_eq!(q.absmax_f32().unwrap(), expect.absmax_f32().unwrap());
+            assert!(q.size_in_bytes() * 7 < w.elem_count() * 4, "NF4 should be ~1/7.5 of f32");
+            pd.base = BaseWeight::Dense(q.dequantize(DType::F32).unwrap());
+        }
+    }
+    let ids = Tensor::new(&[[1u32, 5, 9, 2, 7, 3]], &Device::Cpu).unwrap();
+    let a = nf4.forward(&ids, None).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = dense.forward(&ids, None).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(a, b);
+    let orig = load(Quantization::None)
+        .forward(&ids, None)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert_ne!(a, orig, "quantization changed nothing");
 }

@@ -11,12 +11,18 @@ use lora_ft::data::{BatchLoader, ChatTokenizer, TokenizedDataset};
 use lora_ft::export::{load_adapter, save_adapter};
 use lora_ft::model::{CausalLm, LoraSpec, PROJECTIONS};
 use lora_ft::optim::{clip_grad_norm, Adafactor, LrSchedule};
+use lora_ft::quant::Quantization;
 
 fn smollm2() -> (CausalLm, std::path::PathBuf) {
     let dir = lora_ft::fixtures::smollm2_dir();
-    let model =
-        CausalLm::load(&dir.join("config.json"), &[dir.join("model.safetensors")], DType::F32, &Device::Cpu)
-            .unwrap();
+    let model = CausalLm::load(
+        &dir.join("config.json"),
+        &[dir.join("model.safetensors")],
+        DType::F32,
+        Quantization::None,
+        &Device::Cpu,
+    )
+    .unwrap();
     (model, dir)
 }
 

@@ -14,6 +14,7 @@ use super::layer::{DecoderLayer, KvCache, LayerInput, PROJECTIONS};
 use super::linear::{BaseWeight, LoraAdapter, LoraLinear};
 use super::loss::{cross_entropy, shift_labels};
 use super::ops::{rms_norm, rms_norm_backward, Rope};
+use crate::quant::{Nf4Tensor, Quantization};
 
 /// LoRA hyper-parameters as they apply to the model.
 #[derive(Debug, Clone)]
@@ -69,12 +70,33 @@ fn load(st: &MmapedSafetensors, name: &str, dtype: DType, device: &Device) -> an
     Ok(t.to_dtype(dtype)?)
 }
 
+/// One projection weight: read in `dtype` (as bitsandbytes quantizes the weight in the model's
+/// dtype), then quantized; the dense tensor is dropped on return.
+fn load_base(
+    st: &MmapedSafetensors,
+    name: &str,
+    dtype: DType,
+    quantization: Quantization,
+    device: &Device,
+) -> anyhow::Result<BaseWeight> {
+    let w = load(st, name, dtype, device)?;
+    Ok(match quantization {
+        Quantization::None => BaseWeight::Dense(w),
+        Quantization::Nf4 { double_quant } => BaseWeight::Nf4(
+            Nf4Tensor::quantize(&w, double_quant).with_context(|| format!("quantizing {name} to NF4"))?,
+        ),
+    })
+}
+
 impl CausalLm {
-    /// Loads an HF-layout model (config.json + one or more safetensors files).
+    /// Loads an HF-layout model (config.json + one or more safetensors files). Projection
+    /// weights are quantized one at a time as they are read (`quantization`); embeddings, norms
+    /// and lm_head stay dense in `dtype`.
     pub fn load(
         config_path: &Path,
         weights: &[PathBuf],
         dtype: DType,
+        quantization: Quantization,
         device: &Device,
     ) -> anyhow::Result<Self> {
         let config = ModelConfig::from_file(config_path)?;
@@ -93,7 +115,7 @@ impl CausalLm {
             let mut linears = Vec::with_capacity(7);
             for name in &proj {
                 linears.push(LoraLinear {
-                    base: BaseWeight::Dense(load(&st, name, dtype, device)?),
+                    base: load_base(&st, name, dtype, quantization, device)?,
                     lora: None,
                 });
             }
@@ -117,6 +139,12 @@ impl CausalLm {
                 rms_norm_eps: config.rms_norm_eps,
             });
         }
+        let base_bytes: usize =
+            layers.iter().flat_map(|l| l.proj.iter()).map(|p| p.base.size_in_bytes()).sum();
+        tracing::info!(
+            "projection weights: {:.1} MiB ({quantization:?})",
+            base_bytes as f64 / (1 << 20) as f64
+        );
         let norm = load(&st, "model.norm.weight", dtype, device)?;
         let rope =
             Rope::new(config.head_dim(), config.rope_theta(), config.max_position_embeddings, dtype, device)?;

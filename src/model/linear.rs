@@ -5,16 +5,30 @@
 use candle_core::{DType, Device, Result, Tensor, Var};
 use rand::{Rng, SeedableRng};
 
-/// The frozen weight of a projection, `[out, in]`. (4-bit NF4 storage plugs in here.)
+use crate::quant::Nf4Tensor;
+
+/// The frozen weight of a projection, `[out, in]`: dense, or NF4 dequantized per use.
 #[derive(Debug, Clone)]
 pub enum BaseWeight {
     Dense(Tensor),
+    /// 4-bit storage only; each use dequantizes to the compute dtype and drops the result, so no
+    /// full-precision copy outlives one matmul.
+    Nf4(Nf4Tensor),
 }
 
 impl BaseWeight {
     pub fn dims(&self) -> (usize, usize) {
         match self {
             BaseWeight::Dense(w) => (w.dim(0).unwrap_or(0), w.dim(1).unwrap_or(0)),
+            BaseWeight::Nf4(q) => q.shape().dims2().unwrap_or((0, 0)),
+        }
+    }
+
+    /// Bytes the stored weight occupies.
+    pub fn size_in_bytes(&self) -> usize {
+        match self {
+            BaseWeight::Dense(w) => w.elem_count() * w.dtype().size_in_bytes(),
+            BaseWeight::Nf4(q) => q.size_in_bytes(),
         }
     }
 
@@ -22,6 +36,7 @@ impl BaseWeight {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             BaseWeight::Dense(w) => x.matmul(&w.t()?),
+            BaseWeight::Nf4(q) => x.matmul(&q.dequantize(x.dtype())?.t()?),
         }
     }
 
@@ -29,13 +44,16 @@ impl BaseWeight {
     fn backward_input(&self, dy: &Tensor) -> Result<Tensor> {
         match self {
             BaseWeight::Dense(w) => dy.matmul(w),
+            BaseWeight::Nf4(q) => dy.matmul(&q.dequantize(dy.dtype())?),
         }
     }
 
-    /// The weight as a dense tensor (for merging and for the autograd oracle).
+    /// The weight as a dense tensor (for merging and for the autograd oracle); NF4 dequantizes to
+    /// the dtype it was quantized from.
     pub fn dense(&self) -> Result<Tensor> {
         match self {
             BaseWeight::Dense(w) => Ok(w.clone()),
+            BaseWeight::Nf4(q) => q.dequantize(q.dtype()),
         }
     }
 }
@@ -157,5 +175,96 @@ impl LoraLinear {
         }
         let grad = LoraGrad { lora_a: grad_a.to_dtype(DType::F32)?, lora_b: grad_b.to_dtype(DType::F32)? };
         Ok(((dx + dxd)?, Some(grad)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attention::causal_mask;
+    use crate::model::layer::{DecoderLayer, LayerInput};
+    use crate::model::ops::Rope;
+    use crate::model::reference::random_layer;
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        let v = t.flatten_all().unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// The same layer twice: NF4 bases, and dense bases holding those NF4 weights dequantized.
+    fn nf4_and_dequantized(layer: &DecoderLayer) -> (DecoderLayer, DecoderLayer) {
+        let (mut nf4, mut dense) = (layer.clone(), layer.clone());
+        for (q, d) in nf4.proj.iter_mut().zip(dense.proj.iter_mut()) {
+            let t = Nf4Tensor::quantize(&q.base.dense().unwrap(), true).unwrap();
+            d.base = BaseWeight::Dense(t.dequantize(DType::F32).unwrap());
+            q.base = BaseWeight::Nf4(t);
+        }
+        (nf4, dense)
+    }
+
+    #[test]
+    fn nf4_linear_equals_dense_linear_on_the_dequantized_weight() -> Result<()> {
+        let dev = Device::Cpu;
+        let layer = random_layer(32, 48, 4, 4, 3, 5);
+        let (nf4, dense) = nf4_and_dequantized(&layer);
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for p in [0, 4, 6] {
+                let (q, d) = (&nf4.proj[p], &dense.proj[p]);
+                let (out_dim, in_dim) = q.base.dims();
+                assert_eq!((out_dim, in_dim), d.base.dims());
+                // the dense reference holds the weight in the compute dtype, as NF4 produces it
+                let d = LoraLinear { base: BaseWeight::Dense(d.base.dense()?.to_dtype(dtype)?), ..d.clone() };
+                let x = Tensor::randn(0f32, 1.0, (5, in_dim), &dev)?.to_dtype(dtype)?;
+                let dy = Tensor::randn(0f32, 1.0, (5, out_dim), &dev)?.to_dtype(dtype)?;
+                assert_eq!(bits(&q.forward(&x, None)?), bits(&d.forward(&x, None)?), "{dtype:?} forward {p}");
+                let (dx_q, g_q) = q.backward(&x, &dy, None)?;
+                let (dx_d, g_d) = d.backward(&x, &dy, None)?;
+                assert_eq!(bits(&dx_q), bits(&dx_d), "{dtype:?} dx {p}");
+                let (g_q, g_d) = (g_q.unwrap(), g_d.unwrap());
+                assert_eq!(bits(&g_q.lora_a), bits(&g_d.lora_a), "{dtype:?} grad A {p}");
+                assert_eq!(bits(&g_q.lora_b), bits(&g_d.lora_b), "{dtype:?} grad B {p}");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn nf4_base_is_frozen_storage_and_dense_view_is_its_dequantization() -> Result<()> {
+        let w = Tensor::randn(0f32, 0.05, (48, 32), &Device::Cpu)?.to_dtype(DType::F16)?;
+        let q = Nf4Tensor::quantize(&w, true)?;
+        let base = BaseWeight::Nf4(q.clone());
+        assert_eq!(base.dims(), (48, 32));
+        let dense = base.dense()?;
+        assert_eq!(dense.dtype(), DType::F16);
+        assert_eq!(bits(&dense), bits(&q.dequantize(DType::F16)?));
+        // 4-bit codes + 8-bit absmax: well under a quarter of the f16 weight's 3072 bytes
+        assert!(q.size_in_bytes() < 48 * 32 * 2 / 3, "{}", q.size_in_bytes());
+        Ok(())
+    }
+
+    #[test]
+    fn lora_gradients_through_an_nf4_layer_equal_the_dense_dequantized_layer() -> Result<()> {
+        let dev = Device::Cpu;
+        let (nf4, dense) = nf4_and_dequantized(&random_layer(32, 48, 4, 2, 3, 13));
+        let rope = Rope::new(8, 10000.0, 64, DType::F32, &dev)?;
+        let x = Tensor::randn(0f32, 1.0, (2, 7, 32), &dev)?;
+        let d_out = Tensor::randn(0f32, 1.0, (2, 7, 32), &dev)?;
+        let mask = causal_mask(7, 7, 0, None, &dev)?;
+        let input = LayerInput { rope: &rope, mask: &mask, offset: 0, dropout_seed: None };
+        let (out_q, saved_q) = nf4.forward_saving(&x, &input)?;
+        let (out_d, saved_d) = dense.forward_saving(&x, &input)?;
+        assert_eq!(bits(&out_q), bits(&out_d));
+        let (dx_q, grads_q) = nf4.backward(&saved_q, &d_out, &input)?;
+        let (dx_d, grads_d) = dense.backward(&saved_d, &d_out, &input)?;
+        assert_eq!(bits(&dx_q), bits(&dx_d));
+        for (p, (gq, gd)) in grads_q.iter().zip(grads_d.iter()).enumerate() {
+            let (gq, gd) = (gq.as_ref().unwrap(), gd.as_ref().unwrap());
+            assert_eq!(bits(&gq.lora_a), bits(&gd.lora_a), "proj {p} A");
+            assert_eq!(bits(&gq.lora_b), bits(&gd.lora_b), "proj {p} B");
+        }
+        // and the quantization changed the layer: NF4 is not a silent no-op
+        let (out_orig, _) = random_layer(32, 48, 4, 2, 3, 13).forward_saving(&x, &input)?;
+        assert_ne!(bits(&out_orig), bits(&out_q));
+        Ok(())
     }
 }

@@ -172,8 +172,12 @@ pub fn run(cfg: &Config) -> anyhow::Result<TrainSummary> {
     // PEFT needs a base it can load: the imported folder rather than the .gguf file.
     let base_model = if source.ends_with(".gguf") { files.dir.display().to_string() } else { source };
     let dtype = compute_dtype(cfg.train.compute_dtype);
-    tracing::info!("loading {} ({dtype:?} on {device:?})", files.dir.display());
-    let mut model = CausalLm::load(&files.config, &files.weights, dtype, &device)?;
+    tracing::info!(
+        "loading {} ({dtype:?} on {device:?}, {:?})",
+        files.dir.display(),
+        cfg.model.quantization()
+    );
+    let mut model = CausalLm::load(&files.config, &files.weights, dtype, cfg.model.quantization(), &device)?;
     let spec = lora_spec(cfg);
     model.add_lora(&spec, cfg.train.seed)?;
 

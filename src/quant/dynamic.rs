@@ -1,0 +1,169 @@
+//! bitsandbytes' signed 8-bit dynamic map and its blockwise quantizer (used for the absmax values
+//! of double quantization), bit-exact with `create_dynamic_map(signed=True)`, `kQuantizeBlockwise`
+//! (General8bit) and `kDequantizeBlockwise`.
+
+use std::sync::OnceLock;
+
+/// Values per absmax block of the 8-bit quantizer (bnb's `blocksize=256` for nested statistics).
+pub const BLOCKSIZE: usize = 256;
+
+/// `create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8)`: 256 sorted values in
+/// [-1, 1]. Generated rather than embedded; a test checks it against the golden file.
+pub fn dynamic_map() -> &'static [f32; 256] {
+    static MAP: OnceLock<[f32; 256]> = OnceLock::new();
+    MAP.get_or_init(generate)
+}
+
+/// `torch.linspace(0.1, 1, k, dtype=float32)` as PyTorch's CPU kernel computes it: the first half
+/// counts up from the start, the second half down from the end, and the compiler fuses each
+/// multiply-add into one FMA (the golden map needs this exact rounding).
+fn torch_linspace(k: usize) -> Vec<f32> {
+    let (start, end) = (0.1f32, 1.0f32);
+    let step = (end - start) / (k - 1) as f32;
+    (0..k)
+        .map(
+            |i| {
+                if i < k / 2 {
+                    step.mul_add(i as f32, start)
+                } else {
+                    (-step).mul_add((k - i - 1) as f32, end)
+                }
+            },
+        )
+        .collect()
+}
+
+fn generate() -> [f32; 256] {
+    // 10^(-6 + i) as Python floats, rounded to f32 when torch multiplies an f32 tensor by them.
+    const SCALES: [f64; 7] = [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0];
+    let mut data = Vec::with_capacity(256);
+    for (i, &scale) in SCALES.iter().enumerate() {
+        let bounds = torch_linspace((1 << i) + 1);
+        let means: Vec<f32> = bounds.windows(2).map(|w| (w[0] + w[1]) / 2.0).collect();
+        let scale = scale as f32;
+        data.extend(means.iter().map(|m| scale * m));
+        data.extend(means.iter().map(|m| -scale * m));
+    }
+    data.push(0.0);
+    data.push(1.0);
+    data.sort_by(f32::total_cmp);
+    data.try_into().expect("the dynamic map has 2^8 entries")
+}
+
+/// bnb's `dQuantize<0>`: a 7-step binary search over the sorted map followed by a midpoint test
+/// against the last pivot's neighbours. Not always the nearest code: the neighbours are the last
+/// bracket of the search, so the kernel's exact comparisons are reproduced here.
+#[inline]
+pub fn quantize_value(code: &[f32; 256], x: f32) -> u8 {
+    let (mut pivot, mut upper_pivot, mut lower_pivot) = (127usize, 255usize, 0usize);
+    let (mut lower, mut upper) = (-1.0f32, 1.0f32);
+    let mut val = code[pivot];
+    let mut step = 64;
+    while step > 0 {
+        if x > val {
+            lower_pivot = pivot;
+            lower = val;
+            pivot += step;
+        } else {
+            upper_pivot = pivot;
+            upper = val;
+            pivot -= step;
+        }
+        val = code[pivot];
+        step >>= 1;
+    }
+    if upper_pivot == 255 {
+        upper = code[255];
+    }
+    if lower_pivot == 0 {
+        lower = code[0];
+    }
+    let chosen = if x > val {
+        if x > (upper + val) * 0.5 {
+            upper_pivot
+        } else {
+            pivot
+        }
+    } else if x < (lower + val) * 0.5 {
+        lower_pivot
+    } else {
+        pivot
+    };
+    chosen as u8
+}
+
+/// The largest |x| of a block as the kernel reduces it: `fmaxf` from -FLT_MAX (NaN ignored), with
+/// a partial block padded by zeros.
+#[inline]
+pub(crate) fn block_absmax(block: &[f32], padded: bool) -> f32 {
+    let start = if padded { 0.0 } else { -f32::MAX };
+    block.iter().fold(start, |m, v| m.max(v.abs()))
+}
+
+/// 8-bit blockwise quantization of `x` with the dynamic map: `codes[i]` for every value and one
+/// absmax per `BLOCKSIZE` values. Values are scaled by the reciprocal of the absmax, as the kernel
+/// does (an all-zero block gives NaN, which the search maps to code 0).
+pub fn quantize_blockwise(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let code = dynamic_map();
+    let mut codes = Vec::with_capacity(x.len());
+    let mut absmax = Vec::with_capacity(x.len().div_ceil(BLOCKSIZE));
+    for block in x.chunks(BLOCKSIZE) {
+        let amax = block_absmax(block, block.len() < BLOCKSIZE);
+        let inv = 1.0 / amax;
+        codes.extend(block.iter().map(|&v| quantize_value(code, v * inv)));
+        absmax.push(amax);
+    }
+    (codes, absmax)
+}
+
+/// `code[q] * absmax` per value, in f32.
+pub fn dequantize_blockwise(codes: &[u8], absmax: &[f32]) -> Vec<f32> {
+    let code = dynamic_map();
+    codes
+        .chunks(BLOCKSIZE)
+        .zip(absmax)
+        .flat_map(|(block, &amax)| block.iter().map(move |&q| code[q as usize] * amax))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn map_is_sorted_signed_and_spans_minus_one_to_one() {
+        let m = dynamic_map();
+        assert!(m.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(m[255], 1.0);
+        assert_eq!(m.iter().filter(|v| **v == 0.0).count(), 1);
+        assert_eq!(m.iter().filter(|v| **v < 0.0).count(), 127);
+        // the most negative entry is the top fraction's midpoint (0.99296875 after rounding)
+        assert!((m[0] + 0.992_968_75).abs() < 1e-6, "{}", m[0]);
+    }
+
+    #[test]
+    fn every_code_value_quantizes_to_itself() {
+        let m = dynamic_map();
+        for (i, &v) in m.iter().enumerate() {
+            assert_eq!(quantize_value(m, v) as usize, i, "code {i} value {v}");
+        }
+    }
+
+    #[test]
+    fn blockwise_round_trip_is_a_fixed_point() {
+        let x: Vec<f32> = (0..700).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
+        let (codes, absmax) = quantize_blockwise(&x);
+        assert_eq!(absmax.len(), 3);
+        let y = dequantize_blockwise(&codes, &absmax);
+        let (codes2, absmax2) = quantize_blockwise(&y);
+        assert_eq!(codes, codes2);
+        assert_eq!(absmax, absmax2);
+    }
+
+    #[test]
+    fn zero_block_is_nan_scaled_to_code_zero() {
+        let (codes, absmax) = quantize_blockwise(&[0.0; 5]);
+        assert_eq!(absmax, vec![0.0]);
+        assert_eq!(codes, vec![0; 5]);
+    }
+}

@@ -1,0 +1,201 @@
+//! Frozen-weight quantization: NF4 with optional double quantization, bit-exact with
+//! bitsandbytes 0.50 (`quantize_4bit(quant_type="nf4", blocksize=64)`).
+//!
+//! `Nf4Tensor` keeps its parts as candle tensors on the weight's device so that device kernels can
+//! replace the CPU reference (`nf4`, `dynamic`, `double`) without changing the type.
+
+pub mod double;
+pub mod dynamic;
+pub mod nf4;
+
+use candle_core::{bail, DType, Device, Result, Shape, Storage, Tensor, WithDType};
+use half::{bf16, f16};
+
+use double::DoubleQuantized;
+
+/// How the frozen projection weights of a model are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quantization {
+    /// Dense, in the compute dtype.
+    None,
+    /// NF4 in blocks of 64; `double_quant` stores the absmax values as 8-bit codes.
+    Nf4 { double_quant: bool },
+}
+
+/// How the per-block absmax values of an `Nf4Tensor` are stored.
+#[derive(Debug, Clone)]
+pub enum Absmax {
+    /// One f32 per 64 values (`compress_statistics=False`).
+    F32(Tensor),
+    /// 8-bit dynamic-map codes (U8, one per 64 values), f32 scales (one per 256 codes) and the
+    /// f32 mean subtracted before quantizing (`compress_statistics=True`).
+    Double { codes: Tensor, absmax2: Tensor, offset: f32 },
+}
+
+/// A tensor stored as NF4: packed 4-bit codes (U8, `(n + 1) / 2` bytes) and blockwise absmax.
+#[derive(Debug, Clone)]
+pub struct Nf4Tensor {
+    packed: Tensor,
+    absmax: Absmax,
+    shape: Shape,
+    dtype: DType,
+}
+
+impl Nf4Tensor {
+    /// Quantizes a float tensor (f32, f16 or bf16, any shape) in row-major order. The parts live
+    /// on `x`'s device.
+    pub fn quantize(x: &Tensor, double_quant: bool) -> Result<Self> {
+        let (packed, absmax) = match x.dtype() {
+            DType::F32 => with_host_slice(x, nf4::quantize::<f32>)?,
+            DType::F16 => with_host_slice(x, nf4::quantize::<f16>)?,
+            DType::BF16 => with_host_slice(x, nf4::quantize::<bf16>)?,
+            dt => bail!("NF4 quantization needs an f32, f16 or bf16 tensor, got {dt:?}"),
+        };
+        let device = x.device();
+        let n_packed = packed.len();
+        let absmax = if double_quant {
+            let dq = DoubleQuantized::compress(&absmax);
+            let (n_codes, n2) = (dq.codes.len(), dq.absmax2.len());
+            Absmax::Double {
+                codes: Tensor::from_vec(dq.codes, n_codes, device)?,
+                absmax2: Tensor::from_vec(dq.absmax2, n2, device)?,
+                offset: dq.offset,
+            }
+        } else {
+            let n = absmax.len();
+            Absmax::F32(Tensor::from_vec(absmax, n, device)?)
+        };
+        let packed = Tensor::from_vec(packed, n_packed, device)?;
+        Ok(Self { packed, absmax, shape: x.shape().clone(), dtype: x.dtype() })
+    }
+
+    /// The values in `dtype` (f32, f16 or bf16) with the original shape: `code * absmax` in f32,
+    /// rounded once to `dtype`.
+    pub fn dequantize(&self, dtype: DType) -> Result<Tensor> {
+        let absmax = self.absmax_f32()?;
+        let n = self.shape.elem_count();
+        let dev = self.packed.device();
+        match dtype {
+            DType::F32 => self.dequantize_as::<f32>(&absmax, n, dev),
+            DType::F16 => self.dequantize_as::<f16>(&absmax, n, dev),
+            DType::BF16 => self.dequantize_as::<bf16>(&absmax, n, dev),
+            dt => bail!("NF4 dequantization produces f32, f16 or bf16, not {dt:?}"),
+        }
+    }
+
+    fn dequantize_as<T: nf4::Element + WithDType>(
+        &self,
+        absmax: &[f32],
+        n: usize,
+        dev: &Device,
+    ) -> Result<Tensor> {
+        let values: Vec<T> = with_host_slice(&self.packed, |p: &[u8]| nf4::dequantize(p, absmax, n))?;
+        Tensor::from_vec(values, self.shape.clone(), dev)
+    }
+
+    /// The f32 absmax per 64-value block (restored from the 8-bit codes under double quantization).
+    pub fn absmax_f32(&self) -> Result<Vec<f32>> {
+        match &self.absmax {
+            Absmax::F32(a) => a.to_vec1(),
+            Absmax::Double { codes, absmax2, offset } => {
+                let dq =
+                    DoubleQuantized { codes: codes.to_vec1()?, absmax2: absmax2.to_vec1()?, offset: *offset };
+                Ok(dq.decompress())
+            }
+        }
+    }
+
+    pub fn packed(&self) -> &Tensor {
+        &self.packed
+    }
+
+    pub fn absmax(&self) -> &Absmax {
+        &self.absmax
+    }
+
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The dtype of the tensor that was quantized.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn device(&self) -> &Device {
+        self.packed.device()
+    }
+
+    /// Bytes held: packed codes plus absmax storage (codes, scales and the offset).
+    pub fn size_in_bytes(&self) -> usize {
+        let absmax = match &self.absmax {
+            Absmax::F32(a) => a.elem_count() * 4,
+            Absmax::Double { codes, absmax2, .. } => codes.elem_count() + absmax2.elem_count() * 4 + 4,
+        };
+        self.packed.elem_count() + absmax
+    }
+}
+
+/// Runs `f` on the tensor's elements in row-major order: borrowed in place when the tensor is a
+/// contiguous CPU tensor, otherwise from a host copy.
+fn with_host_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+    {
+        let (storage, layout) = t.storage_and_layout();
+        if let (Storage::Cpu(cpu), Some((start, end))) = (&*storage, layout.contiguous_offsets()) {
+            return Ok(f(&cpu.as_slice::<T>()?[start..end]));
+        }
+    }
+    Ok(f(&t.flatten_all()?.to_vec1::<T>()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weight(shape: (usize, usize), dtype: DType) -> Result<Tensor> {
+        let n = shape.0 * shape.1;
+        let v: Vec<f32> = (0..n).map(|i| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * 0.08).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu)?.to_dtype(dtype)
+    }
+
+    #[test]
+    fn requantizing_the_dequantized_tensor_gives_the_same_codes() -> Result<()> {
+        for double_quant in [false, true] {
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let q = Nf4Tensor::quantize(&weight((24, 40), dtype)?, double_quant)?;
+                let w = q.dequantize(DType::F32)?;
+                assert_eq!(w.dims(), &[24, 40]);
+                let q2 = Nf4Tensor::quantize(&w, false)?;
+                assert_eq!(q.packed.to_vec1::<u8>()?, q2.packed.to_vec1::<u8>()?, "{dtype:?} {double_quant}");
+                assert_eq!(q.absmax_f32()?, q2.absmax_f32()?);
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn non_contiguous_input_is_read_in_row_major_order() -> Result<()> {
+        let w = weight((40, 24), DType::F32)?;
+        let a = Nf4Tensor::quantize(&w.t()?, true)?;
+        let b = Nf4Tensor::quantize(&w.t()?.contiguous()?, true)?;
+        assert_eq!(a.packed.to_vec1::<u8>()?, b.packed.to_vec1::<u8>()?);
+        assert_eq!(a.shape().dims(), &[24, 40]);
+        Ok(())
+    }
+
+    #[test]
+    fn size_counts_packed_codes_and_statistics() -> Result<()> {
+        let w = weight((64, 64), DType::F16)?;
+        // 4096 values: 2048 bytes, 64 absmax → 64 codes + 1 scale + offset, or 64 f32
+        assert_eq!(Nf4Tensor::quantize(&w, true)?.size_in_bytes(), 2048 + 64 + 4 + 4);
+        assert_eq!(Nf4Tensor::quantize(&w, false)?.size_in_bytes(), 2048 + 256);
+        Ok(())
+    }
+
+    #[test]
+    fn integer_tensors_are_rejected() -> Result<()> {
+        let t = Tensor::zeros((2, 64), DType::U8, &Device::Cpu)?;
+        assert!(Nf4Tensor::quantize(&t, true).is_err());
+        Ok(())
+    }
+}
