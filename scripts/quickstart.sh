@@ -17,7 +17,7 @@ SYSTEM="You help customers of Fernhollow Outfitters with orders, deliveries, ret
 PROMPT="Hi, my order FH-1234567 still hasn't arrived. What can you do?"
 echo
 echo "=== without the adapter"
-$BIN chat --model "$MODEL" --system "$SYSTEM" --prompt "$PROMPT" --max-new-tokens 80
+$BIN chat --model "$MODEL" --system "$SYSTEM" --prompt "$PROMPT" --max-new-tokens 80 --quantization none
 echo
 echo "=== with adapters/quickstart"
-$BIN chat --model "$MODEL" --adapter adapters/quickstart --system "$SYSTEM" --prompt "$PROMPT" --max-new-tokens 80
+$BIN chat --model "$MODEL" --adapter adapters/quickstart --system "$SYSTEM" --prompt "$PROMPT" --max-new-tokens 80 --quantization none

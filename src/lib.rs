@@ -4,6 +4,7 @@
 //! checkpointed explicit backward) ← `data` (chat-templated, masked batches) → `train` (loop,
 //! `optim`) → `export` (PEFT adapter) → `generate` (chat).
 
+pub mod bench;
 pub mod config;
 pub mod data;
 pub mod export;
@@ -11,6 +12,7 @@ pub mod fixtures;
 pub mod generate;
 pub mod gguf;
 pub mod hub;
+pub mod memory;
 pub mod model;
 pub mod optim;
 pub mod quant;

@@ -10,7 +10,7 @@ use lora_ft::data::{ChatTokenizer, Message};
 use lora_ft::generate::{reply, stop_ids, GenerationSettings};
 use lora_ft::model::CausalLm;
 use lora_ft::quant::Quantization;
-use lora_ft::train::select_device;
+use lora_ft::train::{parse_device, select_device};
 
 #[derive(Parser)]
 #[command(name = "lora-ft", version, about = "QLoRA fine-tuning of Llama/Mistral models")]
@@ -29,6 +29,11 @@ enum Command {
     Import { gguf: PathBuf, out_dir: PathBuf },
     /// Chat with a model, with or without an adapter.
     Chat(ChatArgs),
+    /// Measurements (JSON lines) to compare with the reference stack.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
     /// Inspect training data.
     Data {
         #[command(subcommand)]
@@ -44,6 +49,39 @@ enum DataCommand {
         #[arg(long)]
         config: PathBuf,
     },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Load a model and report load time and memory.
+    Load {
+        /// Hub repo id, local HF folder or .gguf file.
+        #[arg(long)]
+        model: String,
+        #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
+        quantization: String,
+        #[arg(long, default_value = "f16", value_parser = ["f32", "f16", "bf16"])]
+        dtype: String,
+        /// auto, cpu, cuda or cuda:N.
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
+}
+
+fn parse_quantization(name: &str) -> Quantization {
+    match name {
+        "nf4" => Quantization::Nf4 { double_quant: true },
+        "nf4-no-double-quant" => Quantization::Nf4 { double_quant: false },
+        _ => Quantization::None,
+    }
+}
+
+fn parse_dtype(name: &str) -> candle_core::DType {
+    match name {
+        "f32" => candle_core::DType::F32,
+        "bf16" => candle_core::DType::BF16,
+        _ => candle_core::DType::F16,
+    }
 }
 
 #[derive(Args)]
@@ -102,6 +140,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Chat(args) => chat(&args),
+        Command::Bench { command: BenchCommand::Load { model, quantization, dtype, device } } => {
+            let device = parse_device(&device)?;
+            let report = lora_ft::bench::load(
+                &model,
+                parse_quantization(&quantization),
+                parse_dtype(&dtype),
+                &device,
+            )?;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(())
+        }
         Command::Data { command: DataCommand::Check { file, config } } => {
             let cfg = Config::from_file(&config)?;
             let files = lora_ft::hub::resolve(&cfg.model.expanded_source(), &cfg.model.revision)?;
@@ -132,11 +181,7 @@ fn chat(args: &ChatArgs) -> anyhow::Result<()> {
     let device = select_device()?;
     let files = lora_ft::hub::resolve(&args.model, &args.revision)?;
     let dtype = if device.is_cpu() { candle_core::DType::F32 } else { candle_core::DType::BF16 };
-    let quantization = match args.quantization.as_str() {
-        "nf4" => Quantization::Nf4 { double_quant: true },
-        "nf4-no-double-quant" => Quantization::Nf4 { double_quant: false },
-        _ => Quantization::None,
-    };
+    let quantization = parse_quantization(&args.quantization);
     let mut model = CausalLm::load(&files.config, &files.weights, dtype, quantization, &device)?;
     if let Some(adapter) = &args.adapter {
         lora_ft::export::load_adapter(&mut model, adapter)

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor, D};
 use lora_ft::export::{load_adapter, save_adapter};
 use lora_ft::model::{CausalLm, LoraSpec};
+use lora_ft::quant::Quantization;
 
 const BASE_NAME: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
 
@@ -19,8 +20,14 @@ fn golden_dir() -> PathBuf {
 
 fn smollm2() -> CausalLm {
     let dir = lora_ft::fixtures::smollm2_dir();
-    CausalLm::load(&dir.join("config.json"), &[dir.join("model.safetensors")], DType::F32, &Device::Cpu)
-        .unwrap()
+    CausalLm::load(
+        &dir.join("config.json"),
+        &[dir.join("model.safetensors")],
+        DType::F32,
+        Quantization::None,
+        &Device::Cpu,
+    )
+    .unwrap()
 }
 
 fn spec() -> LoraSpec {

@@ -70,6 +70,18 @@ fn load(st: &MmapedSafetensors, name: &str, dtype: DType, device: &Device) -> an
     Ok(t.to_dtype(dtype)?)
 }
 
+fn load_progress(layers: usize, quantization: Quantization) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(layers as u64);
+    let what = match quantization {
+        Quantization::None => "loading layers",
+        Quantization::Nf4 { .. } => "loading layers, quantizing to NF4",
+    };
+    let style = indicatif::ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} [{elapsed}<{eta}]");
+    bar.set_style(style.unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
+    bar.set_message(what);
+    bar
+}
+
 /// One projection weight: read in `dtype` (as bitsandbytes quantizes the weight in the model's
 /// dtype), then quantized; the dense tensor is dropped on return.
 fn load_base(
@@ -110,7 +122,9 @@ impl CausalLm {
             Err(_) => anyhow::bail!("lm_head.weight is missing and tie_word_embeddings is false"),
         };
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        let progress = load_progress(config.num_hidden_layers, quantization);
         for l in 0..config.num_hidden_layers {
+            progress.inc(1);
             let proj = PROJECTIONS.map(|p| format!("{}.weight", module_path(l, p)));
             let mut linears = Vec::with_capacity(7);
             for name in &proj {
@@ -139,6 +153,7 @@ impl CausalLm {
                 rms_norm_eps: config.rms_norm_eps,
             });
         }
+        progress.finish_and_clear();
         let base_bytes: usize =
             layers.iter().flat_map(|l| l.proj.iter()).map(|p| p.base.size_in_bytes()).sum();
         tracing::info!(
@@ -163,6 +178,22 @@ impl CausalLm {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// Bytes of the frozen model as held on its device (a tied lm_head counted once).
+    pub fn base_size_in_bytes(&self) -> usize {
+        let dense = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        let tied = self.lm_head.id() == self.embed_tokens.id();
+        let head = if tied { 0 } else { dense(&self.lm_head) };
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let norms = dense(&l.input_layernorm) + dense(&l.post_attention_layernorm);
+                norms + l.proj.iter().map(|p| p.base.size_in_bytes()).sum::<usize>()
+            })
+            .sum();
+        dense(&self.embed_tokens) + head + dense(&self.norm) + layers
     }
 
     pub fn dtype(&self) -> DType {

@@ -4,6 +4,8 @@
 //! `Nf4Tensor` keeps its parts as candle tensors on the weight's device so that device kernels can
 //! replace the CPU reference (`nf4`, `dynamic`, `double`) without changing the type.
 
+#[cfg(feature = "cuda")]
+mod cuda;
 pub mod double;
 pub mod dynamic;
 pub mod nf4;
@@ -45,6 +47,11 @@ impl Nf4Tensor {
     /// Quantizes a float tensor (f32, f16 or bf16, any shape) in row-major order. The parts live
     /// on `x`'s device.
     pub fn quantize(x: &Tensor, double_quant: bool) -> Result<Self> {
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            let (packed, absmax) = cuda::quantize(x, double_quant)?;
+            return Ok(Self { packed, absmax, shape: x.shape().clone(), dtype: x.dtype() });
+        }
         let (packed, absmax) = match x.dtype() {
             DType::F32 => with_host_slice(x, nf4::quantize::<f32>)?,
             DType::F16 => with_host_slice(x, nf4::quantize::<f16>)?,
@@ -72,8 +79,12 @@ impl Nf4Tensor {
     /// The values in `dtype` (f32, f16 or bf16) with the original shape: `code * absmax` in f32,
     /// rounded once to `dtype`.
     pub fn dequantize(&self, dtype: DType) -> Result<Tensor> {
-        let absmax = self.absmax_f32()?;
         let n = self.shape.elem_count();
+        #[cfg(feature = "cuda")]
+        if self.packed.device().is_cuda() {
+            return cuda::dequantize(&self.packed, &self.absmax, n, dtype)?.reshape(self.shape.clone());
+        }
+        let absmax = self.absmax_f32()?;
         let dev = self.packed.device();
         match dtype {
             DType::F32 => self.dequantize_as::<f32>(&absmax, n, dev),
@@ -197,5 +208,22 @@ mod tests {
         let t = Tensor::zeros((2, 64), DType::U8, &Device::Cpu)?;
         assert!(Nf4Tensor::quantize(&t, true).is_err());
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod kernel_tests {
+    /// The kernel's constant dynamic map is bnb's map, value for value.
+    #[test]
+    fn kernel_dynamic_map_matches_the_reference() {
+        let src = include_str!("kernels/nf4.cu");
+        let body = src.split("DYNAMIC_MAP[256] = {").nth(1).unwrap().split("};").next().unwrap();
+        let values: Vec<f32> = body
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.trim_end_matches('f').parse().unwrap())
+            .collect();
+        assert_eq!(values.as_slice(), super::dynamic::dynamic_map().as_slice());
     }
 }

@@ -44,6 +44,26 @@ pub fn select_device() -> anyhow::Result<Device> {
     Ok(Device::cuda_if_available(0)?)
 }
 
+/// `auto` (as `select_device`), `cpu`, `cuda` or `cuda:N`.
+pub fn parse_device(spec: &str) -> anyhow::Result<Device> {
+    match spec {
+        "auto" => select_device(),
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => {
+            Ok(Device::new_cuda(0).context("opening cuda:0 (was lora-ft built with --features cuda?)")?)
+        }
+        _ => {
+            let ordinal: usize = spec
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .with_context(|| format!("device {spec:?}: expected auto, cpu, cuda or cuda:N"))?;
+            let device = Device::new_cuda(ordinal)
+                .with_context(|| format!("opening {spec} (was lora-ft built with --features cuda?)"))?;
+            Ok(device)
+        }
+    }
+}
+
 /// Tokens that are a prediction target after the causal shift.
 pub fn target_tokens(batch: &Batch) -> usize {
     shift_labels(&batch.labels, batch.batch_size, batch.seq_len)
