@@ -1,14 +1,27 @@
-//! GPU memory accounting: what the device reports as used, so loads and training steps can log
-//! it and benchmarks can compare it with the reference stack's numbers.
+//! GPU memory accounting. cudarc allocates from the device's default stream-ordered memory pool
+//! (`cuMemAllocAsync`), whose counters are the analogue of PyTorch's `memory_allocated` /
+//! `max_memory_allocated` (used) and `memory_reserved` (reserved); the driver's `cuMemGetInfo`
+//! gives the device-wide view, CUDA context included.
 
 use candle_core::Device;
+use serde::Serialize;
 
-/// Device-wide memory from the driver (`cuMemGetInfo`): every allocation of this process and of
-/// any other on the same GPU, plus the CUDA context itself.
+pub const GIB: f64 = (1u64 << 30) as f64;
+
+/// Device-wide memory from the driver: every allocation of every process plus the contexts.
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceMemory {
     pub used: usize,
     pub total: usize,
+}
+
+/// This process's allocations in the device's default memory pool, in bytes.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PoolMemory {
+    pub allocated: u64,
+    pub peak_allocated: u64,
+    pub reserved: u64,
+    pub peak_reserved: u64,
 }
 
 /// `None` on the CPU.
@@ -26,4 +39,62 @@ pub fn device_memory(device: &Device) -> Option<DeviceMemory> {
     }
 }
 
-pub const GIB: f64 = (1u64 << 30) as f64;
+/// `None` on the CPU or when the device has no memory pool.
+pub fn pool_memory(device: &Device) -> Option<PoolMemory> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        use cuda::{attribute, default_pool, Attr};
+        let pool = default_pool(d)?;
+        return Some(PoolMemory {
+            allocated: attribute(pool, Attr::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            peak_allocated: attribute(pool, Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            reserved: attribute(pool, Attr::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            peak_reserved: attribute(pool, Attr::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+        });
+    }
+    let _ = device;
+    None
+}
+
+/// Starts a new peak (like `torch.cuda.reset_peak_memory_stats`). No-op on the CPU.
+pub fn reset_peak(device: &Device) {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        use cuda::{default_pool, set_zero, Attr};
+        if let Some(pool) = default_pool(d) {
+            set_zero(pool, Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH);
+            set_zero(pool, Attr::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH);
+        }
+    }
+    let _ = device;
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::{result, sys};
+    use candle_core::CudaDevice;
+
+    pub use sys::CUmemPool_attribute as Attr;
+
+    pub fn default_pool(d: &CudaDevice) -> Option<sys::CUmemoryPool> {
+        let stream = d.cuda_stream();
+        let ctx = stream.context();
+        ctx.bind_to_thread().ok()?;
+        stream.synchronize().ok()?;
+        // SAFETY: the device ordinal comes from a live context.
+        unsafe { result::device::get_default_mem_pool(ctx.cu_device()) }.ok()
+    }
+
+    pub fn attribute(pool: sys::CUmemoryPool, attr: Attr) -> Option<u64> {
+        let mut value: u64 = 0;
+        // SAFETY: these attributes are cuuint64_t.
+        unsafe { result::mem_pool::get_attribute(pool, attr, (&mut value as *mut u64).cast()) }.ok()?;
+        Some(value)
+    }
+
+    pub fn set_zero(pool: sys::CUmemoryPool, attr: Attr) {
+        let mut zero: u64 = 0;
+        // SAFETY: the high-water attributes are cuuint64_t and may only be reset to 0.
+        let _ = unsafe { result::mem_pool::set_attribute(pool, attr, (&mut zero as *mut u64).cast()) };
+    }
+}

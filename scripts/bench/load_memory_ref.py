@@ -60,6 +60,7 @@ def main():
     print(json.dumps({
         "stack": "transformers+bitsandbytes", "model": args.model, "load_s": load_s,
         "allocated_gib": torch.cuda.memory_allocated() / GIB,
+        "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
         "reserved_gib": torch.cuda.memory_reserved() / GIB,
         "device_used_gib": (free0 - free1) / GIB,
         "n_params": sum(p.numel() for p in model.parameters()),

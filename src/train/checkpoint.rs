@@ -25,6 +25,9 @@ pub struct TrainerState {
     pub epoch: u64,
     pub batch_in_epoch: usize,
     pub seed: u64,
+    /// The f16 loss scaler (absent in checkpoints of f32/bf16 runs written before it existed).
+    #[serde(default)]
+    pub loss_scaler: Option<crate::train::loss_scale::LossScaler>,
 }
 
 pub fn checkpoint_dir(run_dir: &Path, step: usize) -> PathBuf {

@@ -16,6 +16,9 @@ pub struct StepRecord {
     pub loss: f64,
     pub lr: f64,
     pub grad_norm: f64,
+    /// The f16 loss scale after this step (1 for f32/bf16) and the run's skipped steps so far.
+    pub loss_scale: f64,
+    pub skipped_steps: usize,
     /// Trained (label ≠ −100) tokens in this optimizer step.
     pub trained_tokens: usize,
     /// All tokens processed in this step, padding included.

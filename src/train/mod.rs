@@ -3,6 +3,7 @@
 //! the final PEFT adapter export.
 
 pub mod checkpoint;
+pub mod loss_scale;
 pub mod metrics;
 
 use std::path::PathBuf;
@@ -19,6 +20,7 @@ use crate::model::loss::{shift_labels, IGNORE_INDEX};
 use crate::model::{CausalLm, LoraSpec};
 use crate::optim::{clip_grad_norm, Adafactor, LrSchedule};
 use checkpoint::TrainerState;
+use loss_scale::LossScaler;
 use metrics::{EvalRecord, MetricsLog, StepRecord};
 
 pub fn lora_spec(cfg: &Config) -> LoraSpec {
@@ -134,6 +136,8 @@ pub struct TrainSummary {
 struct StepResult {
     loss: f64,
     grad_norm: f64,
+    /// False when the gradients overflowed and the optimizer step was skipped.
+    applied: bool,
     trained_tokens: usize,
     tokens: usize,
 }
@@ -144,6 +148,7 @@ struct Trainer {
     schedule: LrSchedule,
     max_grad_norm: f64,
     seed: u64,
+    scaler: LossScaler,
 }
 
 impl Trainer {
@@ -154,7 +159,8 @@ impl Trainer {
         }
         // Normalize by the trained tokens of the whole step, so accumulation is exactly a
         // bigger batch (what HF's Trainer does with num_items_in_batch).
-        let grad_scale = 1.0 / trained as f64;
+        let loss_scale = self.scaler.scale();
+        let grad_scale = loss_scale / trained as f64;
         let (mut grads, mut loss_sum): (Option<Vec<Tensor>>, f64) = (None, 0.0);
         for (m, batch) in micro_batches.iter().enumerate() {
             let ids = batch_tensor(batch, self.model.device())?;
@@ -169,12 +175,20 @@ impl Trainer {
             });
         }
         let mut grads = grads.context("no micro-batches")?;
+        if loss_scale != 1.0 {
+            grads =
+                grads.iter().map(|g| g.affine(1.0 / loss_scale, 0.0)).collect::<candle_core::Result<_>>()?;
+        }
         // max_grad_norm = 0 turns clipping off; the norm is still reported.
         let max_norm = if self.max_grad_norm > 0.0 { self.max_grad_norm } else { f64::INFINITY };
         let grad_norm = clip_grad_norm(&mut grads, max_norm)?;
-        self.optimizer.step(&grads, self.schedule.lr_at(step))?;
+        let applied = self.scaler.update(grad_norm.is_finite());
+        if applied {
+            self.optimizer.step(&grads, self.schedule.lr_at(step))?;
+        }
         let tokens = micro_batches.iter().map(|b| b.batch_size * b.seq_len).sum();
-        Ok(Some(StepResult { loss: loss_sum / trained as f64, grad_norm, trained_tokens: trained, tokens }))
+        let loss = loss_sum / trained as f64;
+        Ok(Some(StepResult { loss, grad_norm, applied, trained_tokens: trained, tokens }))
     }
 }
 
@@ -235,8 +249,9 @@ pub fn run(cfg: &Config) -> anyhow::Result<TrainSummary> {
     let params = model.lora_params().into_iter().map(|(_, v)| v).collect();
     let optimizer = Adafactor::new(params, &cfg.optim, cfg.train.weight_decay)?;
     let schedule = LrSchedule::new(cfg.train.schedule, cfg.train.lr, cfg.train.warmup_steps, total);
-    let mut trainer =
-        Trainer { model, optimizer, schedule, max_grad_norm: cfg.train.max_grad_norm, seed: cfg.train.seed };
+    let scaler = LossScaler::new(dtype == DType::F16, loss_scale::GROWTH_INTERVAL);
+    let (max_grad_norm, seed) = (cfg.train.max_grad_norm, cfg.train.seed);
+    let mut trainer = Trainer { model, optimizer, schedule, max_grad_norm, seed, scaler };
     let mut stream = BatchStream::new(loader, 0, 0);
     let mut log = MetricsLog::open(&run_dir.join("metrics.jsonl"), total, 0)?;
     train_loop(cfg, &mut trainer, &mut stream, &mut log, eval_loader.as_ref(), total, &base_model, &spec)
@@ -272,6 +287,12 @@ fn train_loop(
         }
         last_loss = r.loss;
         anyhow::ensure!(r.loss.is_finite(), "step {done}: the loss is {} — lower train.lr?", r.loss);
+        if !r.applied {
+            log.println(format!(
+                "step {done}: gradients overflowed in f16, step skipped; loss scale now {}",
+                trainer.scaler.scale()
+            ));
+        }
         if done % cfg.train.log_every == 0 || done == total {
             log.step(&StepRecord {
                 step: done,
@@ -279,6 +300,8 @@ fn train_loop(
                 loss: r.loss,
                 lr: trainer.schedule.lr_at(step),
                 grad_norm: r.grad_norm,
+                loss_scale: trainer.scaler.scale(),
+                skipped_steps: trainer.scaler.skipped,
                 trained_tokens: r.trained_tokens,
                 tokens: r.tokens,
                 tokens_per_s: r.tokens as f64 / t0.elapsed().as_secs_f64(),
@@ -296,6 +319,7 @@ fn train_loop(
                 epoch: stream.epoch,
                 batch_in_epoch: stream.index,
                 seed: cfg.train.seed,
+                loss_scaler: Some(trainer.scaler.clone()),
             };
             let opt_state = trainer.optimizer.state_tensors();
             checkpoint::save(&cfg.output.dir, &trainer.model, spec, base_model, opt_state, &state)?;

@@ -1,0 +1,13 @@
+# Sourced at the start of a GPU-machine command (see ../shared/cuda/README.md): installs the
+# carried bitsandbytes wheel, points at the CUDA 13 libraries, unpacks the carried binaries
+# (.gpu/*.xz) into /tmp/bin, and makes the compile-time golden paths of test binaries resolve.
+set -euo pipefail
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl
+export PYTHONPATH=/tmp/site
+export LD_LIBRARY_PATH=$(python3 -c "import nvidia,os;print(os.path.join(nvidia.__path__[0],'cu13','lib'))")
+mkdir -p /tmp/bin
+for f in .gpu/*.xz; do n=$(basename "$f" .xz); xz -dc "$f" > /tmp/bin/$n; chmod +x /tmp/bin/$n; done
+export PATH=/tmp/bin:$PATH
+# test binaries name golden files by the absolute path of the tree they were built in
+mkdir -p /work/main && [ -e /work/main/tests ] || ln -s "$PWD/tests" /work/main/tests
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
