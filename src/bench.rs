@@ -52,3 +52,108 @@ pub fn load(
         device_used_gib: used,
     })
 }
+
+/// One row of `lora-ft bench train`: the anchor script's fields, side by side.
+#[derive(Debug, Serialize)]
+pub struct TrainRow {
+    pub seq: usize,
+    pub bs: usize,
+    pub step_s: Option<f64>,
+    pub tok_s: Option<f64>,
+    pub peak_alloc_gib: Option<f64>,
+    pub peak_reserved_gib: Option<f64>,
+    pub loss: Option<f64>,
+    pub error: Option<String>,
+}
+
+/// The recipe of ../shared/anchors/peft_qlora_baseline.py: LoRA r=16 (alpha 32, no dropout) on
+/// all seven projections, torch-flavoured Adafactor at lr 2e-4, clipping at 1.0, loss scaling in
+/// f16, random token ids as inputs and labels, 2 warm-up steps then `steps` timed ones.
+pub fn train(
+    model: &str,
+    quantization: Quantization,
+    dtype: DType,
+    device: &Device,
+    shapes: &[(usize, usize)],
+    steps: usize,
+    mut report: impl FnMut(&TrainRow),
+) -> anyhow::Result<Vec<TrainRow>> {
+    use crate::model::{LoraSpec, PROJECTIONS};
+    let files = crate::hub::resolve(model, "main")?;
+    let mut lm = CausalLm::load(&files.config, &files.weights, dtype, quantization, device)?;
+    let targets = PROJECTIONS.iter().map(|p| p.to_string()).collect();
+    lm.add_lora(&LoraSpec { r: 16, alpha: 32.0, dropout: 0.0, target_modules: targets, rslora: false }, 0)?;
+    let optim = crate::config::AdafactorSection {
+        flavor: crate::config::AdafactorFlavor::Torch,
+        ..Default::default()
+    };
+    let schedule = crate::optim::LrSchedule::new(crate::config::Schedule::Constant, 2e-4, 0, usize::MAX);
+    let mut trainer = crate::train::Trainer::new(lm, &optim, 0.0, schedule, 1.0, 0)?;
+    let vocab = trainer.model.config().vocab_size as u32;
+    let mut rows = Vec::new();
+    for &(seq, bs) in shapes {
+        let row = match time_shape(&mut trainer, vocab, seq, bs, steps) {
+            Ok(row) => row,
+            Err(e) => TrainRow {
+                seq,
+                bs,
+                step_s: None,
+                tok_s: None,
+                peak_alloc_gib: None,
+                peak_reserved_gib: None,
+                loss: None,
+                error: Some(oom_or(e)),
+            },
+        };
+        report(&row);
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+fn oom_or(e: anyhow::Error) -> String {
+    let text = format!("{e:#}");
+    if text.contains("OUT_OF_MEMORY") || text.contains("out of memory") {
+        "OOM".into()
+    } else {
+        text
+    }
+}
+
+fn time_shape(
+    trainer: &mut crate::train::Trainer,
+    vocab: u32,
+    seq: usize,
+    bs: usize,
+    steps: usize,
+) -> anyhow::Result<TrainRow> {
+    use rand::{Rng, SeedableRng};
+    let device = trainer.model.device().clone();
+    let mut rng = rand::rngs::StdRng::seed_from_u64((seq * 1000 + bs) as u64);
+    let ids: Vec<u32> = (0..seq * bs).map(|_| rng.random_range(0..vocab)).collect();
+    let labels = ids.iter().map(|&i| i as i64).collect();
+    let batch = [crate::data::Batch { input_ids: ids, labels, batch_size: bs, seq_len: seq }];
+    reset_peak(&device);
+    for step in 0..2 {
+        trainer.step(step, &batch)?;
+    }
+    device.synchronize()?;
+    let started = Instant::now();
+    let mut loss = f64::NAN;
+    for step in 2..2 + steps {
+        loss = trainer.step(step, &batch)?.map_or(f64::NAN, |r| r.loss);
+    }
+    device.synchronize()?;
+    let step_s = started.elapsed().as_secs_f64() / steps as f64;
+    let pool = pool_memory(&device);
+    Ok(TrainRow {
+        seq,
+        bs,
+        step_s: Some(step_s),
+        tok_s: Some((seq * bs) as f64 / step_s),
+        peak_alloc_gib: pool.map(|p| p.peak_allocated as f64 / GIB),
+        peak_reserved_gib: pool.map(|p| p.peak_reserved as f64 / GIB),
+        loss: Some(loss),
+        error: None,
+    })
+}

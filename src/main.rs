@@ -53,6 +53,23 @@ enum DataCommand {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Train on random tokens at each shape (the anchor script's recipe) and report tokens/s,
+    /// step time and peak GPU memory, one JSON line per shape.
+    Train {
+        #[arg(long)]
+        model: String,
+        /// SEQxBATCH,... as in ../shared/anchors/peft_qlora_baseline.py.
+        #[arg(long, default_value = "512x2,512x4,512x8,2048x2,2048x4,2048x8")]
+        shapes: String,
+        #[arg(long, default_value_t = 6)]
+        steps: usize,
+        #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
+        quantization: String,
+        #[arg(long, default_value = "f16", value_parser = ["f32", "f16", "bf16"])]
+        dtype: String,
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
     /// Load a model and report load time and memory.
     Load {
         /// Hub repo id, local HF folder or .gguf file.
@@ -74,6 +91,16 @@ fn parse_quantization(name: &str) -> Quantization {
         "nf4-no-double-quant" => Quantization::Nf4 { double_quant: false },
         _ => Quantization::None,
     }
+}
+
+fn parse_shapes(text: &str) -> anyhow::Result<Vec<(usize, usize)>> {
+    text.split(',')
+        .map(|s| {
+            let (seq, bs) =
+                s.trim().split_once('x').with_context(|| format!("shape {s:?}: expected SEQxBATCH"))?;
+            Ok((seq.parse().context("sequence length")?, bs.parse().context("batch size")?))
+        })
+        .collect()
 }
 
 fn parse_dtype(name: &str) -> candle_core::DType {
@@ -140,6 +167,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Chat(args) => chat(&args),
+        Command::Bench {
+            command: BenchCommand::Train { model, shapes, steps, quantization, dtype, device },
+        } => {
+            let device = parse_device(&device)?;
+            let shapes = parse_shapes(&shapes)?;
+            let q = parse_quantization(&quantization);
+            lora_ft::bench::train(&model, q, parse_dtype(&dtype), &device, &shapes, steps, |row| {
+                println!("{}", serde_json::to_string(row).unwrap_or_default())
+            })?;
+            Ok(())
+        }
         Command::Bench { command: BenchCommand::Load { model, quantization, dtype, device } } => {
             let device = parse_device(&device)?;
             let report = lora_ft::bench::load(

@@ -200,6 +200,10 @@ impl CausalLm {
         self.dtype
     }
 
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
     /// Adds freshly initialised adapters (A kaiming-uniform, B zero) to the target modules.
     pub fn add_lora(&mut self, spec: &LoraSpec, seed: u64) -> candle_core::Result<()> {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);

@@ -9,6 +9,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{
     bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+    WithDType,
 };
 use half::{bf16, f16};
 
@@ -75,7 +76,10 @@ fn wrap<T: CudaDType>(slice: CudaSlice<T>, like: &CudaStorage, len: usize) -> (C
 /// Per-64-block max |x| (f32).
 struct Nf4Absmax;
 
-fn absmax_typed<T: CudaDType + DeviceRepr>(x: &CudaStorage, l: &Layout) -> Result<CudaSlice<f32>> {
+fn absmax_typed<T: CudaDType + DeviceRepr + WithDType>(
+    x: &CudaStorage,
+    l: &Layout,
+) -> Result<CudaSlice<f32>> {
     let (dev, n) = (x.device(), l.shape().elem_count());
     let src = view::<T>(x, l)?;
     let out = unsafe { dev.alloc::<f32>(n.div_ceil(64))? };
@@ -109,7 +113,7 @@ impl CustomOp1 for Nf4Absmax {
 /// Two 4-bit codes per byte, given the absmax.
 struct Nf4Pack;
 
-fn pack_typed<T: CudaDType + DeviceRepr>(
+fn pack_typed<T: CudaDType + DeviceRepr + WithDType>(
     x: &CudaStorage,
     l: &Layout,
     absmax: &CudaStorage,
@@ -225,7 +229,7 @@ struct AbsmaxArgs<'a> {
 }
 
 impl Nf4Dequantize {
-    fn run<T: CudaDType + DeviceRepr>(
+    fn run<T: CudaDType + DeviceRepr + WithDType>(
         &self,
         packed: &CudaStorage,
         lp: &Layout,
@@ -274,7 +278,7 @@ impl CustomOp2 for Nf4Dequantize {
         "nf4-dequantize"
     }
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        cpu_unsupported(self.name())
+        cpu_unsupported(CustomOp2::name(self))
     }
     fn cuda_fwd(
         &self,

@@ -133,26 +133,44 @@ pub struct TrainSummary {
 }
 
 /// One optimizer step's inputs and results.
-struct StepResult {
-    loss: f64,
-    grad_norm: f64,
+pub struct StepResult {
+    pub loss: f64,
+    pub grad_norm: f64,
     /// False when the gradients overflowed and the optimizer step was skipped.
-    applied: bool,
-    trained_tokens: usize,
-    tokens: usize,
+    pub applied: bool,
+    pub trained_tokens: usize,
+    pub tokens: usize,
 }
 
-struct Trainer {
-    model: CausalLm,
+/// The model with its adapters, optimizer, schedule and loss scaler: one `step` per optimizer step.
+pub struct Trainer {
+    pub model: CausalLm,
     optimizer: Adafactor,
     schedule: LrSchedule,
     max_grad_norm: f64,
     seed: u64,
-    scaler: LossScaler,
+    pub scaler: LossScaler,
 }
 
 impl Trainer {
-    fn step(&mut self, step: usize, micro_batches: &[Batch]) -> anyhow::Result<Option<StepResult>> {
+    /// Adafactor over the model's LoRA parameters; f16 models get dynamic loss scaling.
+    pub fn new(
+        model: CausalLm,
+        optim: &crate::config::AdafactorSection,
+        weight_decay: f64,
+        schedule: LrSchedule,
+        max_grad_norm: f64,
+        seed: u64,
+    ) -> anyhow::Result<Self> {
+        let params = model.lora_params().into_iter().map(|(_, v)| v).collect();
+        let optimizer = Adafactor::new(params, optim, weight_decay)?;
+        let scaler = LossScaler::new(model.dtype() == DType::F16, loss_scale::GROWTH_INTERVAL);
+        Ok(Self { model, optimizer, schedule, max_grad_norm, seed, scaler })
+    }
+
+    /// One optimizer step over `micro_batches` (gradient accumulation); `None` when they hold no
+    /// trained token.
+    pub fn step(&mut self, step: usize, micro_batches: &[Batch]) -> anyhow::Result<Option<StepResult>> {
         let trained: usize = micro_batches.iter().map(target_tokens).sum();
         if trained == 0 {
             return Ok(None);
@@ -246,12 +264,9 @@ pub fn run(cfg: &Config) -> anyhow::Result<TrainSummary> {
     let run_dir = cfg.output.dir.clone();
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     std::fs::write(run_dir.join("config.json"), serde_json::to_string_pretty(cfg)?)?;
-    let params = model.lora_params().into_iter().map(|(_, v)| v).collect();
-    let optimizer = Adafactor::new(params, &cfg.optim, cfg.train.weight_decay)?;
     let schedule = LrSchedule::new(cfg.train.schedule, cfg.train.lr, cfg.train.warmup_steps, total);
-    let scaler = LossScaler::new(dtype == DType::F16, loss_scale::GROWTH_INTERVAL);
     let (max_grad_norm, seed) = (cfg.train.max_grad_norm, cfg.train.seed);
-    let mut trainer = Trainer { model, optimizer, schedule, max_grad_norm, seed, scaler };
+    let mut trainer = Trainer::new(model, &cfg.optim, cfg.train.weight_decay, schedule, max_grad_norm, seed)?;
     let mut stream = BatchStream::new(loader, 0, 0);
     let mut log = MetricsLog::open(&run_dir.join("metrics.jsonl"), total, 0)?;
     train_loop(cfg, &mut trainer, &mut stream, &mut log, eval_loader.as_ref(), total, &base_model, &spec)
