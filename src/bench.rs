@@ -25,6 +25,15 @@ pub struct LoadReport {
     pub device_used_gib: Option<f64>,
 }
 
+/// config.json and weights: a local folder needs no tokenizer; otherwise the full resolution.
+fn model_files(model: &str) -> anyhow::Result<(std::path::PathBuf, Vec<std::path::PathBuf>)> {
+    if std::path::Path::new(model).is_dir() {
+        return crate::hub::local_weights(std::path::Path::new(model));
+    }
+    let files = crate::hub::resolve(model, "main")?;
+    Ok((files.config, files.weights))
+}
+
 /// Loads `model` (HF folder, Hub id or .gguf) and reports time and memory.
 pub fn load(
     model: &str,
@@ -32,11 +41,11 @@ pub fn load(
     dtype: DType,
     device: &Device,
 ) -> anyhow::Result<LoadReport> {
-    let files = crate::hub::resolve(model, "main")?;
+    let (config, weights) = model_files(model)?;
     let before = device_memory(device);
     reset_peak(device);
     let started = Instant::now();
-    let lm = CausalLm::load(&files.config, &files.weights, dtype, quantization, device)?;
+    let lm = CausalLm::load(&config, &weights, dtype, quantization, device)?;
     let after = device_memory(device);
     let load_s = started.elapsed().as_secs_f64();
     let pool = pool_memory(device);
@@ -79,8 +88,8 @@ pub fn train(
     mut report: impl FnMut(&TrainRow),
 ) -> anyhow::Result<Vec<TrainRow>> {
     use crate::model::{LoraSpec, PROJECTIONS};
-    let files = crate::hub::resolve(model, "main")?;
-    let mut lm = CausalLm::load(&files.config, &files.weights, dtype, quantization, device)?;
+    let (config, weights) = model_files(model)?;
+    let mut lm = CausalLm::load(&config, &weights, dtype, quantization, device)?;
     let targets = PROJECTIONS.iter().map(|p| p.to_string()).collect();
     lm.add_lora(&LoraSpec { r: 16, alpha: 32.0, dropout: 0.0, target_modules: targets, rslora: false }, 0)?;
     let optim = crate::config::AdafactorSection {

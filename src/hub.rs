@@ -67,6 +67,23 @@ pub fn local_folder(dir: &Path) -> Result<ModelFiles> {
     let file = |name: &str| Some(dir.join(name)).filter(|p| p.is_file());
     let required =
         |name: &str| file(name).with_context(|| format!("no {name} in model folder {}", dir.display()));
+    let (config, weights) = local_weights(dir)?;
+    Ok(ModelFiles {
+        dir: dir.to_path_buf(),
+        config,
+        weights,
+        tokenizer: required("tokenizer.json")?,
+        tokenizer_config: file("tokenizer_config.json"),
+        generation_config: file("generation_config.json"),
+    })
+}
+
+/// config.json and the safetensors files of a model folder (no tokenizer needed: benchmarks
+/// run random models that have none).
+pub fn local_weights(dir: &Path) -> Result<(PathBuf, Vec<PathBuf>)> {
+    let file = |name: &str| Some(dir.join(name)).filter(|p| p.is_file());
+    let config =
+        file("config.json").with_context(|| format!("no config.json in model folder {}", dir.display()))?;
     let weights = if let Some(index) = file(INDEX) {
         shard_names(&index)?.into_iter().map(|name| dir.join(name)).collect::<Vec<_>>()
     } else if let Some(single) = file(SINGLE) {
@@ -77,14 +94,7 @@ pub fn local_folder(dir: &Path) -> Result<ModelFiles> {
     if let Some(missing) = weights.iter().find(|shard| !shard.is_file()) {
         bail!("{} lists shard {} which does not exist", dir.join(INDEX).display(), missing.display());
     }
-    Ok(ModelFiles {
-        dir: dir.to_path_buf(),
-        config: required("config.json")?,
-        weights,
-        tokenizer: required("tokenizer.json")?,
-        tokenizer_config: file("tokenizer_config.json"),
-        generation_config: file("generation_config.json"),
-    })
+    Ok((config, weights))
 }
 
 /// The shard file names in a safetensors index's `weight_map`, sorted, each once.
