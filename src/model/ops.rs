@@ -3,6 +3,7 @@
 //! autograd anyway (DESIGN.md), so each forward here returns what its backward needs.
 
 use candle_core::{DType, Device, Result, Tensor, D};
+use std::sync::{Arc, Mutex};
 
 /// RMSNorm as HF computes it: in f32, y = w ⊙ (x · rsqrt(mean(x²) + eps)), cast back.
 /// Returns y and `inv_rms` `[n, 1]` (f32) for the backward.
@@ -23,11 +24,15 @@ pub fn rms_norm_backward(x: &Tensor, weight: &Tensor, inv_rms: &Tensor, dy: &Ten
     dx.to_dtype(x.dtype())
 }
 
-/// Rotary position embedding in HF's "rotate_half" layout: cos/sin tables `[max_pos, head_dim/2]`.
+/// Rotary position embedding in HF's "rotate_half" layout. The cos/sin tables `[len, head_dim/2]`
+/// are computed on first use for the positions needed so far (rounded up to a power of two), not
+/// for all `max_position_embeddings`: 32k positions would hold 8 MiB that training never reads.
 #[derive(Debug, Clone)]
 pub struct Rope {
-    cos: Tensor,
-    sin: Tensor,
+    inv_freq: Tensor,
+    max_pos: usize,
+    dtype: DType,
+    tables: Arc<Mutex<Option<(Tensor, Tensor)>>>,
 }
 
 impl Rope {
@@ -37,17 +42,24 @@ impl Rope {
         let inv_freq: Vec<f32> =
             (0..half).map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32).collect();
         let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
-        let pos =
-            Tensor::arange(0u32, max_pos as u32, device)?.to_dtype(DType::F32)?.reshape((max_pos, 1))?;
-        let angles = pos.broadcast_mul(&inv_freq)?;
-        Ok(Self { cos: angles.cos()?.to_dtype(dtype)?, sin: angles.sin()?.to_dtype(dtype)? })
+        Ok(Self { inv_freq, max_pos, dtype, tables: Arc::new(Mutex::new(None)) })
     }
 
     fn tables(&self, offset: usize, len: usize) -> Result<(Tensor, Tensor)> {
-        if offset + len > self.cos.dim(0)? {
-            candle_core::bail!("position {} is past the RoPE table ({})", offset + len, self.cos.dim(0)?);
+        let end = offset + len;
+        if end > self.max_pos {
+            candle_core::bail!("position {end} is past max_position_embeddings ({})", self.max_pos);
         }
-        Ok((self.cos.narrow(0, offset, len)?.contiguous()?, self.sin.narrow(0, offset, len)?.contiguous()?))
+        let mut cached =
+            self.tables.lock().map_err(|_| candle_core::Error::Msg("RoPE cache poisoned".into()))?;
+        if cached.as_ref().is_none_or(|(cos, _)| cos.dim(0).unwrap_or(0) < end) {
+            let rows = end.next_power_of_two().max(256).min(self.max_pos);
+            let pos = Tensor::arange(0u32, rows as u32, self.inv_freq.device())?.to_dtype(DType::F32)?;
+            let angles = pos.reshape((rows, 1))?.broadcast_mul(&self.inv_freq)?;
+            *cached = Some((angles.cos()?.to_dtype(self.dtype)?, angles.sin()?.to_dtype(self.dtype)?));
+        }
+        let (cos, sin) = cached.as_ref().expect("filled above");
+        Ok((cos.narrow(0, offset, len)?, sin.narrow(0, offset, len)?))
     }
 
     /// x `[b, heads, t, head_dim]` at positions offset..offset+t.
