@@ -1,0 +1,32 @@
+#!/usr/bin/env python3
+"""Side-by-side table of the reference stack's anchor JSON and `lora-ft bench train` JSON lines:
+tokens/s and peak allocated GPU memory per shape, with lora-ft / reference ratios."""
+import json
+import sys
+
+
+def main(ref_path: str, ours_path: str):
+    ref = json.load(open(ref_path))
+    theirs = {(r["seq"], r["bs"]): r for r in ref["results"]}
+    ours = {}
+    for line in open(ours_path):
+        if line.startswith("{"):
+            r = json.loads(line)
+            ours[(r["seq"], r["bs"])] = r
+    print(f"{ref.get('gpu', '?')}, {ref.get('arch', '?')}, {ref.get('dtype', '?')}; reference load {ref.get('load_s')} s\n")
+    print("| seq x batch | PEFT tok/s | lora-ft tok/s | speed ratio | PEFT peak GiB | lora-ft peak GiB | memory ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for key in sorted(set(theirs) | set(ours)):
+        t, o = theirs.get(key, {}), ours.get(key, {})
+        def cell(r, k):
+            return r.get(k) if r.get(k) is not None else r.get("error", "-")
+        speed = o.get("tok_s") and t.get("tok_s") and o["tok_s"] / t["tok_s"]
+        mem = o.get("peak_alloc_gib") and t.get("peak_alloc_gib") and o["peak_alloc_gib"] / t["peak_alloc_gib"]
+        fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
+        print(f"| {key[0]} x {key[1]} | {fmt(cell(t, 'tok_s'))} | {fmt(cell(o, 'tok_s'))} | "
+              f"{fmt(speed) if speed else '-'} | {fmt(cell(t, 'peak_alloc_gib'))} | "
+              f"{fmt(cell(o, 'peak_alloc_gib'))} | {fmt(mem) if mem else '-'} |")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
