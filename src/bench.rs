@@ -73,6 +73,10 @@ pub struct TrainRow {
     pub peak_reserved_gib: Option<f64>,
     pub loss: Option<f64>,
     pub error: Option<String>,
+    /// With LORA_FT_PROFILE=1: seconds per step in each section, largest first (sections
+    /// synchronize the device, so the step itself is slower than unprofiled).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Vec<(String, f64)>>,
 }
 
 /// The recipe of ../shared/anchors/peft_qlora_baseline.py: LoRA r=16 (alpha 32, no dropout) on
@@ -112,6 +116,7 @@ pub fn train(
                 peak_reserved_gib: None,
                 loss: None,
                 error: Some(oom_or(e)),
+                profile: None,
             },
         };
         report(&row);
@@ -147,6 +152,7 @@ fn time_shape(
         trainer.step(step, &batch)?;
     }
     device.synchronize()?;
+    crate::profile::take(); // the warm-up steps' sections
     let started = Instant::now();
     let mut loss = f64::NAN;
     for step in 2..2 + steps {
@@ -154,6 +160,9 @@ fn time_shape(
     }
     device.synchronize()?;
     let step_s = started.elapsed().as_secs_f64() / steps as f64;
+    let sections = crate::profile::take();
+    let profile = crate::profile::enabled()
+        .then(|| sections.into_iter().map(|(name, s, _)| (name.to_string(), s / steps as f64)).collect());
     let pool = pool_memory(&device);
     Ok(TrainRow {
         seq,
@@ -164,5 +173,6 @@ fn time_shape(
         peak_reserved_gib: pool.map(|p| p.peak_reserved as f64 / GIB),
         loss: Some(loss),
         error: None,
+        profile,
     })
 }

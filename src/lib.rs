@@ -15,5 +15,6 @@ pub mod hub;
 pub mod memory;
 pub mod model;
 pub mod optim;
+pub mod profile;
 pub mod quant;
 pub mod train;

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::profile::section;
 use anyhow::Context;
 use candle_core::{safetensors::MmapedSafetensors, DType, Device, Tensor, Var};
 use rand::SeedableRng;
@@ -316,7 +317,9 @@ impl CausalLm {
         let last = last.reshape((b * t, hidden))?;
         let (h, inv_rms) = rms_norm(&last, &self.norm, self.config.rms_norm_eps)?;
         let targets = shift_labels(labels, b, t);
-        let out = cross_entropy(&h, &self.lm_head, &targets, Some(grad_scale), self.loss_chunk_rows)?;
+        let out = section("loss", &self.device, || {
+            cross_entropy(&h, &self.lm_head, &targets, Some(grad_scale), self.loss_chunk_rows)
+        })?;
         let d_h = out.d_hidden.expect("asked for the gradient");
         let mut dx = rms_norm_backward(&last, &self.norm, &inv_rms, &d_h)?.reshape((b, t, hidden))?;
         let mut per_layer = Vec::with_capacity(self.layers.len());

@@ -7,6 +7,7 @@ use candle_core::{Result, Tensor};
 use super::attention::{attention, attention_backward};
 use super::linear::{DropoutSeed, LoraGrad, LoraLinear};
 use super::ops::{rms_norm, rms_norm_backward, swiglu, swiglu_backward, Rope};
+use crate::profile::section;
 
 /// The seven projections, in PEFT's `target_modules` names and in a fixed order.
 pub const PROJECTIONS: [&str; 7] =
@@ -123,7 +124,7 @@ impl DecoderLayer {
             cache.k = Some(k.clone());
             cache.v = Some(v.clone());
         }
-        let context = attention(&q, &k, &v, input.mask)?;
+        let context = section("attention", q.device(), || attention(&q, &k, &v, input.mask))?;
         let context = context.transpose(1, 2)?.reshape((b * t, self.n_heads * self.head_dim))?;
         let h1 = (&x2 + self.proj[O].forward(&context, seed(input, O))?)?;
         let (n2, inv_rms2) = rms_norm(&h1, &self.post_attention_layernorm, self.rms_norm_eps)?;
@@ -176,7 +177,9 @@ impl DecoderLayer {
         let (d_context, g) = self.proj[O].backward(&saved.context, &d_h1, seed(input, O))?;
         grads[O] = g;
         let d_context = self.heads(&d_context, b, t, self.n_heads)?;
-        let (dq, dk, dv) = attention_backward(&saved.q, &saved.k, &saved.v, input.mask, &d_context)?;
+        let (dq, dk, dv) = section("attention.backward", d_context.device(), || {
+            attention_backward(&saved.q, &saved.k, &saved.v, input.mask, &d_context)
+        })?;
         let flat = |x: Tensor, n: usize| x.transpose(1, 2)?.reshape((b * t, n * self.head_dim));
         let dq = flat(input.rope.backward(&dq, input.offset)?, self.n_heads)?;
         let dk = flat(input.rope.backward(&dk, input.offset)?, self.n_kv_heads)?;

@@ -2,6 +2,7 @@
 //! y = x Wᵀ + scale · dropout(x) Aᵀ Bᵀ, with a hand-written backward that never computes the
 //! frozen weight's gradient.
 
+use crate::profile::section;
 use candle_core::{DType, Device, Result, Tensor, Var};
 use rand::{Rng, SeedableRng};
 
@@ -35,16 +36,22 @@ impl BaseWeight {
     /// x `[n, in]` → `[n, out]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
-            BaseWeight::Dense(w) => x.matmul(&w.t()?),
-            BaseWeight::Nf4(q) => x.matmul(&q.dequantize(x.dtype())?.t()?),
+            BaseWeight::Dense(w) => section("gemm.base", x.device(), || x.matmul(&w.t()?)),
+            BaseWeight::Nf4(q) => {
+                let w = section("nf4.dequantize", x.device(), || q.dequantize(x.dtype()))?;
+                section("gemm.base", x.device(), || x.matmul(&w.t()?))
+            }
         }
     }
 
     /// dy `[n, out]` → dx `[n, in]` through the same weight.
     fn backward_input(&self, dy: &Tensor) -> Result<Tensor> {
         match self {
-            BaseWeight::Dense(w) => dy.matmul(w),
-            BaseWeight::Nf4(q) => dy.matmul(&q.dequantize(dy.dtype())?),
+            BaseWeight::Dense(w) => section("gemm.base", dy.device(), || dy.matmul(w)),
+            BaseWeight::Nf4(q) => {
+                let w = section("nf4.dequantize", dy.device(), || q.dequantize(dy.dtype()))?;
+                section("gemm.base", dy.device(), || dy.matmul(&w))
+            }
         }
     }
 
@@ -128,10 +135,12 @@ impl LoraLinear {
     pub fn forward(&self, x: &Tensor, dropout: Option<DropoutSeed>) -> Result<Tensor> {
         let y = self.base.forward(x)?;
         let Some(lora) = &self.lora else { return Ok(y) };
-        let xd = self.dropped_input(x, dropout)?;
-        let (a, b) = lora.weights(x.dtype())?;
-        let delta = xd.matmul(&a.t()?)?.matmul(&b.t()?)?;
-        y + (delta * lora.scale)?
+        section("lora", x.device(), || {
+            let xd = self.dropped_input(x, dropout)?;
+            let (a, b) = lora.weights(x.dtype())?;
+            let delta = xd.matmul(&a.t()?)?.matmul(&b.t()?)?;
+            y + (delta * lora.scale)?
+        })
     }
 
     fn dropped_input(&self, x: &Tensor, dropout: Option<DropoutSeed>) -> Result<Tensor> {
@@ -154,27 +163,30 @@ impl LoraLinear {
     ) -> Result<(Tensor, Option<LoraGrad>)> {
         let dx = self.base.backward_input(dy)?;
         let Some(lora) = &self.lora else { return Ok((dx, None)) };
-        let (a, b) = lora.weights(x.dtype())?;
-        let mask = match dropout {
-            Some(seed) if lora.dropout > 0.0 => {
-                Some(dropout_mask(seed, lora.dropout, x.dims2()?, x.device())?.to_dtype(x.dtype())?)
+        section("lora.backward", x.device(), || {
+            let (a, b) = lora.weights(x.dtype())?;
+            let mask = match dropout {
+                Some(seed) if lora.dropout > 0.0 => {
+                    Some(dropout_mask(seed, lora.dropout, x.dims2()?, x.device())?.to_dtype(x.dtype())?)
+                }
+                _ => None,
+            };
+            let xd = match &mask {
+                Some(m) => x.mul(m)?,
+                None => x.clone(),
+            };
+            let h = xd.matmul(&a.t()?)?; // [n, r]
+            let grad_b = (dy.t()?.matmul(&h)? * lora.scale)?; // [out, r]
+            let dh = (dy.matmul(&b)? * lora.scale)?; // [n, r]
+            let grad_a = dh.t()?.matmul(&xd)?; // [r, in]
+            let mut dxd = dh.matmul(&a)?; // [n, in]
+            if let Some(m) = &mask {
+                dxd = dxd.mul(m)?;
             }
-            _ => None,
-        };
-        let xd = match &mask {
-            Some(m) => x.mul(m)?,
-            None => x.clone(),
-        };
-        let h = xd.matmul(&a.t()?)?; // [n, r]
-        let grad_b = (dy.t()?.matmul(&h)? * lora.scale)?; // [out, r]
-        let dh = (dy.matmul(&b)? * lora.scale)?; // [n, r]
-        let grad_a = dh.t()?.matmul(&xd)?; // [r, in]
-        let mut dxd = dh.matmul(&a)?; // [n, in]
-        if let Some(m) = &mask {
-            dxd = dxd.mul(m)?;
-        }
-        let grad = LoraGrad { lora_a: grad_a.to_dtype(DType::F32)?, lora_b: grad_b.to_dtype(DType::F32)? };
-        Ok(((dx + dxd)?, Some(grad)))
+            let grad =
+                LoraGrad { lora_a: grad_a.to_dtype(DType::F32)?, lora_b: grad_b.to_dtype(DType::F32)? };
+            Ok(((dx + dxd)?, Some(grad)))
+        })
     }
 }
 

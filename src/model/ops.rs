@@ -3,25 +3,31 @@
 //! autograd anyway (DESIGN.md), so each forward here returns what its backward needs.
 
 use candle_core::{DType, Device, Result, Tensor, D};
+
+use crate::profile::section;
 use std::sync::{Arc, Mutex};
 
 /// RMSNorm as HF computes it: in f32, y = w ⊙ (x · rsqrt(mean(x²) + eps)), cast back.
 /// Returns y and `inv_rms` `[n, 1]` (f32) for the backward.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
-    let xf = x.to_dtype(DType::F32)?;
-    let inv_rms = (xf.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
-    let normed = xf.broadcast_mul(&inv_rms)?.to_dtype(x.dtype())?;
-    Ok((normed.broadcast_mul(weight)?, inv_rms))
+    section("norm", x.device(), || {
+        let xf = x.to_dtype(DType::F32)?;
+        let inv_rms = (xf.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
+        let normed = xf.broadcast_mul(&inv_rms)?.to_dtype(x.dtype())?;
+        Ok((normed.broadcast_mul(weight)?, inv_rms))
+    })
 }
 
 /// dx = r ⊙ g − x ⊙ r³ ⊙ mean(g ⊙ x), with g = dy ⊙ w and r = inv_rms.
 pub fn rms_norm_backward(x: &Tensor, weight: &Tensor, inv_rms: &Tensor, dy: &Tensor) -> Result<Tensor> {
-    let xf = x.to_dtype(DType::F32)?;
-    let g = dy.broadcast_mul(weight)?.to_dtype(DType::F32)?;
-    let mean_gx = (&g * &xf)?.mean_keepdim(D::Minus1)?;
-    let r3 = inv_rms.powf(3.0)?;
-    let dx = (g.broadcast_mul(inv_rms)? - xf.broadcast_mul(&(r3 * mean_gx)?)?)?;
-    dx.to_dtype(x.dtype())
+    section("norm.backward", x.device(), || {
+        let xf = x.to_dtype(DType::F32)?;
+        let g = dy.broadcast_mul(weight)?.to_dtype(DType::F32)?;
+        let mean_gx = (&g * &xf)?.mean_keepdim(D::Minus1)?;
+        let r3 = inv_rms.powf(3.0)?;
+        let dx = (g.broadcast_mul(inv_rms)? - xf.broadcast_mul(&(r3 * mean_gx)?)?)?;
+        dx.to_dtype(x.dtype())
+    })
 }
 
 /// Rotary position embedding in HF's "rotate_half" layout. The cos/sin tables `[len, head_dim/2]`
@@ -65,29 +71,31 @@ impl Rope {
     /// x `[b, heads, t, head_dim]` at positions offset..offset+t.
     pub fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         let (cos, sin) = self.tables(offset, x.dim(2)?)?;
-        candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin)
+        section("rope", x.device(), || candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin))
     }
 
     /// RoPE is a rotation, so its backward is the rotation by the opposite angle.
     pub fn backward(&self, dy: &Tensor, offset: usize) -> Result<Tensor> {
         let (cos, sin) = self.tables(offset, dy.dim(2)?)?;
-        candle_nn::rotary_emb::rope(&dy.contiguous()?, &cos, &sin.neg()?)
+        section("rope", dy.device(), || candle_nn::rotary_emb::rope(&dy.contiguous()?, &cos, &sin.neg()?))
     }
 }
 
 /// SwiGLU: a = silu(g) ⊙ u.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    gate.silu()? * up
+    section("swiglu", gate.device(), || gate.silu()? * up)
 }
 
 /// Returns (d_gate, d_up): silu'(g) = σ(g)(1 + g(1 − σ(g))).
 pub fn swiglu_backward(gate: &Tensor, up: &Tensor, da: &Tensor) -> Result<(Tensor, Tensor)> {
-    let sig = candle_nn::ops::sigmoid(gate)?;
-    let silu = (gate * &sig)?;
-    let d_up = (da * &silu)?;
-    let dsilu = (&sig * (1.0 + (gate * (1.0 - &sig)?)?)?)?;
-    let d_gate = ((da * up)? * dsilu)?;
-    Ok((d_gate, d_up))
+    section("swiglu.backward", gate.device(), || {
+        let sig = candle_nn::ops::sigmoid(gate)?;
+        let silu = (gate * &sig)?;
+        let d_up = (da * &silu)?;
+        let dsilu = (&sig * (1.0 + (gate * (1.0 - &sig)?)?)?)?;
+        let d_gate = ((da * up)? * dsilu)?;
+        Ok((d_gate, d_up))
+    })
 }
 
 #[cfg(test)]

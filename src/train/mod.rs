@@ -19,6 +19,7 @@ use crate::export::save_adapter;
 use crate::model::loss::{shift_labels, IGNORE_INDEX};
 use crate::model::{CausalLm, LoraSpec};
 use crate::optim::{clip_grad_norm, Adafactor, LrSchedule};
+use crate::profile::section;
 use checkpoint::TrainerState;
 use loss_scale::LossScaler;
 use metrics::{EvalRecord, MetricsLog, StepRecord};
@@ -199,10 +200,11 @@ impl Trainer {
         }
         // max_grad_norm = 0 turns clipping off; the norm is still reported.
         let max_norm = if self.max_grad_norm > 0.0 { self.max_grad_norm } else { f64::INFINITY };
-        let grad_norm = clip_grad_norm(&mut grads, max_norm)?;
+        let device = self.model.device().clone();
+        let grad_norm = section("clip", &device, || clip_grad_norm(&mut grads, max_norm))?;
         let applied = self.scaler.update(grad_norm.is_finite());
         if applied {
-            self.optimizer.step(&grads, self.schedule.lr_at(step))?;
+            section("optimizer", &device, || self.optimizer.step(&grads, self.schedule.lr_at(step)))?;
         }
         let tokens = micro_batches.iter().map(|b| b.batch_size * b.seq_len).sum();
         let loss = loss_sum / trained as f64;
