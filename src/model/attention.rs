@@ -49,28 +49,47 @@ fn sum_kv_groups(dx: &Tensor, n_rep: usize) -> Result<Tensor> {
 /// the backward recomputes them instead of keeping the probabilities (as FlashAttention does).
 pub const QUERY_CHUNK: usize = 512;
 
-/// Softmax probabilities (f32) of the query rows `rows` against all keys.
-fn chunk_probs(q: &Tensor, k: &Tensor, mask: &Tensor, rows: (usize, usize), scale: f64) -> Result<Tensor> {
-    let (start, len) = rows;
-    let q = q.narrow(2, start, len)?.contiguous()?;
-    let scores = (q.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?;
-    let scores = scores.broadcast_add(&mask.narrow(0, start, len)?)?;
+/// One query chunk: its rows `start..start + len`, the keys it can see (`0..kv`: causality
+/// hides every later key, so those columns are never computed), and its queries times the
+/// softmax scale.
+struct Chunk {
+    start: usize,
+    len: usize,
+    kv: usize,
+    q_scaled: Tensor,
+}
+
+/// The chunks of `t` query rows against `s` keys, the first query at position `s - t`.
+fn chunks(q: &Tensor, s: usize, scale: f64) -> Result<Vec<Chunk>> {
+    let t = q.dim(2)?;
+    (0..t)
+        .step_by(QUERY_CHUNK)
+        .map(|start| {
+            let len = QUERY_CHUNK.min(t - start);
+            let q_scaled = (q.narrow(2, start, len)? * scale)?.contiguous()?;
+            Ok(Chunk { start, len, kv: (s - t + start + len).min(s), q_scaled })
+        })
+        .collect()
+}
+
+/// Softmax probabilities (f32) `[b, h, len, kv]` of one chunk.
+fn chunk_probs(c: &Chunk, k: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let k = k.narrow(2, 0, c.kv)?;
+    let scores = c.q_scaled.matmul(&k.t()?)?.to_dtype(DType::F32)?;
+    let scores = scores.broadcast_add(&mask.narrow(0, c.start, c.len)?.narrow(1, 0, c.kv)?)?;
     candle_nn::ops::softmax_last_dim(&scores)
 }
 
-fn chunks(t: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..t).step_by(QUERY_CHUNK).map(move |start| (start, QUERY_CHUNK.min(t - start)))
-}
-
-/// q `[b, h, t, d]`, k/v `[b, kv, s, d]` (already rotated), mask `[t, s]`. Returns the context
-/// `[b, h, t, d]`.
+/// q `[b, h, t, d]`, k/v `[b, kv, s, d]` (already rotated), mask `[t, s]` (causal: query i sits
+/// at position s − t + i). Returns the context `[b, h, t, d]`.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<Tensor> {
     let n_rep = q.dim(1)? / k.dim(1)?;
     let scale = 1.0 / (q.dim(D::Minus1)? as f64).sqrt();
     let k = repeat_kv(k, n_rep)?;
     let v = repeat_kv(v, n_rep)?;
-    let contexts = chunks(q.dim(2)?)
-        .map(|rows| chunk_probs(q, &k, mask, rows, scale)?.to_dtype(v.dtype())?.matmul(&v))
+    let contexts = chunks(q, k.dim(2)?, scale)?
+        .iter()
+        .map(|c| chunk_probs(c, &k, mask)?.to_dtype(v.dtype())?.matmul(&v.narrow(2, 0, c.kv)?))
         .collect::<Result<Vec<_>>>()?;
     Tensor::cat(&contexts, 2)
 }
@@ -91,18 +110,23 @@ pub fn attention_backward(
     let dtype = q.dtype();
     let k = repeat_kv(k, n_rep)?;
     let v = repeat_kv(v, n_rep)?;
+    let s = k.dim(2)?;
     let (mut dk, mut dv) = (k.zeros_like()?.to_dtype(DType::F32)?, v.zeros_like()?.to_dtype(DType::F32)?);
     let mut dqs = Vec::new();
-    for (start, len) in chunks(q.dim(2)?) {
-        let probs = chunk_probs(q, &k, mask, (start, len), scale)?;
-        let d_ctx = d_context.narrow(2, start, len)?.contiguous()?;
-        dv = (dv + probs.to_dtype(dtype)?.t()?.matmul(&d_ctx)?.to_dtype(DType::F32)?)?;
-        let dp = d_ctx.matmul(&v.t()?)?.to_dtype(DType::F32)?;
+    // Adds a `[b, h, kv, d]` gradient of the first kv keys into a `[b, h, s, d]` f32 total.
+    let accumulate = |total: Tensor, part: Tensor, kv: usize| -> Result<Tensor> {
+        total + part.to_dtype(DType::F32)?.pad_with_zeros(2, 0, s - kv)?
+    };
+    for c in chunks(q, s, scale)? {
+        let probs = chunk_probs(&c, &k, mask)?;
+        let (k_c, v_c) = (k.narrow(2, 0, c.kv)?, v.narrow(2, 0, c.kv)?);
+        let d_ctx = d_context.narrow(2, c.start, c.len)?.contiguous()?;
+        dv = accumulate(dv, probs.to_dtype(dtype)?.t()?.matmul(&d_ctx)?, c.kv)?;
+        let dp = d_ctx.matmul(&v_c.t()?)?.to_dtype(DType::F32)?;
         let row = (&dp * &probs)?.sum_keepdim(D::Minus1)?;
         let ds = (probs * dp.broadcast_sub(&row)?)?.to_dtype(dtype)?;
-        dqs.push((ds.matmul(&k)? * scale)?);
-        let q_chunk = q.narrow(2, start, len)?.contiguous()?;
-        dk = (dk + (ds.t()?.matmul(&q_chunk)? * scale)?.to_dtype(DType::F32)?)?;
+        dqs.push((ds.matmul(&k_c)? * scale)?);
+        dk = accumulate(dk, ds.t()?.matmul(&c.q_scaled)?, c.kv)?;
     }
     let dq = Tensor::cat(&dqs, 2)?;
     let (dk, dv) = (dk.to_dtype(dtype)?, dv.to_dtype(dtype)?);

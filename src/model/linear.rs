@@ -96,12 +96,13 @@ impl LoraAdapter {
         self.lora_a.dim(0).unwrap_or(0)
     }
 
-    /// A and B in the compute dtype, detached: the training path has its own backward, and a
-    /// tracked `Var` would make candle keep every intermediate of the forward alive.
+    /// A and scale·B in the compute dtype, detached: the training path has its own backward, and
+    /// a tracked `Var` would make candle keep every intermediate of the forward alive. The scale
+    /// goes on the small B rather than on the `[n, out]` product.
     fn weights(&self, dtype: DType) -> Result<(Tensor, Tensor)> {
         let a = self.lora_a.as_tensor().detach().to_dtype(dtype)?;
-        let b = self.lora_b.as_tensor().detach().to_dtype(dtype)?;
-        Ok((a, b))
+        let scaled_b = (self.lora_b.as_tensor().detach() * self.scale)?.to_dtype(dtype)?;
+        Ok((a, scaled_b))
     }
 }
 
@@ -138,8 +139,7 @@ impl LoraLinear {
         section("lora", x.device(), || {
             let xd = self.dropped_input(x, dropout)?;
             let (a, b) = lora.weights(x.dtype())?;
-            let delta = xd.matmul(&a.t()?)?.matmul(&b.t()?)?;
-            y + (delta * lora.scale)?
+            y + xd.matmul(&a.t()?)?.matmul(&b.t()?)?
         })
     }
 
@@ -177,7 +177,7 @@ impl LoraLinear {
             };
             let h = xd.matmul(&a.t()?)?; // [n, r]
             let grad_b = (dy.t()?.matmul(&h)? * lora.scale)?; // [out, r]
-            let dh = (dy.matmul(&b)? * lora.scale)?; // [n, r]
+            let dh = dy.matmul(&b)?; // [n, r], b already scaled
             let grad_a = dh.t()?.matmul(&xd)?; // [r, in]
             let mut dxd = dh.matmul(&a)?; // [n, in]
             if let Some(m) = &mask {
