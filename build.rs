@@ -1,12 +1,14 @@
-//! With `--features cuda`, compiles src/quant/kernels/*.cu to PTX with nvcc (found through
+//! With `--features cuda`, compiles src/{quant,model}/kernels/*.cu to PTX with nvcc (found through
 //! `$NVCC`, `$CUDA_ROOT/bin` or `PATH`). The PTX targets `compute_$CUDA_COMPUTE_CAP` (default 80:
 //! Ampere and newer, including the 24 GB RTX 3090/4090 cards); the driver JIT-compiles it once
-//! and caches it. `--use_fast_math` matches bitsandbytes' build, which NF4 bit-exactness needs.
+//! and caches it. The NF4 kernels get `--use_fast_math`, as bitsandbytes' build does, which NF4
+//! bit-exactness needs.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=src/quant/kernels");
+    println!("cargo:rerun-if-changed=src/model/kernels");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
@@ -17,12 +19,20 @@ fn main() {
         .ok()
         .or_else(|| std::env::var("CUDA_ROOT").ok().map(|r| format!("{r}/bin/nvcc")));
     let nvcc = nvcc.unwrap_or_else(|| "nvcc".into());
-    compile_ptx(&nvcc, &cap, "src/quant/kernels/nf4.cu", &out.join("nf4.ptx"));
+    compile_ptx(&nvcc, &cap, "src/quant/kernels/nf4.cu", &out.join("nf4.ptx"), true);
+    compile_ptx(&nvcc, &cap, "src/model/kernels/softmax.cu", &out.join("softmax.ptx"), false);
 }
 
-fn compile_ptx(nvcc: &str, cap: &str, src: &str, ptx: &Path) {
+/// `fast_math`: only for the NF4 kernels, to match bitsandbytes' build.
+fn compile_ptx(nvcc: &str, cap: &str, src: &str, ptx: &Path, fast_math: bool) {
+    let mut args = vec!["--ptx", "-O3"];
+    if fast_math {
+        args.push("--use_fast_math");
+    }
+    let arch = format!("-arch=compute_{cap}");
     let status = Command::new(nvcc)
-        .args(["--ptx", "--use_fast_math", "-O3", &format!("-arch=compute_{cap}"), "-o"])
+        .args(&args)
+        .args([arch.as_str(), "-o"])
         .arg(ptx)
         .arg(src)
         .status()

@@ -2,7 +2,7 @@
 # carried bitsandbytes wheel, points at the CUDA 13 libraries, unpacks the carried binaries
 # (.gpu/*.xz) into /tmp/bin, and makes the compile-time golden paths of test binaries resolve.
 set -euo pipefail
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl
+if ls .gpu/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl; fi
 export PYTHONPATH=/tmp/site
 export LD_LIBRARY_PATH=$(python3 -c "import nvidia,os;print(os.path.join(nvidia.__path__[0],'cu13','lib'))")
 mkdir -p /tmp/bin

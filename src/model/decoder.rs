@@ -251,7 +251,7 @@ impl CausalLm {
     ) -> LayerInput<'a> {
         let dropout_seed =
             seed.map(|s| s.wrapping_mul(6364136223846793005).wrapping_add(l as u64 * 1442695040888963407));
-        LayerInput { rope: &self.rope, mask, offset, dropout_seed }
+        LayerInput { rope: &self.rope, mask, offset, window: self.config.attention_window(), dropout_seed }
     }
 
     /// Eval-mode logits `[b, t, vocab]` (f32). With `caches`, continues from the cached positions.

@@ -56,6 +56,8 @@ pub struct LayerInput<'a> {
     pub mask: &'a Tensor,
     /// Position of the first token (non-zero only with a KV cache).
     pub offset: usize,
+    /// The sliding window the mask holds (the fused CUDA softmax masks by position).
+    pub window: Option<usize>,
     /// Seed of this layer's LoRA dropout masks; `None` in eval mode.
     pub dropout_seed: Option<u64>,
 }
@@ -124,7 +126,7 @@ impl DecoderLayer {
             cache.k = Some(k.clone());
             cache.v = Some(v.clone());
         }
-        let context = section("attention", q.device(), || attention(&q, &k, &v, input.mask))?;
+        let context = section("attention", q.device(), || attention(&q, &k, &v, input.mask, input.window))?;
         let context = context.transpose(1, 2)?.reshape((b * t, self.n_heads * self.head_dim))?;
         let h1 = (&x2 + self.proj[O].forward(&context, seed(input, O))?)?;
         let (n2, inv_rms2) = rms_norm(&h1, &self.post_attention_layernorm, self.rms_norm_eps)?;
@@ -178,7 +180,7 @@ impl DecoderLayer {
         grads[O] = g;
         let d_context = self.heads(&d_context, b, t, self.n_heads)?;
         let (dq, dk, dv) = section("attention.backward", d_context.device(), || {
-            attention_backward(&saved.q, &saved.k, &saved.v, input.mask, &d_context)
+            attention_backward(&saved.q, &saved.k, &saved.v, input.mask, input.window, &d_context)
         })?;
         let flat = |x: Tensor, n: usize| x.transpose(1, 2)?.reshape((b * t, n * self.head_dim));
         let dq = flat(input.rope.backward(&dq, input.offset)?, self.n_heads)?;

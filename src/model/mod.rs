@@ -4,6 +4,8 @@
 pub mod attention;
 pub mod config;
 pub mod decoder;
+#[cfg(feature = "cuda")]
+mod fused;
 pub mod layer;
 pub mod linear;
 pub mod loss;
