@@ -6,6 +6,8 @@
 source scripts/device/setup.sh
 arch=${1:-mistral-7b}; shapes=${2:-512x2,512x4,512x8,2048x2,2048x4,2048x8}
 dir=/tmp/$arch
+# written in fp16 directly (the anchor's own writer builds fp32 first: 13B would not fit beside it)
+python3 scripts/bench/load_memory_ref.py --model $dir --create $arch
 python3 .gpu/peft_qlora_baseline.py --arch $arch --model $dir --shapes $shapes --out $OUT/peft_$arch.json 2>&1 \
   | grep '^{' || true
 lora-ft bench train --model $dir --shapes $shapes --device cuda:0 2>&1 | grep -v " INFO " | tee $OUT/lora_ft_$arch.jsonl
