@@ -130,6 +130,9 @@ pub struct TrainSection {
     pub max_grad_norm: f64,
     pub seed: u64,
     pub compute_dtype: ComputeDtype,
+    /// `auto` (the first GPU when built with CUDA and one is present, else the CPU), `cpu`,
+    /// `cuda` or `cuda:N`; `lora-ft train --device` overrides it.
+    pub device: String,
     /// Evaluate every N optimizer steps (0: only at the end).
     pub eval_every: usize,
     /// Cap on eval batches per evaluation (0: the whole eval set).
@@ -232,7 +235,8 @@ impl Default for TrainSection {
             weight_decay: 0.0,
             max_grad_norm: 1.0,
             seed: 42,
-            compute_dtype: ComputeDtype::F32,
+            compute_dtype: ComputeDtype::F16,
+            device: "auto".into(),
             eval_every: 0,
             eval_batches: 0,
             log_every: 1,
@@ -323,6 +327,13 @@ impl Config {
         check(l.alpha > 0.0, "lora.alpha", "must be positive")?;
         check((0.0..1.0).contains(&l.dropout), "lora.dropout", "must be in [0, 1)")?;
         check(!l.target_modules.is_empty(), "lora.target_modules", "must name at least one module")?;
+        let device = self.train.device.as_str();
+        let cuda_n = device.strip_prefix("cuda:").is_some_and(|n| n.parse::<usize>().is_ok());
+        check(
+            matches!(device, "auto" | "cpu" | "cuda") || cuda_n,
+            "train.device",
+            "must be auto, cpu, cuda or cuda:N",
+        )?;
         for m in &l.target_modules {
             if !ALL_TARGET_MODULES.contains(&m.as_str()) {
                 return Err((
@@ -451,6 +462,18 @@ train = "datasets/customer-service/train.jsonl"
         assert_eq!(c.model.quantization(), Quantization::None);
         let err = parse(&model("quantization = \"int4\"")).unwrap_err().to_string();
         assert!(err.starts_with("run.toml: model.quantization:"), "{err}");
+    }
+
+    #[test]
+    fn device_defaults_to_auto_and_is_checked() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!((c.train.device.as_str(), c.train.compute_dtype), ("auto", ComputeDtype::F16));
+        assert_eq!(
+            parse(&format!("{MINIMAL}[train]\ndevice = \"cuda:1\"\n")).unwrap().train.device,
+            "cuda:1"
+        );
+        let err = parse(&format!("{MINIMAL}[train]\ndevice = \"gpu0\"\n")).unwrap_err().to_string();
+        assert!(err.contains("train.device"), "{err}");
     }
 
     #[test]

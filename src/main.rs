@@ -22,7 +22,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train a LoRA adapter as a config file says.
-    Train { config: PathBuf },
+    Train {
+        config: PathBuf,
+        /// Overrides the config's train.device: auto, cpu, cuda or cuda:N.
+        #[arg(long)]
+        device: Option<String>,
+    },
     /// Copy a checkpoint's adapter into a standalone PEFT adapter folder.
     Export { checkpoint: PathBuf, out_dir: PathBuf },
     /// Convert a GGUF file into an HF-layout model folder (f32 safetensors, tokenizer, config).
@@ -155,7 +160,7 @@ fn main() {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Train { config } => train(&config),
+        Command::Train { config, device } => train(&config, device),
         Command::Export { checkpoint, out_dir } => {
             lora_ft::export::export_checkpoint(&checkpoint, &out_dir)?;
             println!("exported {} to {}", checkpoint.display(), out_dir.display());
@@ -198,8 +203,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn train(config: &Path) -> anyhow::Result<()> {
-    let cfg = Config::from_file(config)?;
+fn train(config: &Path, device: Option<String>) -> anyhow::Result<()> {
+    let mut cfg = Config::from_file(config)?;
+    if let Some(device) = device {
+        cfg.train.device = device;
+    }
     let s = lora_ft::train::run(&cfg)?;
     println!(
         "trained {} steps: loss {:.4} → {:.4}, {:.0} tokens/s",

@@ -102,6 +102,8 @@ max_steps = 3
 lr = 1e-3
 warmup_steps = 1
 eval_batches = 2
+compute_dtype = "f32"
+device = "cpu"
 [checkpoint]
 every = 2
 keep_last = 1

@@ -25,6 +25,11 @@ pub struct StepRecord {
     pub tokens: usize,
     pub tokens_per_s: f64,
     pub elapsed_s: f64,
+    /// GPU memory in use and the run's peak so far (absent on the CPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_allocated_gib: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_peak_gib: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -220,7 +220,7 @@ fn total_steps(cfg: &Config, batches_per_epoch: usize) -> usize {
 
 /// `lora-ft train CONFIG`.
 pub fn run(cfg: &Config) -> anyhow::Result<TrainSummary> {
-    let device = select_device()?;
+    let device = parse_device(&cfg.train.device)?;
     let source = cfg.model.expanded_source();
     let files = crate::hub::resolve(&source, &cfg.model.revision)?;
     // PEFT needs a base it can load: the imported folder rather than the .gguf file.
@@ -311,6 +311,8 @@ fn train_loop(
             ));
         }
         if done % cfg.train.log_every == 0 || done == total {
+            let gpu = crate::memory::pool_memory(trainer.model.device());
+            let gib = |b: u64| b as f64 / crate::memory::GIB;
             log.step(&StepRecord {
                 step: done,
                 epoch: stream.epoch_progress(),
@@ -323,6 +325,8 @@ fn train_loop(
                 tokens: r.tokens,
                 tokens_per_s: r.tokens as f64 / t0.elapsed().as_secs_f64(),
                 elapsed_s: started.elapsed().as_secs_f64(),
+                gpu_allocated_gib: gpu.map(|m| gib(m.allocated)),
+                gpu_peak_gib: gpu.map(|m| gib(m.peak_allocated)),
             })?;
         }
         let eval_now = cfg.train.eval_every > 0 && done % cfg.train.eval_every == 0;
