@@ -9,6 +9,7 @@ use std::process::Command;
 fn main() {
     println!("cargo:rerun-if-changed=src/quant/kernels");
     println!("cargo:rerun-if-changed=src/model/kernels");
+    println!("cargo:rerun-if-changed=src/kernels");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;

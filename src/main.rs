@@ -61,33 +61,34 @@ enum BenchCommand {
     /// Train on random tokens at each shape (the anchor script's recipe) and report tokens/s,
     /// step time and peak GPU memory, one JSON line per shape.
     Train {
-        #[arg(long)]
-        model: String,
+        #[command(flatten)]
+        model: BenchModel,
         /// SEQxBATCH,... as in ../shared/anchors/peft_qlora_baseline.py.
         #[arg(long, default_value = "512x2,512x4,512x8,2048x2,2048x4,2048x8")]
         shapes: String,
         #[arg(long, default_value_t = 6)]
         steps: usize,
-        #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
-        quantization: String,
-        #[arg(long, default_value = "f16", value_parser = ["f32", "f16", "bf16"])]
-        dtype: String,
-        #[arg(long, default_value = "auto")]
-        device: String,
     },
     /// Load a model and report load time and memory.
     Load {
-        /// Hub repo id, local HF folder or .gguf file.
-        #[arg(long)]
-        model: String,
-        #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
-        quantization: String,
-        #[arg(long, default_value = "f16", value_parser = ["f32", "f16", "bf16"])]
-        dtype: String,
-        /// auto, cpu, cuda or cuda:N.
-        #[arg(long, default_value = "auto")]
-        device: String,
+        #[command(flatten)]
+        model: BenchModel,
     },
+}
+
+/// The model a benchmark loads and how.
+#[derive(Args)]
+struct BenchModel {
+    /// Hub repo id, local HF folder or .gguf file.
+    #[arg(long)]
+    model: String,
+    #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
+    quantization: String,
+    #[arg(long, default_value = "f16", value_parser = ["f32", "f16", "bf16"])]
+    dtype: String,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: String,
 }
 
 fn parse_quantization(name: &str) -> Quantization {
@@ -172,25 +173,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Chat(args) => chat(&args),
-        Command::Bench {
-            command: BenchCommand::Train { model, shapes, steps, quantization, dtype, device },
-        } => {
-            let device = parse_device(&device)?;
-            let shapes = parse_shapes(&shapes)?;
-            let q = parse_quantization(&quantization);
-            lora_ft::bench::train(&model, q, parse_dtype(&dtype), &device, &shapes, steps, |row| {
+        Command::Bench { command: BenchCommand::Train { model: m, shapes, steps } } => {
+            let (device, shapes) = (parse_device(&m.device)?, parse_shapes(&shapes)?);
+            let (q, dtype) = (parse_quantization(&m.quantization), parse_dtype(&m.dtype));
+            lora_ft::bench::train(&m.model, q, dtype, &device, &shapes, steps, |row| {
                 println!("{}", serde_json::to_string(row).unwrap_or_default())
             })?;
             Ok(())
         }
-        Command::Bench { command: BenchCommand::Load { model, quantization, dtype, device } } => {
-            let device = parse_device(&device)?;
-            let report = lora_ft::bench::load(
-                &model,
-                parse_quantization(&quantization),
-                parse_dtype(&dtype),
-                &device,
-            )?;
+        Command::Bench { command: BenchCommand::Load { model: m } } => {
+            let device = parse_device(&m.device)?;
+            let (q, dtype) = (parse_quantization(&m.quantization), parse_dtype(&m.dtype));
+            let report = lora_ft::bench::load(&m.model, q, dtype, &device)?;
             println!("{}", serde_json::to_string(&report)?);
             Ok(())
         }

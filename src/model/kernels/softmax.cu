@@ -4,18 +4,12 @@
 // dS = P ⊙ (dP − rowsum(P ⊙ dP)) is one pass. They replace six to eight full passes over the
 // scores with candle's elementwise kernels (src/model/attention.rs keeps that composed version as
 // the reference and the CPU path).
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
 #include <stdint.h>
+
+#include "../../kernels/dtype.cuh"
 
 #define THREADS 256
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 template <bool MAX>
 __device__ float block_reduce(float v) {

@@ -4,9 +4,9 @@
 // reciprocal their kernels use. Sums and products that bitsandbytes rounds separately (torch ops
 // between its kernels) use __fsub_rn/__fmul_rn/__fadd_rn so nvcc cannot fuse them into an FMA.
 // src/quant/cuda.rs launches these; src/quant/{nf4,dynamic,double}.rs are the CPU reference.
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
 #include <stdint.h>
+
+#include "../../kernels/dtype.cuh"
 
 #define NF4_BLOCK 64
 #define DQ_BLOCK 256
@@ -85,12 +85,6 @@ __device__ uint8_t quantize_dynamic(float x) {
     return x < (lower + val) * 0.5f ? lower_pivot : pivot;
 }
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 // One thread per pair of values; a warp covers one 64-value block, so its absmax is a warp max.
 // Values past n count as 0, as bitsandbytes pads its loads.
