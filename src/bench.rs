@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use anyhow::Context;
 use candle_core::{DType, Device};
 use serde::Serialize;
 
@@ -149,7 +150,7 @@ fn time_shape(
     let batch = [crate::data::Batch { input_ids: ids, labels, batch_size: bs, seq_len: seq }];
     reset_peak(&device);
     for step in 0..2 {
-        trainer.step(step, &batch)?;
+        trainer.step(step, &batch)?.context("no trained token: a shape needs seq ≥ 2")?;
     }
     device.synchronize()?;
     crate::profile::take(); // the warm-up steps' sections

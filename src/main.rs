@@ -104,7 +104,13 @@ fn parse_shapes(text: &str) -> anyhow::Result<Vec<(usize, usize)>> {
         .map(|s| {
             let (seq, bs) =
                 s.trim().split_once('x').with_context(|| format!("shape {s:?}: expected SEQxBATCH"))?;
-            Ok((seq.parse().context("sequence length")?, bs.parse().context("batch size")?))
+            let (seq, bs): (usize, usize) =
+                (seq.parse().context("sequence length")?, bs.parse().context("batch size")?);
+            anyhow::ensure!(
+                seq >= 2 && bs >= 1,
+                "shape {s:?}: needs a sequence of at least 2 and a batch of at least 1"
+            );
+            Ok((seq, bs))
         })
         .collect()
 }

@@ -132,7 +132,8 @@ pub fn attention_backward(
     let k = repeat_kv(k, n_rep)?;
     let v = repeat_kv(v, n_rep)?;
     let s = k.dim(2)?;
-    let (mut dk, mut dv) = (k.zeros_like()?.to_dtype(DType::F32)?, v.zeros_like()?.to_dtype(DType::F32)?);
+    let f32_zeros = |x: &Tensor| Tensor::zeros(x.shape(), DType::F32, x.device());
+    let (mut dk, mut dv) = (f32_zeros(&k)?, f32_zeros(&v)?);
     let mut dqs = Vec::new();
     // Adds a `[b, h, kv, d]` gradient of the first kv keys into a `[b, h, s, d]` f32 total.
     let accumulate = |total: Tensor, part: Tensor, kv: usize| -> Result<Tensor> {
