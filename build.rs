@@ -21,7 +21,10 @@ fn main() {
         .or_else(|| std::env::var("CUDA_ROOT").ok().map(|r| format!("{r}/bin/nvcc")));
     let nvcc = nvcc.unwrap_or_else(|| "nvcc".into());
     compile_ptx(&nvcc, &cap, "src/quant/kernels/nf4.cu", &out.join("nf4.ptx"), true);
-    compile_ptx(&nvcc, &cap, "src/model/kernels/softmax.cu", &out.join("softmax.ptx"), false);
+    for kernel in ["softmax", "flash_attention", "elementwise"] {
+        let src = format!("src/model/kernels/{kernel}.cu");
+        compile_ptx(&nvcc, &cap, &src, &out.join(format!("{kernel}.ptx")), false);
+    }
 }
 
 /// `fast_math`: only for the NF4 kernels, to match bitsandbytes' build.

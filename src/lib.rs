@@ -12,6 +12,8 @@ pub mod fixtures;
 pub mod generate;
 pub mod gguf;
 pub mod hub;
+#[cfg(feature = "cuda")]
+pub mod kernels;
 pub mod memory;
 pub mod model;
 pub mod optim;

@@ -242,9 +242,18 @@ impl CausalLm {
         self.embed_tokens.index_select(&input_ids.flatten_all()?, 0)?.reshape((b, t, self.config.hidden_size))
     }
 
+    /// The additive causal mask for the composed attention; `None` on CUDA, whose kernels mask by
+    /// position (a [t, t] f32 mask built on the host is 16 MiB at t = 2048).
+    fn attention_mask(&self, t: usize, offset: usize) -> candle_core::Result<Option<Tensor>> {
+        if self.device.is_cuda() {
+            return Ok(None);
+        }
+        causal_mask(t, offset + t, offset, self.config.attention_window(), &self.device).map(Some)
+    }
+
     fn layer_input<'a>(
         &'a self,
-        mask: &'a Tensor,
+        mask: Option<&'a Tensor>,
         offset: usize,
         seed: Option<u64>,
         l: usize,
@@ -262,13 +271,13 @@ impl CausalLm {
     ) -> candle_core::Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
         let offset = caches.as_ref().map_or(0, |c| c[0].len());
-        let mask = causal_mask(t, offset + t, offset, self.config.attention_window(), &self.device)?;
+        let mask = self.attention_mask(t, offset)?;
         let mut x = self.embed(input_ids)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_mut().map(|c| &mut c[l]);
-            x = layer.forward(&x, &self.layer_input(&mask, offset, None, l), cache)?;
+            x = layer.forward(&x, &self.layer_input(mask.as_ref(), offset, None, l), cache)?;
         }
-        let (h, _) =
+        let h =
             rms_norm(&x.reshape((b * t, self.config.hidden_size))?, &self.norm, self.config.rms_norm_eps)?;
         h.matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?.reshape((b, t, self.config.vocab_size))
     }
@@ -277,7 +286,7 @@ impl CausalLm {
     fn forward_checkpointed(
         &self,
         x: Tensor,
-        mask: &Tensor,
+        mask: Option<&Tensor>,
         seed: Option<u64>,
     ) -> candle_core::Result<(Vec<Tensor>, Tensor)> {
         let mut inputs = Vec::with_capacity(self.layers.len());
@@ -292,10 +301,10 @@ impl CausalLm {
     /// Summed loss over trained tokens (eval mode, no gradients).
     pub fn loss(&self, input_ids: &Tensor, labels: &[i64]) -> candle_core::Result<(f64, usize)> {
         let (b, t) = input_ids.dims2()?;
-        let mask = causal_mask(t, t, 0, self.config.attention_window(), &self.device)?;
-        let (_, last) = self.forward_checkpointed(self.embed(input_ids)?, &mask, None)?;
+        let mask = self.attention_mask(t, 0)?;
+        let (_, last) = self.forward_checkpointed(self.embed(input_ids)?, mask.as_ref(), None)?;
         let last = last.reshape((b * t, self.config.hidden_size))?;
-        let (h, _) = rms_norm(&last, &self.norm, self.config.rms_norm_eps)?;
+        let h = rms_norm(&last, &self.norm, self.config.rms_norm_eps)?;
         let out = cross_entropy(&h, &self.lm_head, &shift_labels(labels, b, t), None, self.loss_chunk_rows)?;
         Ok((out.loss_sum, out.n_tokens))
     }
@@ -312,19 +321,21 @@ impl CausalLm {
     ) -> candle_core::Result<TrainOutput> {
         let (b, t) = input_ids.dims2()?;
         let hidden = self.config.hidden_size;
-        let mask = causal_mask(t, t, 0, self.config.attention_window(), &self.device)?;
-        let (mut inputs, last) = self.forward_checkpointed(self.embed(input_ids)?, &mask, dropout_seed)?;
+        let mask = self.attention_mask(t, 0)?;
+        let (mut inputs, last) =
+            self.forward_checkpointed(self.embed(input_ids)?, mask.as_ref(), dropout_seed)?;
         let last = last.reshape((b * t, hidden))?;
-        let (h, inv_rms) = rms_norm(&last, &self.norm, self.config.rms_norm_eps)?;
+        let h = rms_norm(&last, &self.norm, self.config.rms_norm_eps)?;
         let targets = shift_labels(labels, b, t);
         let out = section("loss", &self.device, || {
             cross_entropy(&h, &self.lm_head, &targets, Some(grad_scale), self.loss_chunk_rows)
         })?;
         let d_h = out.d_hidden.expect("asked for the gradient");
-        let mut dx = rms_norm_backward(&last, &self.norm, &inv_rms, &d_h)?.reshape((b, t, hidden))?;
+        let mut dx =
+            rms_norm_backward(&last, &self.norm, self.config.rms_norm_eps, &d_h)?.reshape((b, t, hidden))?;
         let mut per_layer = Vec::with_capacity(self.layers.len());
         for (l, layer) in self.layers.iter().enumerate().rev() {
-            let input = self.layer_input(&mask, 0, dropout_seed, l);
+            let input = self.layer_input(mask.as_ref(), 0, dropout_seed, l);
             let x = inputs.pop().expect("one input per layer");
             let (_, saved) = layer.forward_saving(&x, &input)?;
             let (d_in, grads) = layer.backward(&saved, &dx, &input)?;

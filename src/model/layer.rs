@@ -4,7 +4,7 @@
 
 use candle_core::{Result, Tensor};
 
-use super::attention::{attention, attention_backward};
+use super::attention::{attention, attention_backward, AttentionSaved};
 use super::linear::{DropoutSeed, LoraGrad, LoraLinear};
 use super::ops::{rms_norm, rms_norm_backward, swiglu, swiglu_backward, Rope};
 use crate::profile::section;
@@ -52,8 +52,9 @@ impl KvCache {
 /// Per-forward context shared by all layers.
 pub struct LayerInput<'a> {
     pub rope: &'a Rope,
-    /// Additive attention mask `[t, kv_len]`.
-    pub mask: &'a Tensor,
+    /// Additive attention mask `[t, kv_len]`; `None` where the attention masks by position (the
+    /// CUDA kernels) or should build it itself.
+    pub mask: Option<&'a Tensor>,
     /// Position of the first token (non-zero only with a KV cache).
     pub offset: usize,
     /// The sliding window the mask holds (the fused CUDA softmax masks by position).
@@ -65,14 +66,13 @@ pub struct LayerInput<'a> {
 /// Everything `backward` reads, kept by `forward_saving`.
 pub struct LayerSaved {
     x: Tensor,
-    inv_rms1: Tensor,
     n1: Tensor,
     q: Tensor,
     k: Tensor,
     v: Tensor,
     context: Tensor,
+    attention: AttentionSaved,
     h1: Tensor,
-    inv_rms2: Tensor,
     n2: Tensor,
     gate: Tensor,
     up: Tensor,
@@ -111,7 +111,7 @@ impl DecoderLayer {
     ) -> Result<(Tensor, Option<LayerSaved>)> {
         let (b, t, hidden) = x.dims3()?;
         let x2 = x.reshape((b * t, hidden))?;
-        let (n1, inv_rms1) = rms_norm(&x2, &self.input_layernorm, self.rms_norm_eps)?;
+        let n1 = rms_norm(&x2, &self.input_layernorm, self.rms_norm_eps)?;
         let q = self.proj[Q].forward(&n1, seed(input, Q))?;
         let k = self.proj[K].forward(&n1, seed(input, K))?;
         let v = self.proj[V].forward(&n1, seed(input, V))?;
@@ -126,24 +126,24 @@ impl DecoderLayer {
             cache.k = Some(k.clone());
             cache.v = Some(v.clone());
         }
-        let context = section("attention", q.device(), || attention(&q, &k, &v, input.mask, input.window))?;
+        let (context, attention_saved) =
+            section("attention", q.device(), || attention(&q, &k, &v, input.mask, input.window))?;
         let context = context.transpose(1, 2)?.reshape((b * t, self.n_heads * self.head_dim))?;
         let h1 = (&x2 + self.proj[O].forward(&context, seed(input, O))?)?;
-        let (n2, inv_rms2) = rms_norm(&h1, &self.post_attention_layernorm, self.rms_norm_eps)?;
+        let n2 = rms_norm(&h1, &self.post_attention_layernorm, self.rms_norm_eps)?;
         let gate = self.proj[GATE].forward(&n2, seed(input, GATE))?;
         let up = self.proj[UP].forward(&n2, seed(input, UP))?;
         let act = swiglu(&gate, &up)?;
         let out = (&h1 + self.proj[DOWN].forward(&act, seed(input, DOWN))?)?.reshape((b, t, hidden))?;
         let saved = save.then(|| LayerSaved {
             x: x2,
-            inv_rms1,
             n1,
             q,
             k,
             v,
             context,
+            attention: attention_saved,
             h1,
-            inv_rms2,
             n2,
             gate,
             up,
@@ -173,14 +173,16 @@ impl DecoderLayer {
         let (dn2_up, g) = self.proj[UP].backward(&saved.n2, &d_up, seed(input, UP))?;
         grads[UP] = g;
         let dn2 = (dn2_gate + dn2_up)?;
-        let d_h1 =
-            (&d_out + rms_norm_backward(&saved.h1, &self.post_attention_layernorm, &saved.inv_rms2, &dn2)?)?;
+        let d_h1 = (&d_out
+            + rms_norm_backward(&saved.h1, &self.post_attention_layernorm, self.rms_norm_eps, &dn2)?)?;
 
         let (d_context, g) = self.proj[O].backward(&saved.context, &d_h1, seed(input, O))?;
         grads[O] = g;
-        let d_context = self.heads(&d_context, b, t, self.n_heads)?;
+        // a [b, h, t, d] view: the kernels read it strided, the composed path copies per chunk
+        let d_context = d_context.reshape((b, t, self.n_heads, self.head_dim))?.transpose(1, 2)?;
         let (dq, dk, dv) = section("attention.backward", d_context.device(), || {
-            attention_backward(&saved.q, &saved.k, &saved.v, input.mask, input.window, &d_context)
+            let (q, k, v) = (&saved.q, &saved.k, &saved.v);
+            attention_backward(q, k, v, input.mask, input.window, &saved.attention, &d_context)
         })?;
         let flat = |x: Tensor, n: usize| x.transpose(1, 2)?.reshape((b * t, n * self.head_dim));
         let dq = flat(input.rope.backward(&dq, input.offset)?, self.n_heads)?;
@@ -193,7 +195,7 @@ impl DecoderLayer {
         let (dn1_v, g) = self.proj[V].backward(&saved.n1, &dv, seed(input, V))?;
         grads[V] = g;
         let dn1 = ((dn1_q + dn1_k)? + dn1_v)?;
-        let dx = (d_h1 + rms_norm_backward(&saved.x, &self.input_layernorm, &saved.inv_rms1, &dn1)?)?;
+        let dx = (d_h1 + rms_norm_backward(&saved.x, &self.input_layernorm, self.rms_norm_eps, &dn1)?)?;
         Ok((dx.reshape((b, t, hidden))?, grads))
     }
 }

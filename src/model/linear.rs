@@ -262,7 +262,8 @@ mod tests {
         let x = Tensor::randn(0f32, 1.0, (2, 7, 32), &dev)?;
         let d_out = Tensor::randn(0f32, 1.0, (2, 7, 32), &dev)?;
         let mask = causal_mask(7, 7, 0, None, &dev)?;
-        let input = LayerInput { rope: &rope, mask: &mask, offset: 0, window: None, dropout_seed: None };
+        let input =
+            LayerInput { rope: &rope, mask: Some(&mask), offset: 0, window: None, dropout_seed: None };
         let (out_q, saved_q) = nf4.forward_saving(&x, &input)?;
         let (out_d, saved_d) = dense.forward_saving(&x, &input)?;
         assert_eq!(bits(&out_q), bits(&out_d));

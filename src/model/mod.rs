@@ -5,11 +5,15 @@ pub mod attention;
 pub mod config;
 pub mod decoder;
 #[cfg(feature = "cuda")]
+mod flash;
+#[cfg(feature = "cuda")]
 mod fused;
 pub mod layer;
 pub mod linear;
 pub mod loss;
 pub mod ops;
+#[cfg(feature = "cuda")]
+mod ops_cuda;
 /// The autograd test oracle (also used by `benches/layer_backward.rs`).
 #[doc(hidden)]
 pub mod reference;

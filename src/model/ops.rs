@@ -8,24 +8,37 @@ use crate::profile::section;
 use std::sync::{Arc, Mutex};
 
 /// RMSNorm as HF computes it: in f32, y = w ⊙ (x · rsqrt(mean(x²) + eps)), cast back.
-/// Returns y and `inv_rms` `[n, 1]` (f32) for the backward.
-pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     section("norm", x.device(), || {
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            return super::ops_cuda::rms_norm(x, weight, eps);
+        }
         let xf = x.to_dtype(DType::F32)?;
-        let inv_rms = (xf.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
-        let normed = xf.broadcast_mul(&inv_rms)?.to_dtype(x.dtype())?;
-        Ok((normed.broadcast_mul(weight)?, inv_rms))
+        let normed = xf.broadcast_mul(&inv_rms(&xf, eps)?)?.to_dtype(x.dtype())?;
+        normed.broadcast_mul(weight)
     })
 }
 
-/// dx = r ⊙ g − x ⊙ r³ ⊙ mean(g ⊙ x), with g = dy ⊙ w and r = inv_rms.
-pub fn rms_norm_backward(x: &Tensor, weight: &Tensor, inv_rms: &Tensor, dy: &Tensor) -> Result<Tensor> {
+/// rsqrt(mean(x²) + eps) per row, `[n, 1]`, of f32 rows.
+fn inv_rms(xf: &Tensor, eps: f64) -> Result<Tensor> {
+    (xf.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()
+}
+
+/// dx = r ⊙ g − x ⊙ r³ ⊙ mean(g ⊙ x), with g = dy ⊙ w and r = inv_rms (recomputed from x: the
+/// backward reads x anyway, so keeping r from the forward would save nothing).
+pub fn rms_norm_backward(x: &Tensor, weight: &Tensor, eps: f64, dy: &Tensor) -> Result<Tensor> {
     section("norm.backward", x.device(), || {
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            return super::ops_cuda::rms_norm_backward(x, weight, eps, dy);
+        }
         let xf = x.to_dtype(DType::F32)?;
+        let inv_rms = inv_rms(&xf, eps)?;
         let g = dy.broadcast_mul(weight)?.to_dtype(DType::F32)?;
         let mean_gx = (&g * &xf)?.mean_keepdim(D::Minus1)?;
         let r3 = inv_rms.powf(3.0)?;
-        let dx = (g.broadcast_mul(inv_rms)? - xf.broadcast_mul(&(r3 * mean_gx)?)?)?;
+        let dx = (g.broadcast_mul(&inv_rms)? - xf.broadcast_mul(&(r3 * mean_gx)?)?)?;
         dx.to_dtype(x.dtype())
     })
 }
@@ -83,12 +96,22 @@ impl Rope {
 
 /// SwiGLU: a = silu(g) ⊙ u.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    section("swiglu", gate.device(), || gate.silu()? * up)
+    section("swiglu", gate.device(), || {
+        #[cfg(feature = "cuda")]
+        if gate.device().is_cuda() {
+            return super::ops_cuda::swiglu(gate, up);
+        }
+        gate.silu()? * up
+    })
 }
 
 /// Returns (d_gate, d_up): silu'(g) = σ(g)(1 + g(1 − σ(g))).
 pub fn swiglu_backward(gate: &Tensor, up: &Tensor, da: &Tensor) -> Result<(Tensor, Tensor)> {
     section("swiglu.backward", gate.device(), || {
+        #[cfg(feature = "cuda")]
+        if gate.device().is_cuda() {
+            return super::ops_cuda::swiglu_backward(gate, up, da);
+        }
         let sig = candle_nn::ops::sigmoid(gate)?;
         let silu = (gate * &sig)?;
         let d_up = (da * &silu)?;
@@ -129,10 +152,10 @@ mod tests {
         let x = randn(&[5, 16], 1);
         let w = (randn(&[16], 2) + 1.0).unwrap();
         let dy = randn(&[5, 16], 3);
-        let (y, inv) = rms_norm(&x, &w, 1e-5).unwrap();
+        let y = rms_norm(&x, &w, 1e-5).unwrap();
         let y_ref = candle_nn::ops::rms_norm_slow(&x, &w, 1e-5).unwrap();
         assert!(max_rel(&y, &y_ref) < 1e-6);
-        let dx = rms_norm_backward(&x, &w, &inv, &dy).unwrap();
+        let dx = rms_norm_backward(&x, &w, 1e-5, &dy).unwrap();
         let dx_ref = autograd_grad(&x, |x| candle_nn::ops::rms_norm_slow(x, &w, 1e-5), &dy);
         assert!(max_rel(&dx, &dx_ref) < 1e-5, "{}", max_rel(&dx, &dx_ref));
     }
@@ -169,5 +192,40 @@ mod tests {
         let du_ref = autograd_grad(&u, |u| slow(&g, u), &da);
         assert!(max_rel(&dg, &dg_ref) < 1e-5);
         assert!(max_rel(&du, &du_ref) < 1e-6);
+    }
+
+    /// The fused CUDA kernels against the composed CPU ops: f32 tight, f16/bf16 within rounding.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn fused_cuda_norm_and_swiglu_match_the_composed_cpu_ops() {
+        let gpu = Device::new_cuda(0).unwrap();
+        let (x, dy) = (randn(&[37, 1000], 11), randn(&[37, 1000], 12));
+        let w = (randn(&[1000], 13) + 1.0).unwrap();
+        let (g, u, da) =
+            ((randn(&[37, 1000], 14) * 4.0).unwrap(), randn(&[37, 1000], 15), randn(&[37, 1000], 16));
+        let want = [
+            rms_norm(&x, &w, 1e-5).unwrap(),
+            rms_norm_backward(&x, &w, 1e-5, &dy).unwrap(),
+            swiglu(&g, &u).unwrap(),
+            swiglu_backward(&g, &u, &da).unwrap().0,
+            swiglu_backward(&g, &u, &da).unwrap().1,
+        ];
+        for (dtype, tol) in [(DType::F32, 1e-5), (DType::F16, 5e-3), (DType::BF16, 3e-2)] {
+            let on = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(&gpu).unwrap();
+            let (dg, du) = swiglu_backward(&on(&g), &on(&u), &on(&da)).unwrap();
+            let got = [
+                rms_norm(&on(&x), &on(&w), 1e-5).unwrap(),
+                rms_norm_backward(&on(&x), &on(&w), 1e-5, &on(&dy)).unwrap(),
+                swiglu(&on(&g), &on(&u)).unwrap(),
+                dg,
+                du,
+            ];
+            for (i, (got, want)) in got.iter().zip(want.iter()).enumerate() {
+                let got = got.to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap();
+                let err = max_rel(&got, want);
+                println!("{dtype:?} op {i}: {err:.2e}");
+                assert!(err < tol, "{dtype:?} op {i}: {err}");
+            }
+        }
     }
 }

@@ -157,7 +157,7 @@ mod tests {
         let x = Tensor::randn(0f32, 1.0, (b, t, 32), &dev).unwrap();
         let d_out = Tensor::randn(0f32, 1.0, (b, t, 32), &dev).unwrap();
         let mask = causal_mask(t, t, 0, window, &dev).unwrap();
-        let input = LayerInput { rope: &rope, mask: &mask, offset: 0, window, dropout_seed: None };
+        let input = LayerInput { rope: &rope, mask: Some(&mask), offset: 0, window, dropout_seed: None };
 
         let (out, saved) = layer.forward_saving(&x, &input).unwrap();
         let (dx, grads) = layer.backward(&saved, &d_out, &input).unwrap();
@@ -200,7 +200,8 @@ mod tests {
         let rope = Rope::new(8, 10000.0, 64, DType::F32, &dev).unwrap();
         let x = Tensor::randn(0f32, 1.0, (1, 6, 32), &dev).unwrap();
         let mask = causal_mask(6, 6, 0, None, &dev).unwrap();
-        let input = LayerInput { rope: &rope, mask: &mask, offset: 0, window: None, dropout_seed: Some(11) };
+        let input =
+            LayerInput { rope: &rope, mask: Some(&mask), offset: 0, window: None, dropout_seed: Some(11) };
         let eval = LayerInput { dropout_seed: None, ..input };
         let a = layer.forward(&x, &input, None).unwrap();
         let (b, _) = layer.forward_saving(&x, &input).unwrap();

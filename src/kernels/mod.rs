@@ -1,0 +1,44 @@
+//! Plumbing shared by the project's CUDA kernels: the device slice behind a tensor, fresh outputs
+//! wrapped back into tensors, and the kernel-name suffix of a dtype. (The `.cu` files beside the
+//! ops they replace include `dtype.cuh` from here.)
+
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::op::BackpropOp;
+use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Result, Storage, Tensor, WithDType};
+
+/// The CUDA device a tensor lives on.
+pub fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
+    match t.device() {
+        Device::Cuda(d) => Ok(d.clone()),
+        _ => bail!("this kernel runs on CUDA tensors only"),
+    }
+}
+
+/// The device memory of `t` from its first element (`storage` is `t.storage_and_layout().0`,
+/// held by the caller for as long as the view is used).
+pub fn view<'a, T: CudaDType>(storage: &'a Storage, t: &Tensor) -> Result<CudaView<'a, T>> {
+    let Storage::Cuda(s) = storage else { bail!("this kernel runs on CUDA tensors only") };
+    Ok(s.as_cuda_slice::<T>()?.slice(t.layout().start_offset()..))
+}
+
+/// A kernel's freshly written output as a (contiguous, untracked) tensor.
+pub fn wrap<T: CudaDType + WithDType>(out: CudaSlice<T>, dev: &CudaDevice, shape: &[usize]) -> Tensor {
+    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(out, dev.clone()));
+    Tensor::from_storage(storage, shape, BackpropOp::none(), false)
+}
+
+/// The suffix of a kernel instantiated for `dtype`.
+pub fn suffix(dtype: DType) -> Result<&'static str> {
+    Ok(match dtype {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        dt => bail!("the CUDA kernels take f32, f16 or bf16, not {dt:?}"),
+    })
+}
+
+/// `blocks` blocks of `threads` threads, no dynamic shared memory.
+pub fn blocks(blocks: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}

@@ -1,0 +1,196 @@
+//! The FlashAttention-style kernels of `kernels/flash_attention.cu` (CUDA only; f16/bf16, head_dim
+//! 64 or 128). Scores never reach global memory: the forward returns the context and the row
+//! log-sum-exp, and the backward recomputes the probabilities from them. `attention.rs` keeps the
+//! composed chunked version as the CPU path, the f32 path and the tests' reference.
+
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::{bail, DType, Result, Tensor, WithDType};
+use half::{bf16, f16};
+
+use crate::kernels::{blocks, cuda_device, suffix, view, wrap};
+
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/flash_attention.ptx"));
+const MODULE: &str = "lora_ft_flash_attention";
+const THREADS: u32 = 128;
+/// Query rows per forward / dQ block and keys per dK/dV block (4 warps × 16).
+const BLOCK_ROWS: usize = 64;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Dims {
+    batch: i32,
+    heads: i32,
+    kv_heads: i32,
+    q_len: i32,
+    kv_len: i32,
+    q_pos0: i32,
+    window: i32,
+    scale_log2: f32,
+}
+unsafe impl DeviceRepr for Dims {}
+
+/// Element strides of a `[b, h, rows, d]` tensor (unit stride along d).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Strides {
+    b: i64,
+    h: i64,
+    row: i64,
+}
+unsafe impl DeviceRepr for Strides {}
+
+/// Whether the kernels take these tensors: CUDA, f16 or bf16, head_dim 64 or 128.
+pub fn supported(q: &Tensor) -> bool {
+    q.device().is_cuda()
+        && matches!(q.dtype(), DType::F16 | DType::BF16)
+        && matches!(q.dims().last(), Some(64 | 128))
+}
+
+fn strides(t: &Tensor) -> Result<Strides> {
+    let (_, l) = t.storage_and_layout();
+    let s = l.stride();
+    if s.len() != 4 || s[3] != 1 || l.start_offset() % 8 != 0 || s[..3].iter().any(|x| x % 8 != 0) {
+        bail!("flash attention needs [b, h, rows, d] with unit, 16-byte aligned rows, got {:?}", s);
+    }
+    Ok(Strides { b: s[0] as i64, h: s[1] as i64, row: s[2] as i64 })
+}
+
+fn dims(q: &Tensor, k: &Tensor, window: Option<usize>) -> Result<Dims> {
+    let (b, h, t, d) = q.dims4()?;
+    let (kb, kv, s, kd) = k.dims4()?;
+    if kb != b || kd != d || kv == 0 || h % kv != 0 || t > s {
+        bail!("flash attention: q {:?} and k {:?} do not match", q.dims(), k.dims());
+    }
+    let scale_log2 = (1.0 / (d as f64).sqrt() * std::f64::consts::LOG2_E) as f32;
+    let window = window.map_or(0, |w| w as i32);
+    let i = |x: usize| x as i32;
+    Ok(Dims {
+        batch: i(b),
+        heads: i(h),
+        kv_heads: i(kv),
+        q_len: i(t),
+        kv_len: i(s),
+        q_pos0: i(s - t),
+        window,
+        scale_log2,
+    })
+}
+
+fn grid(rows: usize, heads: usize, batch: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(BLOCK_ROWS) as u32, heads as u32, batch as u32),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// q `[b, h, t, d]`, k/v `[b, kv, s, d]` → (context `[b, h, t, d]` (a view of `[b, t, h, d]`),
+/// lse `[b, h, t]` f32 in log2 units).
+pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>) -> Result<(Tensor, Tensor)> {
+    match q.dtype() {
+        DType::F16 => forward_typed::<f16>(q, k, v, window),
+        DType::BF16 => forward_typed::<bf16>(q, k, v, window),
+        dt => bail!("flash attention takes f16 or bf16, not {dt:?}"),
+    }
+}
+
+fn forward_typed<T: CudaDType + WithDType + DeviceRepr>(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<usize>,
+) -> Result<(Tensor, Tensor)> {
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let d = dims(&q, &k, window)?;
+    let (sq, sk) = (strides(&q)?, strides(&k)?);
+    let dev = cuda_device(&q)?;
+    let (b, h, t, hd) = q.dims4()?;
+    let out = unsafe { dev.alloc::<T>(b * h * t * hd)? };
+    let lse = unsafe { dev.alloc::<f32>(b * h * t)? };
+    // The context is written as [b, t, h, d], the layout the output projection reads, and
+    // returned as its [b, h, t, d] view: flattening it back costs no copy.
+    let so = Strides { b: (t * h * hd) as i64, h: hd as i64, row: (h * hd) as i64 };
+    let name = format!("flash_forward_{}_{hd}", suffix(T::DTYPE)?);
+    let func = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
+    {
+        let (qs, ks, vs) = (q.storage_and_layout().0, k.storage_and_layout().0, v.storage_and_layout().0);
+        let (qv, kv, vv) = (view::<T>(&qs, &q)?, view::<T>(&ks, &k)?, view::<T>(&vs, &v)?);
+        let mut l = func.builder();
+        l.arg(&qv).arg(&kv).arg(&vv).arg(&out).arg(&lse).arg(&d).arg(&sq).arg(&sk).arg(&so);
+        unsafe { l.launch(grid(t, h, b)) }.w()?;
+    }
+    Ok((wrap(out, &dev, &[b, t, h, hd]).transpose(1, 2)?, wrap(lse, &dev, &[b, h, t])))
+}
+
+/// Given the forward's inputs, its context and lse, and d(context), returns (dq, dk, dv) with dk
+/// and dv already summed over the query heads of each kv head.
+pub fn backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    context: &Tensor,
+    lse: &Tensor,
+    d_context: &Tensor,
+    window: Option<usize>,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    match q.dtype() {
+        DType::F16 => backward_typed::<f16>(q, k, v, context, lse, d_context, window),
+        DType::BF16 => backward_typed::<bf16>(q, k, v, context, lse, d_context, window),
+        dt => bail!("flash attention takes f16 or bf16, not {dt:?}"),
+    }
+}
+
+fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    context: &Tensor,
+    lse: &Tensor,
+    d_context: &Tensor,
+    window: Option<usize>,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (q, k, v, lse) = (q.contiguous()?, k.contiguous()?, v.contiguous()?, lse.contiguous()?);
+    let d = dims(&q, &k, window)?;
+    let (sq, sk, so, sdo) = (strides(&q)?, strides(&k)?, strides(context)?, strides(d_context)?);
+    let dev = cuda_device(&q)?;
+    let (b, h, t, hd) = q.dims4()?;
+    let (_, kvh, s, _) = k.dims4()?;
+    let suffix = suffix(T::DTYPE)?;
+    let delta = unsafe { dev.alloc::<f32>(b * h * t)? };
+    let dq = unsafe { dev.alloc::<T>(b * h * t * hd)? };
+    let dk = unsafe { dev.alloc::<T>(b * kvh * s * hd)? };
+    let dv = unsafe { dev.alloc::<T>(b * kvh * s * hd)? };
+    let sdq = Strides { b: (h * t * hd) as i64, h: (t * hd) as i64, row: hd as i64 };
+    let sdk = Strides { b: (kvh * s * hd) as i64, h: (s * hd) as i64, row: hd as i64 };
+    {
+        let guards = [&q, &k, &v, context, &lse, d_context].map(|x| x.storage_and_layout().0);
+        let qv = view::<T>(&guards[0], &q)?;
+        let kv = view::<T>(&guards[1], &k)?;
+        let vv = view::<T>(&guards[2], &v)?;
+        let ov = view::<T>(&guards[3], context)?;
+        let lv = view::<f32>(&guards[4], &lse)?;
+        let dov = view::<T>(&guards[5], d_context)?;
+
+        let rows = b * h * t;
+        let delta_fn = dev.get_or_load_custom_func(&format!("attention_delta_{suffix}"), MODULE, PTX)?;
+        let hd_i = hd as i32;
+        let mut l = delta_fn.builder();
+        l.arg(&ov).arg(&dov).arg(&delta).arg(&d).arg(&hd_i).arg(&so).arg(&sdo);
+        unsafe { l.launch(blocks(rows.div_ceil(THREADS as usize / 32), THREADS)) }.w()?;
+
+        let dkdv_fn =
+            dev.get_or_load_custom_func(&format!("flash_backward_dkdv_{suffix}_{hd}"), MODULE, PTX)?;
+        let mut l = dkdv_fn.builder();
+        l.arg(&qv).arg(&kv).arg(&vv).arg(&dov).arg(&lv).arg(&delta).arg(&dk).arg(&dv);
+        l.arg(&d).arg(&sq).arg(&sk).arg(&sdo).arg(&sdk);
+        unsafe { l.launch(grid(s, kvh, b)) }.w()?;
+
+        let dq_fn = dev.get_or_load_custom_func(&format!("flash_backward_dq_{suffix}_{hd}"), MODULE, PTX)?;
+        let mut l = dq_fn.builder();
+        l.arg(&qv).arg(&kv).arg(&vv).arg(&dov).arg(&lv).arg(&delta).arg(&dq);
+        l.arg(&d).arg(&sq).arg(&sk).arg(&sdo).arg(&sdq);
+        unsafe { l.launch(grid(t, h, b)) }.w()?;
+    }
+    Ok((wrap(dq, &dev, &[b, h, t, hd]), wrap(dk, &dev, &[b, kvh, s, hd]), wrap(dv, &dev, &[b, kvh, s, hd])))
+}
