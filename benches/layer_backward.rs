@@ -34,7 +34,7 @@ fn main() {
     let x = Tensor::randn(0f32, 1.0, (2, seq, hidden), &dev).unwrap();
     let dy = Tensor::randn(0f32, 1.0, (2, seq, hidden), &dev).unwrap();
     let mask = causal_mask(seq, seq, 0, None, &dev).unwrap();
-    let input = LayerInput { rope: &rope, mask: &mask, offset: 0, window: None, dropout_seed: None };
+    let input = LayerInput { rope: &rope, mask: Some(&mask), offset: 0, window: None, dropout_seed: None };
 
     let hand = time(
         || {

@@ -133,6 +133,11 @@ pub struct TrainSection {
     /// `auto` (the first GPU when built with CUDA and one is present, else the CPU), `cpu`,
     /// `cuda` or `cuda:N`; `lora-ft train --device` overrides it.
     pub device: String,
+    /// Share of the GPU's memory the run may use, as PyTorch's per-process memory fraction:
+    /// omitted, 0.90 on cards up to 32 GiB and 0.92 above (the rest is the reserve for the CUDA
+    /// context, cuBLAS workspaces and pool fragmentation). A step whose peak goes over it stops
+    /// the run with the numbers and what to lower. Ignored on the CPU.
+    pub max_vram_fraction: Option<f64>,
     /// Evaluate every N optimizer steps (0: only at the end).
     pub eval_every: usize,
     /// Cap on eval batches per evaluation (0: the whole eval set).
@@ -237,6 +242,7 @@ impl Default for TrainSection {
             seed: 42,
             compute_dtype: ComputeDtype::F16,
             device: "auto".into(),
+            max_vram_fraction: None,
             eval_every: 0,
             eval_batches: 0,
             log_every: 1,
@@ -334,6 +340,9 @@ impl Config {
             "train.device",
             "must be auto, cpu, cuda or cuda:N",
         )?;
+        if let Some(f) = self.train.max_vram_fraction {
+            check(f > 0.0 && f <= 1.0, "train.max_vram_fraction", "must be in (0, 1]")?;
+        }
         for m in &l.target_modules {
             if !ALL_TARGET_MODULES.contains(&m.as_str()) {
                 return Err((

@@ -69,6 +69,48 @@ pub fn reset_peak(device: &Device) {
     let _ = device;
 }
 
+/// The memory a run may use on one GPU: `max_vram_fraction` of the card, as PyTorch's
+/// `set_per_process_memory_fraction` (the rest is the reserve for the CUDA context, cuBLAS
+/// workspaces and pool fragmentation).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VramBudget {
+    pub fraction: f64,
+    pub total: u64,
+}
+
+impl VramBudget {
+    /// `fraction`, or when omitted 0.90 on cards up to 32 GiB and 0.92 above (what users of
+    /// 24 GB and 48 GB cards set by hand).
+    pub fn new(total: u64, fraction: Option<f64>) -> Self {
+        let default = if total as f64 <= 32.0 * GIB { 0.90 } else { 0.92 };
+        Self { fraction: fraction.unwrap_or(default), total }
+    }
+
+    /// The budget of `device`; `None` on the CPU.
+    pub fn of(device: &Device, fraction: Option<f64>) -> Option<Self> {
+        device_memory(device).map(|m| Self::new(m.total as u64, fraction))
+    }
+
+    pub fn bytes(&self) -> u64 {
+        (self.total as f64 * self.fraction) as u64
+    }
+
+    /// `Err` with the numbers when a peak of `peak` bytes went over the budget.
+    pub fn check(&self, peak: u64) -> Result<(), String> {
+        if peak <= self.bytes() {
+            return Ok(());
+        }
+        Err(format!(
+            "peak GPU memory {:.2} GiB is over train.max_vram_fraction = {:.2} of the card's {:.2} GiB \
+             ({:.2} GiB)",
+            peak as f64 / GIB,
+            self.fraction,
+            self.total as f64 / GIB,
+            self.bytes() as f64 / GIB
+        ))
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{result, sys};
@@ -96,5 +138,23 @@ mod cuda {
         let mut zero: u64 = 0;
         // SAFETY: the high-water attributes are cuuint64_t and may only be reset to 0.
         let _ = unsafe { result::mem_pool::set_attribute(pool, attr, (&mut zero as *mut u64).cast()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vram_budget_defaults_by_card_size_and_reports_overruns() {
+        let card24 = (24.0 * GIB) as u64;
+        let b = VramBudget::new(card24, None);
+        assert_eq!(b.fraction, 0.90);
+        assert_eq!(b.bytes(), (card24 as f64 * 0.9) as u64);
+        assert!(b.check((21.0 * GIB) as u64).is_ok());
+        let err = b.check((22.0 * GIB) as u64).unwrap_err();
+        assert!(err.contains("22.00 GiB") && err.contains("0.90") && err.contains("21.60 GiB"), "{err}");
+        assert_eq!(VramBudget::new((48.0 * GIB) as u64, None).fraction, 0.92);
+        assert_eq!(VramBudget::new((48.0 * GIB) as u64, Some(0.5)).bytes(), (24.0 * GIB) as u64);
     }
 }

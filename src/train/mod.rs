@@ -290,6 +290,7 @@ fn train_loop(
     // The untrained model's eval loss first, so the log shows what training changed.
     let first_eval = eval_loader.map(|l| eval_record(trainer, l, cfg, 0, log)).transpose()?;
     let mut last_eval = first_eval.clone();
+    let budget = crate::memory::VramBudget::of(trainer.model.device(), cfg.train.max_vram_fraction);
     for step in 0..total {
         let t0 = Instant::now();
         let micro: Vec<Batch> = (0..cfg.train.grad_accum).map(|_| stream.next_batch()).collect();
@@ -304,6 +305,16 @@ fn train_loop(
         }
         last_loss = r.loss;
         anyhow::ensure!(r.loss.is_finite(), "step {done}: the loss is {} — lower train.lr?", r.loss);
+        if let (Some(budget), Some(pool)) = (budget, crate::memory::pool_memory(trainer.model.device())) {
+            budget.check(pool.peak_allocated).map_err(|over| {
+                anyhow::anyhow!(
+                    "step {done}: {over}; lower train.batch_size ({}) or data.max_seq_len ({}), or raise \
+                     train.max_vram_fraction",
+                    cfg.train.batch_size,
+                    cfg.data.max_seq_len
+                )
+            })?;
+        }
         if !r.applied {
             log.println(format!(
                 "step {done}: gradients overflowed in f16, step skipped; loss scale now {}",
