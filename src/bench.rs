@@ -83,6 +83,8 @@ pub struct TrainRow {
 /// The recipe of ../shared/anchors/peft_qlora_baseline.py: LoRA r=16 (alpha 32, no dropout) on
 /// all seven projections, torch-flavoured Adafactor at lr 2e-4, clipping at 1.0, loss scaling in
 /// f16, random token ids as inputs and labels, 2 warm-up steps then `steps` timed ones.
+/// `lora_dropout` > 0 measures the cost of LoRA dropout (the anchor has none).
+#[allow(clippy::too_many_arguments)]
 pub fn train(
     model: &str,
     quantization: Quantization,
@@ -90,13 +92,17 @@ pub fn train(
     device: &Device,
     shapes: &[(usize, usize)],
     steps: usize,
+    lora_dropout: f64,
     mut report: impl FnMut(&TrainRow),
 ) -> anyhow::Result<Vec<TrainRow>> {
     use crate::model::{LoraSpec, PROJECTIONS};
     let (config, weights) = model_files(model)?;
     let mut lm = CausalLm::load(&config, &weights, dtype, quantization, device)?;
     let targets = PROJECTIONS.iter().map(|p| p.to_string()).collect();
-    lm.add_lora(&LoraSpec { r: 16, alpha: 32.0, dropout: 0.0, target_modules: targets, rslora: false }, 0)?;
+    lm.add_lora(
+        &LoraSpec { r: 16, alpha: 32.0, dropout: lora_dropout, target_modules: targets, rslora: false },
+        0,
+    )?;
     let optim = crate::config::AdafactorSection {
         flavor: crate::config::AdafactorFlavor::Torch,
         ..Default::default()

@@ -68,6 +68,9 @@ enum BenchCommand {
         shapes: String,
         #[arg(long, default_value_t = 6)]
         steps: usize,
+        /// LoRA dropout (the anchor recipe has none).
+        #[arg(long, default_value_t = 0.0)]
+        lora_dropout: f64,
     },
     /// Load a model and report load time and memory.
     Load {
@@ -179,10 +182,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Chat(args) => chat(&args),
-        Command::Bench { command: BenchCommand::Train { model: m, shapes, steps } } => {
+        Command::Bench { command: BenchCommand::Train { model: m, shapes, steps, lora_dropout } } => {
             let (device, shapes) = (parse_device(&m.device)?, parse_shapes(&shapes)?);
             let (q, dtype) = (parse_quantization(&m.quantization), parse_dtype(&m.dtype));
-            lora_ft::bench::train(&m.model, q, dtype, &device, &shapes, steps, |row| {
+            lora_ft::bench::train(&m.model, q, dtype, &device, &shapes, steps, lora_dropout, |row| {
                 println!("{}", serde_json::to_string(row).unwrap_or_default())
             })?;
             Ok(())

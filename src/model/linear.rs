@@ -4,7 +4,10 @@
 
 use crate::profile::section;
 use candle_core::{DType, Device, Result, Tensor, Var};
-use rand::{Rng, SeedableRng};
+use rand::Rng;
+
+use super::dropout::dropout;
+pub use super::dropout::DropoutSeed;
 
 use crate::quant::Nf4Tensor;
 
@@ -106,19 +109,6 @@ impl LoraAdapter {
     }
 }
 
-/// Dropout mask for one LoRA input, regenerated from its seed in the backward's recompute so that
-/// the forward never has to keep it. Values are 0 or 1/(1-p), as in `torch.nn.Dropout`.
-#[derive(Debug, Clone, Copy)]
-pub struct DropoutSeed(pub u64);
-
-fn dropout_mask(seed: DropoutSeed, p: f64, shape: (usize, usize), device: &Device) -> Result<Tensor> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed.0);
-    let keep = (1.0 / (1.0 - p)) as f32;
-    let n = shape.0 * shape.1;
-    let mask: Vec<f32> = (0..n).map(|_| if rng.random::<f64>() < p { 0.0 } else { keep }).collect();
-    Tensor::from_vec(mask, shape, device)
-}
-
 #[derive(Debug, Clone)]
 pub struct LoraLinear {
     pub base: BaseWeight,
@@ -143,12 +133,9 @@ impl LoraLinear {
         })
     }
 
-    fn dropped_input(&self, x: &Tensor, dropout: Option<DropoutSeed>) -> Result<Tensor> {
-        match (&self.lora, dropout) {
-            (Some(l), Some(seed)) if l.dropout > 0.0 => {
-                let mask = dropout_mask(seed, l.dropout, x.dims2()?, x.device())?;
-                x.mul(&mask.to_dtype(x.dtype())?)
-            }
+    fn dropped_input(&self, x: &Tensor, seed: Option<DropoutSeed>) -> Result<Tensor> {
+        match (&self.lora, seed) {
+            (Some(l), Some(seed)) => dropout(x, seed, l.dropout),
             _ => Ok(x.clone()),
         }
     }
@@ -165,24 +152,13 @@ impl LoraLinear {
         let Some(lora) = &self.lora else { return Ok((dx, None)) };
         section("lora.backward", x.device(), || {
             let (a, b) = lora.weights(x.dtype())?;
-            let mask = match dropout {
-                Some(seed) if lora.dropout > 0.0 => {
-                    Some(dropout_mask(seed, lora.dropout, x.dims2()?, x.device())?.to_dtype(x.dtype())?)
-                }
-                _ => None,
-            };
-            let xd = match &mask {
-                Some(m) => x.mul(m)?,
-                None => x.clone(),
-            };
+            // the forward's mask, drawn again from its seed
+            let xd = self.dropped_input(x, dropout)?;
             let h = xd.matmul(&a.t()?)?; // [n, r]
             let grad_b = (dy.t()?.matmul(&h)? * lora.scale)?; // [out, r]
             let dh = dy.matmul(&b)?; // [n, r], b already scaled
             let grad_a = dh.t()?.matmul(&xd)?; // [r, in]
-            let mut dxd = dh.matmul(&a)?; // [n, in]
-            if let Some(m) = &mask {
-                dxd = dxd.mul(m)?;
-            }
+            let dxd = self.dropped_input(&dh.matmul(&a)?, dropout)?; // [n, in], same mask
             let grad =
                 LoraGrad { lora_a: grad_a.to_dtype(DType::F32)?, lora_b: grad_b.to_dtype(DType::F32)? };
             Ok(((dx + dxd)?, Some(grad)))

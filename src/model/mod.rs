@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod config;
 pub mod decoder;
+pub mod dropout;
 #[cfg(feature = "cuda")]
 mod flash;
 #[cfg(feature = "cuda")]
