@@ -56,6 +56,21 @@ pub fn pool_memory(device: &Device) -> Option<PoolMemory> {
     None
 }
 
+/// Makes the device's memory pool keep freed memory instead of returning it to the driver at
+/// every synchronisation (the pool's default release threshold is 0): a training step frees and
+/// allocates the same large buffers layer after layer, and mapping them afresh after each host
+/// sync is slow. PyTorch's caching allocator keeps memory the same way; `reserved` shows it.
+pub fn retain_freed_memory(device: &Device) {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        use cuda::{default_pool, set_attribute, Attr};
+        if let Some(pool) = default_pool(d) {
+            set_attribute(pool, Attr::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX);
+        }
+    }
+    let _ = device;
+}
+
 /// Starts a new peak (like `torch.cuda.reset_peak_memory_stats`). No-op on the CPU.
 pub fn reset_peak(device: &Device) {
     #[cfg(feature = "cuda")]
@@ -135,9 +150,13 @@ mod cuda {
     }
 
     pub fn set_zero(pool: sys::CUmemoryPool, attr: Attr) {
-        let mut zero: u64 = 0;
-        // SAFETY: the high-water attributes are cuuint64_t and may only be reset to 0.
-        let _ = unsafe { result::mem_pool::set_attribute(pool, attr, (&mut zero as *mut u64).cast()) };
+        set_attribute(pool, attr, 0);
+    }
+
+    pub fn set_attribute(pool: sys::CUmemoryPool, attr: Attr, value: u64) {
+        let mut value = value;
+        // SAFETY: the attributes set here (high-water marks, release threshold) are cuuint64_t.
+        let _ = unsafe { result::mem_pool::set_attribute(pool, attr, (&mut value as *mut u64).cast()) };
     }
 }
 

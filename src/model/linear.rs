@@ -126,10 +126,14 @@ impl LoraLinear {
     pub fn forward(&self, x: &Tensor, dropout: Option<DropoutSeed>) -> Result<Tensor> {
         let y = self.base.forward(x)?;
         let Some(lora) = &self.lora else { return Ok(y) };
-        section("lora", x.device(), || {
+        let dev = x.device();
+        section("lora", dev, || {
             let xd = self.dropped_input(x, dropout)?;
-            let (a, b) = lora.weights(x.dtype())?;
-            y + xd.matmul(&a.t()?)?.matmul(&b.t()?)?
+            let (a, b) = section("lora.weights", dev, || lora.weights(x.dtype()))?;
+            // the parts timed apart (LORA_FT_PROFILE=1): the sections nest inside "lora"
+            let h = section("lora.x_a", dev, || xd.matmul(&a.t()?))?;
+            let hb = section("lora.h_b", dev, || h.matmul(&b.t()?))?;
+            section("lora.add", dev, || y + hb)
         })
     }
 

@@ -47,8 +47,15 @@ pub fn select_device() -> anyhow::Result<Device> {
     Ok(Device::cuda_if_available(0)?)
 }
 
-/// `auto` (as `select_device`), `cpu`, `cuda` or `cuda:N`.
+/// `auto` (as `select_device`), `cpu`, `cuda` or `cuda:N`. A GPU's memory pool keeps freed
+/// memory for reuse (`memory::retain_freed_memory`).
 pub fn parse_device(spec: &str) -> anyhow::Result<Device> {
+    let device = open_device(spec)?;
+    crate::memory::retain_freed_memory(&device);
+    Ok(device)
+}
+
+fn open_device(spec: &str) -> anyhow::Result<Device> {
     match spec {
         "auto" => select_device(),
         "cpu" => Ok(Device::Cpu),
