@@ -44,7 +44,7 @@ pub fn compute_dtype(d: ComputeDtype) -> DType {
 
 /// CUDA device 0 when built with `--features cuda` and a GPU is present, else the CPU.
 pub fn select_device() -> anyhow::Result<Device> {
-    Ok(Device::cuda_if_available(0)?)
+    parse_device("auto")
 }
 
 /// `auto` (as `select_device`), `cpu`, `cuda` or `cuda:N`. A GPU's memory pool keeps freed
@@ -57,7 +57,7 @@ pub fn parse_device(spec: &str) -> anyhow::Result<Device> {
 
 fn open_device(spec: &str) -> anyhow::Result<Device> {
     match spec {
-        "auto" => select_device(),
+        "auto" => Ok(Device::cuda_if_available(0)?),
         "cpu" => Ok(Device::Cpu),
         "cuda" => {
             Ok(Device::new_cuda(0).context("opening cuda:0 (was lora-ft built with --features cuda?)")?)
@@ -312,7 +312,9 @@ fn train_loop(
         }
         last_loss = r.loss;
         anyhow::ensure!(r.loss.is_finite(), "step {done}: the loss is {} — lower train.lr?", r.loss);
-        if let (Some(budget), Some(pool)) = (budget, crate::memory::pool_memory(trainer.model.device())) {
+        // one read of the pool per step serves the budget check and the metrics
+        let gpu = budget.and(crate::memory::pool_memory(trainer.model.device()));
+        if let (Some(budget), Some(pool)) = (budget, gpu) {
             budget.check(pool.peak_allocated).map_err(|over| {
                 anyhow::anyhow!(
                     "step {done}: {over}; lower train.batch_size ({}) or data.max_seq_len ({}), or raise \
@@ -329,7 +331,6 @@ fn train_loop(
             ));
         }
         if done % cfg.train.log_every == 0 || done == total {
-            let gpu = crate::memory::pool_memory(trainer.model.device());
             let gib = |b: u64| b as f64 / crate::memory::GIB;
             log.step(&StepRecord {
                 step: done,
