@@ -96,6 +96,10 @@ pub fn train(
     mut report: impl FnMut(&TrainRow),
 ) -> anyhow::Result<Vec<TrainRow>> {
     use crate::model::{LoraSpec, PROJECTIONS};
+    anyhow::ensure!(
+        (0.0..1.0).contains(&lora_dropout),
+        "--lora-dropout must be in [0, 1), got {lora_dropout}"
+    );
     let (config, weights) = model_files(model)?;
     let mut lm = CausalLm::load(&config, &weights, dtype, quantization, device)?;
     let targets = PROJECTIONS.iter().map(|p| p.to_string()).collect();
