@@ -63,6 +63,9 @@ pub fn load(
     })
 }
 
+/// The dense f16/bf16 tensor-core rate an H100 sustains (issue 5's yardstick: ~790 TFLOP/s).
+pub const PEAK_FLOPS: f64 = 790e12;
+
 /// One row of `lora-ft bench train`: the anchor script's fields, side by side.
 #[derive(Debug, Serialize)]
 pub struct TrainRow {
@@ -73,6 +76,9 @@ pub struct TrainRow {
     pub peak_alloc_gib: Option<f64>,
     pub peak_reserved_gib: Option<f64>,
     pub loss: Option<f64>,
+    /// Model FLOPs utilization: 6·N FLOPs per token (forward, recompute, input-gradient
+    /// backward; N = all parameters) at `tok_s`, over `PEAK_FLOPS`.
+    pub mfu: Option<f64>,
     pub error: Option<String>,
     /// With LORA_FT_PROFILE=1: seconds per step in each section, largest first (sections
     /// synchronize the device, so the step itself is slower than unprofiled).
@@ -126,6 +132,7 @@ pub fn train(
                 peak_alloc_gib: None,
                 peak_reserved_gib: None,
                 loss: None,
+                mfu: None,
                 error: Some(oom_or(e)),
                 profile: None,
             },
@@ -171,6 +178,8 @@ fn time_shape(
     }
     device.synchronize()?;
     let step_s = started.elapsed().as_secs_f64() / steps as f64;
+    let tok_s = (seq * bs) as f64 / step_s;
+    let flops_per_token = 6.0 * trainer.model.config().parameter_count() as f64;
     let sections = crate::profile::take();
     let profile = crate::profile::enabled()
         .then(|| sections.into_iter().map(|(name, s, _)| (name.to_string(), s / steps as f64)).collect());
@@ -179,10 +188,11 @@ fn time_shape(
         seq,
         bs,
         step_s: Some(step_s),
-        tok_s: Some((seq * bs) as f64 / step_s),
+        tok_s: Some(tok_s),
         peak_alloc_gib: pool.map(|p| p.peak_allocated as f64 / GIB),
         peak_reserved_gib: pool.map(|p| p.peak_reserved as f64 / GIB),
         loss: Some(loss),
+        mfu: Some(tok_s * flops_per_token / PEAK_FLOPS),
         error: None,
         profile,
     })

@@ -27,6 +27,10 @@ enum Command {
         /// Overrides the config's train.device: auto, cpu, cuda or cuda:N.
         #[arg(long)]
         device: Option<String>,
+        /// Also write the initial adapter and every batch in training order into DIR, for
+        /// replaying the run in another trainer (scripts/convergence/).
+        #[arg(long, value_name = "DIR")]
+        trace: Option<PathBuf>,
     },
     /// Copy a checkpoint's adapter into a standalone PEFT adapter folder.
     Export { checkpoint: PathBuf, out_dir: PathBuf },
@@ -170,7 +174,7 @@ fn main() {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Train { config, device } => train(&config, device),
+        Command::Train { config, device, trace } => train(&config, device, trace.as_deref()),
         Command::Export { checkpoint, out_dir } => {
             lora_ft::export::export_checkpoint(&checkpoint, &out_dir)?;
             println!("exported {} to {}", checkpoint.display(), out_dir.display());
@@ -206,12 +210,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn train(config: &Path, device: Option<String>) -> anyhow::Result<()> {
+fn train(config: &Path, device: Option<String>, trace: Option<&Path>) -> anyhow::Result<()> {
     let mut cfg = Config::from_file(config)?;
     if let Some(device) = device {
         cfg.train.device = device;
     }
-    let s = lora_ft::train::run(&cfg)?;
+    let s = lora_ft::train::run(&cfg, trace)?;
     println!(
         "trained {} steps: loss {:.4} → {:.4}, {:.0} tokens/s",
         s.steps, s.first_loss, s.last_loss, s.tokens_per_s

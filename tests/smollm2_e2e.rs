@@ -116,7 +116,7 @@ adapters_dir = "{run}/adapters"
         run = run.display()
     );
     let cfg = Config::from_toml(&toml, Path::new("smoke.toml")).unwrap();
-    let summary = lora_ft::train::run(&cfg).unwrap();
+    let summary = lora_ft::train::run(&cfg, None).unwrap();
     assert_eq!(summary.steps, 3);
     assert!(summary.first_loss.is_finite() && summary.last_loss.is_finite());
     assert_eq!(summary.first_eval.expect("an eval before the first step").step, 0);

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side table of the reference stack's anchor JSON and `lora-ft bench train` JSON lines:
-tokens/s and peak allocated GPU memory per shape, with lora-ft / reference ratios."""
+tokens/s, MFU (6·N FLOPs per token over 790 TFLOP/s, as `lora-ft bench train` reports it) and
+peak allocated GPU memory per shape, with lora-ft / reference ratios."""
 import json
 import sys
 
@@ -14,8 +15,9 @@ def main(ref_path: str, ours_path: str):
             r = json.loads(line)
             ours[(r["seq"], r["bs"])] = r
     print(f"{ref.get('gpu', '?')}, {ref.get('arch', '?')}, {ref.get('dtype', '?')}; reference load {ref.get('load_s')} s\n")
-    print("| seq x batch | PEFT tok/s | lora-ft tok/s | speed ratio | PEFT peak GiB | lora-ft peak GiB | memory ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| seq x batch | PEFT tok/s | lora-ft tok/s | speed ratio | PEFT MFU | lora-ft MFU "
+          "| PEFT peak GiB | lora-ft peak GiB | memory ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for key in sorted(set(theirs) | set(ours)):
         t, o = theirs.get(key, {}), ours.get(key, {})
         def cell(r, k):
@@ -23,8 +25,11 @@ def main(ref_path: str, ours_path: str):
         speed = o.get("tok_s") and t.get("tok_s") and o["tok_s"] / t["tok_s"]
         mem = o.get("peak_alloc_gib") and t.get("peak_alloc_gib") and o["peak_alloc_gib"] / t["peak_alloc_gib"]
         fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
+        # the same FLOPs per token on both sides: the reference's MFU scales with its tokens/s
+        ref_mfu = speed and o.get("mfu") and o["mfu"] / speed
+        pct = lambda v: f"{100 * v:.1f}%" if v else "-"  # noqa: E731
         print(f"| {key[0]} x {key[1]} | {fmt(cell(t, 'tok_s'))} | {fmt(cell(o, 'tok_s'))} | "
-              f"{fmt(speed) if speed else '-'} | {fmt(cell(t, 'peak_alloc_gib'))} | "
+              f"{fmt(speed) if speed else '-'} | {pct(ref_mfu)} | {pct(o.get('mfu'))} | {fmt(cell(t, 'peak_alloc_gib'))} | "
               f"{fmt(cell(o, 'peak_alloc_gib'))} | {fmt(mem) if mem else '-'} |")
 
 

@@ -113,6 +113,17 @@ impl ModelConfig {
         self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads)
     }
 
+    /// Parameters of the full model (embeddings, projections, norms, lm_head unless tied): the N
+    /// of the usual 6·N training FLOPs per token (Mistral-7B: 7.24e9).
+    pub fn parameter_count(&self) -> usize {
+        let (h, i) = (self.hidden_size, self.intermediate_size);
+        let q = self.num_attention_heads * self.head_dim();
+        let kv = self.num_key_value_heads.unwrap_or(self.num_attention_heads) * self.head_dim();
+        let layer = h * q * 2 + h * kv * 2 + 3 * h * i + 2 * h;
+        let heads = if self.tie_word_embeddings { 1 } else { 2 };
+        self.num_hidden_layers * layer + heads * self.vocab_size * h + h
+    }
+
     /// HF Mistral masks keys more than `sliding_window - 1` positions back; Llama has no window.
     pub fn attention_window(&self) -> Option<usize> {
         let is_mistral = self.architectures.iter().any(|a| a == "MistralForCausalLM");
@@ -121,5 +132,31 @@ impl ModelConfig {
         } else {
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(json: serde_json::Value) -> ModelConfig {
+        serde_json::from_value(json).unwrap()
+    }
+
+    /// The published sizes: Mistral-7B 7,241,732,096; Llama-2-13B 13,015,864,320;
+    /// SmolLM2-135M (tied embeddings) 134,515,008.
+    #[test]
+    fn parameter_count_matches_the_published_sizes() {
+        let mistral = config(serde_json::json!({"vocab_size": 32000, "hidden_size": 4096,
+            "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8}));
+        assert_eq!(mistral.parameter_count(), 7_241_732_096);
+        let llama13 = config(serde_json::json!({"vocab_size": 32000, "hidden_size": 5120,
+            "intermediate_size": 13824, "num_hidden_layers": 40, "num_attention_heads": 40}));
+        assert_eq!(llama13.parameter_count(), 13_015_864_320);
+        let smollm2 = config(serde_json::json!({"vocab_size": 49152, "hidden_size": 576,
+            "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+            "num_key_value_heads": 3, "tie_word_embeddings": true}));
+        assert_eq!(smollm2.parameter_count(), 134_515_008);
     }
 }

@@ -7,6 +7,7 @@ use candle_core::{Result, Tensor};
 use super::attention::{attention, attention_backward, AttentionSaved};
 use super::linear::{DropoutSeed, LoraGrad, LoraLinear};
 use super::ops::{rms_norm, rms_norm_backward, swiglu, swiglu_backward, Rope};
+use super::product_sum::ProductSum;
 use crate::profile::section;
 
 /// The seven projections, in PEFT's `target_modules` names and in a fixed order.
@@ -129,12 +130,12 @@ impl DecoderLayer {
         let (context, attention_saved) =
             section("attention", q.device(), || attention(&q, &k, &v, input.mask, input.window))?;
         let context = context.transpose(1, 2)?.reshape((b * t, self.n_heads * self.head_dim))?;
-        let h1 = (&x2 + self.proj[O].forward(&context, seed(input, O))?)?;
+        let h1 = self.residual(&x2, O, &context, input)?;
         let n2 = rms_norm(&h1, &self.post_attention_layernorm, self.rms_norm_eps)?;
         let gate = self.proj[GATE].forward(&n2, seed(input, GATE))?;
         let up = self.proj[UP].forward(&n2, seed(input, UP))?;
         let act = swiglu(&gate, &up)?;
-        let out = (&h1 + self.proj[DOWN].forward(&act, seed(input, DOWN))?)?.reshape((b, t, hidden))?;
+        let out = self.residual(&h1, DOWN, &act, input)?.reshape((b, t, hidden))?;
         let saved = save.then(|| LayerSaved {
             x: x2,
             n1,
@@ -150,6 +151,30 @@ impl DecoderLayer {
             act,
         });
         Ok((out, saved))
+    }
+
+    /// residual + proj(x), summed in the projection's output buffer.
+    fn residual(&self, residual: &Tensor, proj: usize, x: &Tensor, input: &LayerInput) -> Result<Tensor> {
+        let mut sum = ProductSum::new();
+        sum.add_tensor(residual)?;
+        self.proj[proj].forward_into(x, seed(input, proj), &mut sum)?;
+        sum.finish()
+    }
+
+    /// The input gradient of projections that read the same input, summed in one buffer, and
+    /// their LoRA gradients into `grads`.
+    fn backward_shared_input(
+        &self,
+        x: &Tensor,
+        dys: &[(usize, &Tensor)],
+        input: &LayerInput,
+        grads: &mut [Option<LoraGrad>; 7],
+    ) -> Result<Tensor> {
+        let mut dx = ProductSum::new();
+        for &(p, dy) in dys {
+            grads[p] = self.proj[p].backward_into(x, dy, seed(input, p), &mut dx)?;
+        }
+        dx.finish()
     }
 
     /// Given d(out) `[b, t, hidden]`, returns d(x) and the LoRA gradients in `PROJECTIONS` order
@@ -168,11 +193,8 @@ impl DecoderLayer {
         let (d_act, g) = self.proj[DOWN].backward(&saved.act, &d_out, seed(input, DOWN))?;
         grads[DOWN] = g;
         let (d_gate, d_up) = swiglu_backward(&saved.gate, &saved.up, &d_act)?;
-        let (dn2_gate, g) = self.proj[GATE].backward(&saved.n2, &d_gate, seed(input, GATE))?;
-        grads[GATE] = g;
-        let (dn2_up, g) = self.proj[UP].backward(&saved.n2, &d_up, seed(input, UP))?;
-        grads[UP] = g;
-        let dn2 = (dn2_gate + dn2_up)?;
+        let dn2 =
+            self.backward_shared_input(&saved.n2, &[(GATE, &d_gate), (UP, &d_up)], input, &mut grads)?;
         let d_h1 = (&d_out
             + rms_norm_backward(&saved.h1, &self.post_attention_layernorm, self.rms_norm_eps, &dn2)?)?;
 
@@ -188,13 +210,8 @@ impl DecoderLayer {
         let dq = flat(input.rope.backward(&dq, input.offset)?, self.n_heads)?;
         let dk = flat(input.rope.backward(&dk, input.offset)?, self.n_kv_heads)?;
         let dv = flat(dv, self.n_kv_heads)?;
-        let (dn1_q, g) = self.proj[Q].backward(&saved.n1, &dq, seed(input, Q))?;
-        grads[Q] = g;
-        let (dn1_k, g) = self.proj[K].backward(&saved.n1, &dk, seed(input, K))?;
-        grads[K] = g;
-        let (dn1_v, g) = self.proj[V].backward(&saved.n1, &dv, seed(input, V))?;
-        grads[V] = g;
-        let dn1 = ((dn1_q + dn1_k)? + dn1_v)?;
+        let dn1 =
+            self.backward_shared_input(&saved.n1, &[(Q, &dq), (K, &dk), (V, &dv)], input, &mut grads)?;
         let dx = (d_h1 + rms_norm_backward(&saved.x, &self.input_layernorm, self.rms_norm_eps, &dn1)?)?;
         Ok((dx.reshape((b, t, hidden))?, grads))
     }

@@ -8,6 +8,7 @@ use rand::Rng;
 
 use super::dropout::dropout;
 pub use super::dropout::DropoutSeed;
+use super::product_sum::{Product, ProductSum};
 
 use crate::quant::Nf4Tensor;
 
@@ -36,25 +37,12 @@ impl BaseWeight {
         }
     }
 
-    /// x `[n, in]` → `[n, out]`.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The weight in `dtype` for one use: the stored tensor, or NF4 dequantized (dropped after
+    /// the product that reads it).
+    fn for_use(&self, dtype: DType, device: &Device) -> Result<Tensor> {
         match self {
-            BaseWeight::Dense(w) => section("gemm.base", x.device(), || x.matmul(&w.t()?)),
-            BaseWeight::Nf4(q) => {
-                let w = section("nf4.dequantize", x.device(), || q.dequantize(x.dtype()))?;
-                section("gemm.base", x.device(), || x.matmul(&w.t()?))
-            }
-        }
-    }
-
-    /// dy `[n, out]` → dx `[n, in]` through the same weight.
-    fn backward_input(&self, dy: &Tensor) -> Result<Tensor> {
-        match self {
-            BaseWeight::Dense(w) => section("gemm.base", dy.device(), || dy.matmul(w)),
-            BaseWeight::Nf4(q) => {
-                let w = section("nf4.dequantize", dy.device(), || q.dequantize(dy.dtype()))?;
-                section("gemm.base", dy.device(), || dy.matmul(&w))
-            }
+            BaseWeight::Dense(w) => Ok(w.clone()),
+            BaseWeight::Nf4(q) => section("nf4.dequantize", device, || q.dequantize(dtype)),
         }
     }
 
@@ -124,17 +112,23 @@ pub struct LoraGrad {
 impl LoraLinear {
     /// x `[n, in]` → `[n, out]`. `dropout` is `None` in eval mode.
     pub fn forward(&self, x: &Tensor, dropout: Option<DropoutSeed>) -> Result<Tensor> {
-        let y = self.base.forward(x)?;
-        let Some(lora) = &self.lora else { return Ok(y) };
+        let mut out = ProductSum::new();
+        self.forward_into(x, dropout, &mut out)?;
+        out.finish()
+    }
+
+    /// out += x·Wᵀ + scale · dropout(x)·Aᵀ·Bᵀ: the low-rank product first, then the base GEMM
+    /// onto it (one buffer on CUDA).
+    pub fn forward_into(&self, x: &Tensor, dropout: Option<DropoutSeed>, out: &mut ProductSum) -> Result<()> {
         let dev = x.device();
-        section("lora", dev, || {
+        if let Some(lora) = &self.lora {
             let xd = self.dropped_input(x, dropout)?;
             let (a, b) = section("lora.weights", dev, || lora.weights(x.dtype()))?;
-            // the parts timed apart (LORA_FT_PROFILE=1): the sections nest inside "lora"
             let h = section("lora.x_a", dev, || xd.matmul(&a.t()?))?;
-            let hb = section("lora.h_b", dev, || h.matmul(&b.t()?))?;
-            section("lora.add", dev, || y + hb)
-        })
+            section("lora.h_b", dev, || out.add_product(Product { lhs: &h, rhs: &b, rhs_transposed: true }))?;
+        }
+        let w = self.base.for_use(x.dtype(), dev)?;
+        section("gemm.base", dev, || out.add_product(Product { lhs: x, rhs: &w, rhs_transposed: true }))
     }
 
     fn dropped_input(&self, x: &Tensor, seed: Option<DropoutSeed>) -> Result<Tensor> {
@@ -152,21 +146,54 @@ impl LoraLinear {
         dy: &Tensor,
         dropout: Option<DropoutSeed>,
     ) -> Result<(Tensor, Option<LoraGrad>)> {
-        let dx = self.base.backward_input(dy)?;
-        let Some(lora) = &self.lora else { return Ok((dx, None)) };
-        section("lora.backward", x.device(), || {
-            let (a, b) = lora.weights(x.dtype())?;
-            // the forward's mask, drawn again from its seed
-            let xd = self.dropped_input(x, dropout)?;
-            let h = xd.matmul(&a.t()?)?; // [n, r]
-            let grad_b = (dy.t()?.matmul(&h)? * lora.scale)?; // [out, r]
-            let dh = dy.matmul(&b)?; // [n, r], b already scaled
-            let grad_a = dh.t()?.matmul(&xd)?; // [r, in]
-            let dxd = self.dropped_input(&dh.matmul(&a)?, dropout)?; // [n, in], same mask
-            let grad =
-                LoraGrad { lora_a: grad_a.to_dtype(DType::F32)?, lora_b: grad_b.to_dtype(DType::F32)? };
-            Ok(((dx + dxd)?, Some(grad)))
-        })
+        let mut dx = ProductSum::new();
+        let grad = self.backward_into(x, dy, dropout, &mut dx)?;
+        Ok((dx.finish()?, grad))
+    }
+
+    /// dx += dy·W + dropout(scale · dy·B·A) (the input gradient, accumulated with those of other
+    /// projections that read the same input); returns the adapter's gradients (f32).
+    pub fn backward_into(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        dropout: Option<DropoutSeed>,
+        dx: &mut ProductSum,
+    ) -> Result<Option<LoraGrad>> {
+        let dev = x.device();
+        let grad = match &self.lora {
+            None => None,
+            Some(lora) => {
+                Some(section("lora.backward", dev, || self.lora_backward(lora, x, dy, dropout, dx))?)
+            }
+        };
+        let w = self.base.for_use(dy.dtype(), dev)?;
+        section("gemm.base", dev, || dx.add_product(Product { lhs: dy, rhs: &w, rhs_transposed: false }))?;
+        Ok(grad)
+    }
+
+    fn lora_backward(
+        &self,
+        lora: &LoraAdapter,
+        x: &Tensor,
+        dy: &Tensor,
+        dropout: Option<DropoutSeed>,
+        dx: &mut ProductSum,
+    ) -> Result<LoraGrad> {
+        let (a, b) = lora.weights(x.dtype())?;
+        // the forward's mask, drawn again from its seed
+        let xd = self.dropped_input(x, dropout)?;
+        let h = xd.matmul(&a.t()?)?; // [n, r]
+        let grad_b = (dy.t()?.matmul(&h)? * lora.scale)?; // [out, r]
+        let dh = dy.matmul(&b)?; // [n, r], b already scaled
+        let grad_a = dh.t()?.matmul(&xd)?; // [r, in]
+        if dropout.is_some() && lora.dropout > 0.0 {
+            // the mask applies to the low-rank part alone: materialize it
+            dx.add_tensor(&self.dropped_input(&dh.matmul(&a)?, dropout)?)?; // same mask
+        } else {
+            dx.add_product(Product { lhs: &dh, rhs: &a, rhs_transposed: false })?;
+        }
+        Ok(LoraGrad { lora_a: grad_a.to_dtype(DType::F32)?, lora_b: grad_b.to_dtype(DType::F32)? })
     }
 }
 

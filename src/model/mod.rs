@@ -15,6 +15,9 @@ pub mod loss;
 pub mod ops;
 #[cfg(feature = "cuda")]
 mod ops_cuda;
+pub mod product_sum;
+#[cfg(feature = "cuda")]
+mod product_sum_cuda;
 /// The autograd test oracle (also used by `benches/layer_backward.rs`).
 #[doc(hidden)]
 pub mod reference;

@@ -252,7 +252,8 @@ impl Nf4Dequantize {
             _ => b.arg(&null).arg(&null),
         };
         b.arg(&self.offset).arg(&out).arg(&n);
-        unsafe { b.launch(grid(self.n.div_ceil(2))) }.w()?;
+        // eight values per thread (nf4_dequantize in kernels/nf4.cu)
+        unsafe { b.launch(grid(self.n.div_ceil(8))) }.w()?;
         Ok(out)
     }
 

@@ -5,8 +5,9 @@
 pub mod checkpoint;
 pub mod loss_scale;
 pub mod metrics;
+pub mod trace;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,6 +24,7 @@ use crate::profile::section;
 use checkpoint::TrainerState;
 use loss_scale::LossScaler;
 use metrics::{EvalRecord, MetricsLog, StepRecord};
+use trace::Trace;
 
 pub fn lora_spec(cfg: &Config) -> LoraSpec {
     LoraSpec {
@@ -225,8 +227,8 @@ fn total_steps(cfg: &Config, batches_per_epoch: usize) -> usize {
     })
 }
 
-/// `lora-ft train CONFIG`.
-pub fn run(cfg: &Config) -> anyhow::Result<TrainSummary> {
+/// `lora-ft train CONFIG [--trace DIR]`.
+pub fn run(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummary> {
     let device = parse_device(&cfg.train.device)?;
     let source = cfg.model.expanded_source();
     let files = crate::hub::resolve(&source, &cfg.model.revision)?;
@@ -278,20 +280,31 @@ pub fn run(cfg: &Config) -> anyhow::Result<TrainSummary> {
     let mut trainer = Trainer::new(model, &cfg.optim, cfg.train.weight_decay, schedule, max_grad_norm, seed)?;
     let mut stream = BatchStream::new(loader, 0, 0);
     let mut log = MetricsLog::open(&run_dir.join("metrics.jsonl"), total, 0)?;
-    train_loop(cfg, &mut trainer, &mut stream, &mut log, eval_loader.as_ref(), total, &base_model, &spec)
+    let trace = trace_dir
+        .map(|dir| Trace::start(dir, &trainer.model, &spec, &base_model, eval_loader.as_ref()))
+        .transpose()?;
+    let run =
+        RunContext { cfg, eval_loader: eval_loader.as_ref(), total, base_model: &base_model, spec: &spec };
+    train_loop(&run, &mut trainer, &mut stream, &mut log, trace)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What the loop reads and never changes.
+struct RunContext<'a> {
+    cfg: &'a Config,
+    eval_loader: Option<&'a BatchLoader>,
+    total: usize,
+    base_model: &'a str,
+    spec: &'a LoraSpec,
+}
+
 fn train_loop(
-    cfg: &Config,
+    run: &RunContext,
     trainer: &mut Trainer,
     stream: &mut BatchStream,
     log: &mut MetricsLog,
-    eval_loader: Option<&BatchLoader>,
-    total: usize,
-    base_model: &str,
-    spec: &LoraSpec,
+    mut trace: Option<Trace>,
 ) -> anyhow::Result<TrainSummary> {
+    let RunContext { cfg, eval_loader, total, base_model, spec } = *run;
     let started = Instant::now();
     let (mut first_loss, mut last_loss, mut all_tokens) = (f64::NAN, f64::NAN, 0usize);
     // The untrained model's eval loss first, so the log shows what training changed.
@@ -301,6 +314,9 @@ fn train_loop(
     for step in 0..total {
         let t0 = Instant::now();
         let micro: Vec<Batch> = (0..cfg.train.grad_accum).map(|_| stream.next_batch()).collect();
+        if let Some(trace) = trace.as_mut() {
+            trace.record(step + 1, &micro)?;
+        }
         let Some(r) = trainer.step(step, &micro)? else {
             log.println(format!("step {step}: no trained tokens in these batches, skipped"));
             continue;
@@ -367,6 +383,7 @@ fn train_loop(
         }
     }
     log.finish();
+    trace.map(Trace::finish).transpose()?;
     let adapter_dir = cfg.output.adapters_dir.join(&cfg.output.adapter_name);
     save_adapter(&trainer.model, spec, base_model, &adapter_dir)?;
     let tokens_per_s = all_tokens as f64 / started.elapsed().as_secs_f64();

@@ -111,21 +111,51 @@ __device__ void nf4_pack(const T* x, const float* absmax, uint8_t* packed, int64
     packed[byte] = (quantize_nf4(a * scale) << 4) | quantize_nf4(b * scale);
 }
 
-// One thread per packed byte. `codes == nullptr`: the absmax values are plain f32; otherwise
-// each is restored from its 8-bit code as code * absmax2, then + offset, each rounded
-// (bitsandbytes' dequantize_blockwise, then torch's `absmax += offset`).
+// Eight values (four packed bytes) per thread, stored with one 16-byte (f16/bf16) or two
+// (f32) vector stores. The codebook is read by warp shuffle from the lanes that hold it: a
+// __constant__ lookup with a different index per lane is serialized. `codes == nullptr`: the
+// absmax values are plain f32; otherwise each is restored from its 8-bit code as code * absmax2,
+// then + offset, each rounded (bitsandbytes' dequantize_blockwise, then torch's `absmax +=
+// offset`). The products are the same f32 multiplications as bitsandbytes'.
+__device__ __forceinline__ void store8(float* out, const float (&v)[8]) {
+    reinterpret_cast<float4*>(out)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(out)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void store8(__half* out, const float (&v)[8]) {
+    __half2 h[4];
+    for (int j = 0; j < 4; j++) h[j] = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
+    *reinterpret_cast<uint4*>(out) = *reinterpret_cast<uint4*>(h);
+}
+__device__ __forceinline__ void store8(__nv_bfloat16* out, const float (&v)[8]) {
+    __nv_bfloat162 h[4];
+    for (int j = 0; j < 4; j++) h[j] = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+    *reinterpret_cast<uint4*>(out) = *reinterpret_cast<uint4*>(h);
+}
+
 template <typename T>
 __device__ void nf4_dequantize(const uint8_t* packed, const float* absmax, const uint8_t* codes,
                                const float* absmax2, float offset, T* out, int64_t n) {
-    const int64_t byte = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int64_t i = 2 * byte;
-    if (i >= n) return;
-    const int64_t block = i / NF4_BLOCK;  // i and i + 1 share a block: 64 is even
-    const float amax = codes ? __fadd_rn(__fmul_rn(DYNAMIC_MAP[codes[block]], absmax2[block / DQ_BLOCK]), offset)
-                             : absmax[block];
-    const uint8_t q = packed[byte];
-    store(out + i, NF4_CODE[q >> 4] * amax);
-    if (i + 1 < n) store(out + i + 1, NF4_CODE[q & 0x0F] * amax);
+    const float lane_code = NF4_CODE[threadIdx.x & 15];
+    const int64_t i = 8 * ((int64_t)blockIdx.x * blockDim.x + threadIdx.x);
+    const bool live = i < n;
+    // eight values never straddle a 64-value block; every lane takes part in the shuffles below
+    const int64_t block = live ? i / NF4_BLOCK : 0;
+    float amax = 0.0f;
+    if (live)
+        amax = codes ? __fadd_rn(__fmul_rn(DYNAMIC_MAP[codes[block]], absmax2[block / DQ_BLOCK]), offset)
+                     : absmax[block];
+    float v[8];
+    for (int j = 0; j < 4; j++) {
+        const uint8_t q = live && i + 2 * j < n ? packed[i / 2 + j] : 0;
+        v[2 * j] = __shfl_sync(0xffffffff, lane_code, q >> 4) * amax;
+        v[2 * j + 1] = __shfl_sync(0xffffffff, lane_code, q & 0x0F) * amax;
+    }
+    if (!live) return;
+    if (i + 8 <= n) {
+        store8(out + i, v);
+    } else {
+        for (int j = 0; i + j < n; j++) store(out + i + j, v[j]);
+    }
 }
 
 #define NF4_OPS(NAME, T)                                                                            \
