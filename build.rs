@@ -1,4 +1,4 @@
-//! With `--features cuda`, compiles src/{quant,model}/kernels/*.cu to PTX with nvcc (found through
+//! With `--features cuda`, compiles src/{quant,model,optim}/kernels/*.cu to PTX with nvcc (found through
 //! `$NVCC`, `$CUDA_ROOT/bin` or `PATH`). The PTX targets `compute_$CUDA_COMPUTE_CAP` (default 80:
 //! Ampere and newer, including the 24 GB RTX 3090/4090 cards); the driver JIT-compiles it once
 //! and caches it. The NF4 kernels get `--use_fast_math`, as bitsandbytes' build does, which NF4
@@ -10,6 +10,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/quant/kernels");
     println!("cargo:rerun-if-changed=src/model/kernels");
     println!("cargo:rerun-if-changed=src/kernels");
+    println!("cargo:rerun-if-changed=src/optim/kernels");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
@@ -25,6 +26,7 @@ fn main() {
         let src = format!("src/model/kernels/{kernel}.cu");
         compile_ptx(&nvcc, &cap, &src, &out.join(format!("{kernel}.ptx")), false);
     }
+    compile_ptx(&nvcc, &cap, "src/optim/kernels/adafactor.cu", &out.join("adafactor.ptx"), false);
 }
 
 /// `fast_math`: only for the NF4 kernels, to match bitsandbytes' build.

@@ -7,13 +7,7 @@ use candle_core::{DType, Result, Tensor};
 /// is returned as is (the gradients then become non-finite too, as in torch), so the caller can
 /// skip the step.
 pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
-    if grads.is_empty() {
-        return Ok(0.0);
-    }
-    // torch: norm of the per-tensor norms, in float32 for float32 gradients.
-    let norms =
-        grads.iter().map(|g| g.to_dtype(DType::F32)?.sqr()?.sum_all()?.sqrt()).collect::<Result<Vec<_>>>()?;
-    let total = Tensor::stack(&norms, 0)?.sqr()?.sum_all()?.sqrt()?.to_scalar::<f32>()? as f64;
+    let total = grad_norm(grads, 1.0)?;
     let coef = max_norm / (total + 1e-6);
     if coef < 1.0 {
         for g in grads.iter_mut() {
@@ -21,6 +15,34 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
         }
     }
     Ok(total)
+}
+
+/// The factor `clip_grad_norm` scales the gradients by: `max_norm / (total + 1e-6)`, at most 1.
+pub fn clip_coefficient(max_norm: f64, total: f64) -> f64 {
+    (max_norm / (total + 1e-6)).min(1.0)
+}
+
+/// The L2 norm of all `grads · inv_scale` taken together (the unscaled norm under loss scaling),
+/// without changing them. On CUDA one kernel launch and one read of a value per gradient.
+pub fn grad_norm(grads: &[Tensor], inv_scale: f64) -> Result<f64> {
+    if grads.is_empty() {
+        return Ok(0.0);
+    }
+    #[cfg(feature = "cuda")]
+    if grads.iter().all(super::cuda::fits) {
+        let sums = super::cuda::grad_sumsq(grads, inv_scale as f32)?;
+        return Ok(sums.iter().map(|&s| f64::from(s)).sum::<f64>().sqrt());
+    }
+    // torch: norm of the per-tensor norms, in float32 for float32 gradients.
+    let norms = grads
+        .iter()
+        .map(|g| {
+            let g = g.to_dtype(DType::F32)?;
+            let g = if inv_scale != 1.0 { g.affine(inv_scale, 0.0)? } else { g };
+            g.sqr()?.sum_all()?.sqrt()
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::stack(&norms, 0)?.sqr()?.sum_all()?.sqrt()?.to_scalar::<f32>()? as f64)
 }
 
 #[cfg(test)]
@@ -59,6 +81,18 @@ mod tests {
         let total = clip_grad_norm(&mut grads, 1.0).unwrap();
         assert!((total - 0.5).abs() < 1e-7);
         assert_eq!(grads[0].to_vec1::<f32>().unwrap(), g.to_vec1::<f32>().unwrap());
+    }
+
+    #[test]
+    fn unscaled_norm_and_coefficient() {
+        let dev = Device::Cpu;
+        let grads =
+            vec![Tensor::new(&[[300f32, 400.0]], &dev).unwrap(), Tensor::new(&[1200f32], &dev).unwrap()];
+        let total = grad_norm(&grads, 0.01).unwrap();
+        assert!((total - 13.0).abs() < 1e-5, "{total}");
+        assert!((clip_coefficient(1.0, total) - 1.0 / (13.0 + 1e-6)).abs() < 1e-12);
+        assert_eq!(clip_coefficient(20.0, total), 1.0);
+        assert_eq!(clip_coefficient(f64::INFINITY, total), 1.0);
     }
 
     #[test]

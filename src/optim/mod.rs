@@ -3,8 +3,10 @@
 
 mod adafactor;
 mod clip;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod schedule;
 
 pub use adafactor::{Adafactor, AdafactorError};
-pub use clip::clip_grad_norm;
+pub use clip::{clip_coefficient, clip_grad_norm, grad_norm};
 pub use schedule::LrSchedule;

@@ -19,7 +19,7 @@ use crate::data::{Batch, BatchLoader, ChatTokenizer, EpochBatches, TokenizedData
 use crate::export::save_adapter;
 use crate::model::loss::{shift_labels, IGNORE_INDEX};
 use crate::model::{CausalLm, LoraSpec};
-use crate::optim::{clip_grad_norm, Adafactor, LrSchedule};
+use crate::optim::{clip_coefficient, grad_norm, Adafactor, LrSchedule};
 use crate::profile::section;
 use checkpoint::TrainerState;
 use loss_scale::LossScaler;
@@ -202,18 +202,19 @@ impl Trainer {
                 }
             });
         }
-        let mut grads = grads.context("no micro-batches")?;
-        if loss_scale != 1.0 {
-            grads =
-                grads.iter().map(|g| g.affine(1.0 / loss_scale, 0.0)).collect::<candle_core::Result<_>>()?;
-        }
-        // max_grad_norm = 0 turns clipping off; the norm is still reported.
-        let max_norm = if self.max_grad_norm > 0.0 { self.max_grad_norm } else { f64::INFINITY };
+        let grads = grads.context("no micro-batches")?;
+        // Unscaling and clipping are folded into one gradient factor of the optimizer step:
+        // the gradients are read twice per step (norm, update) and never rewritten.
+        let inv_scale = 1.0 / loss_scale;
         let device = self.model.device().clone();
-        let grad_norm = section("clip", &device, || clip_grad_norm(&mut grads, max_norm))?;
+        let grad_norm = section("clip", &device, || grad_norm(&grads, inv_scale))?;
         let applied = self.scaler.update(grad_norm.is_finite());
         if applied {
-            section("optimizer", &device, || self.optimizer.step(&grads, self.schedule.lr_at(step)))?;
+            // max_grad_norm = 0 turns clipping off; the norm is still reported.
+            let max_norm = if self.max_grad_norm > 0.0 { self.max_grad_norm } else { f64::INFINITY };
+            let grad_mult = inv_scale * clip_coefficient(max_norm, grad_norm);
+            let lr = self.schedule.lr_at(step);
+            section("optimizer", &device, || self.optimizer.step_scaled(&grads, grad_mult, lr))?;
         }
         let tokens = micro_batches.iter().map(|b| b.batch_size * b.seq_len).sum();
         let loss = loss_sum / trained as f64;
