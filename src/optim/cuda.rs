@@ -242,4 +242,16 @@ mod tests {
         let got = clip::grad_norm(&on_gpu, 1.0 / 1024.0).unwrap();
         assert!((got - want).abs() < 1e-6 * want, "{got} vs {want}");
     }
+
+    /// An overflowed f16 backward leaves inf in a gradient: the norm must say so, so that the
+    /// loss scaler skips the step.
+    #[test]
+    fn fused_grad_norm_reports_overflow() {
+        let gpu = Device::new_cuda(0).unwrap();
+        let g = Tensor::new(&[[1f32, f32::INFINITY], [0.5, 0.25]], &gpu).unwrap();
+        let ok = Tensor::new(&[[3f32, 4.0]], &gpu).unwrap();
+        assert!(!clip::grad_norm(&[ok.clone(), g], 1.0).unwrap().is_finite());
+        let nan = Tensor::new(&[f32::NAN, 1.0], &gpu).unwrap().reshape((1, 2)).unwrap();
+        assert!(!clip::grad_norm(&[ok, nan], 1.0).unwrap().is_finite());
+    }
 }
