@@ -6,6 +6,7 @@ use candle_core::{Result, Tensor};
 
 use super::attention::{attention, attention_backward, AttentionSaved};
 use super::linear::{DropoutSeed, LoraGrad, LoraLinear};
+use super::lora_group::LoraGroup;
 use super::ops::{rms_norm, rms_norm_backward, swiglu, swiglu_backward, Rope};
 use super::product_sum::ProductSum;
 use crate::profile::section;
@@ -33,6 +34,12 @@ const O: usize = 3;
 const GATE: usize = 4;
 const UP: usize = 5;
 const DOWN: usize = 6;
+
+/// The LoRA groups of a layer (projections reading one input): q/k/v, o, gate/up, down.
+const QKV: usize = 0;
+const ATTN_OUT: usize = 1;
+const MLP_IN: usize = 2;
+const MLP_OUT: usize = 3;
 
 /// Keys and values of the positions seen so far, for generation.
 #[derive(Debug, Default, Clone)]
@@ -78,6 +85,8 @@ pub struct LayerSaved {
     gate: Tensor,
     up: Tensor,
     act: Tensor,
+    /// The LoRA groups of the recompute (`QKV` … `MLP_OUT`; `None` on the per-projection path).
+    lora: [Option<LoraGroup>; 4],
 }
 
 fn seed(input: &LayerInput, proj: usize) -> Option<DropoutSeed> {
@@ -113,9 +122,10 @@ impl DecoderLayer {
         let (b, t, hidden) = x.dims3()?;
         let x2 = x.reshape((b * t, hidden))?;
         let n1 = rms_norm(&x2, &self.input_layernorm, self.rms_norm_eps)?;
-        let q = self.proj[Q].forward(&n1, seed(input, Q))?;
-        let k = self.proj[K].forward(&n1, seed(input, K))?;
-        let v = self.proj[V].forward(&n1, seed(input, V))?;
+        let qkv = self.lora_group(&[Q, K, V], &n1, input)?;
+        let q = self.project(Q, &n1, input, qkv.as_ref().map(|g| (g, 0)))?;
+        let k = self.project(K, &n1, input, qkv.as_ref().map(|g| (g, 1)))?;
+        let v = self.project(V, &n1, input, qkv.as_ref().map(|g| (g, 2)))?;
         let q = input.rope.apply(&self.heads(&q, b, t, self.n_heads)?, input.offset)?;
         let mut k = input.rope.apply(&self.heads(&k, b, t, self.n_kv_heads)?, input.offset)?;
         let mut v = self.heads(&v, b, t, self.n_kv_heads)?;
@@ -130,12 +140,15 @@ impl DecoderLayer {
         let (context, attention_saved) =
             section("attention", q.device(), || attention(&q, &k, &v, input.mask, input.window))?;
         let context = context.transpose(1, 2)?.reshape((b * t, self.n_heads * self.head_dim))?;
-        let h1 = self.residual(&x2, O, &context, input)?;
+        let attn_out = self.lora_group(&[O], &context, input)?;
+        let h1 = self.residual(&x2, O, &context, input, attn_out.as_ref())?;
         let n2 = rms_norm(&h1, &self.post_attention_layernorm, self.rms_norm_eps)?;
-        let gate = self.proj[GATE].forward(&n2, seed(input, GATE))?;
-        let up = self.proj[UP].forward(&n2, seed(input, UP))?;
+        let mlp_in = self.lora_group(&[GATE, UP], &n2, input)?;
+        let gate = self.project(GATE, &n2, input, mlp_in.as_ref().map(|g| (g, 0)))?;
+        let up = self.project(UP, &n2, input, mlp_in.as_ref().map(|g| (g, 1)))?;
         let act = swiglu(&gate, &up)?;
-        let out = self.residual(&h1, DOWN, &act, input)?.reshape((b, t, hidden))?;
+        let mlp_out = self.lora_group(&[DOWN], &act, input)?;
+        let out = self.residual(&h1, DOWN, &act, input, mlp_out.as_ref())?.reshape((b, t, hidden))?;
         let saved = save.then(|| LayerSaved {
             x: x2,
             n1,
@@ -149,15 +162,60 @@ impl DecoderLayer {
             gate,
             up,
             act,
+            lora: [qkv, attn_out, mlp_in, mlp_out],
         });
         Ok((out, saved))
     }
 
+    /// The shared LoRA pass of projections `projs`, all reading x (`None`: per-projection path).
+    fn lora_group(&self, projs: &[usize], x: &Tensor, input: &LayerInput) -> Result<Option<LoraGroup>> {
+        let members: Vec<&LoraLinear> = projs.iter().map(|&p| &self.proj[p]).collect();
+        LoraGroup::forward(&members, x, input.dropout_seed.is_some())
+    }
+
+    /// proj(x): member i of `group`'s low-rank output and the base GEMM, or the projection's own
+    /// path, in one buffer.
+    fn project(
+        &self,
+        p: usize,
+        x: &Tensor,
+        input: &LayerInput,
+        group: Option<(&LoraGroup, usize)>,
+    ) -> Result<Tensor> {
+        let mut out = ProductSum::new();
+        self.project_into(p, x, input, group, &mut out)?;
+        out.finish()
+    }
+
+    fn project_into(
+        &self,
+        p: usize,
+        x: &Tensor,
+        input: &LayerInput,
+        group: Option<(&LoraGroup, usize)>,
+        out: &mut ProductSum,
+    ) -> Result<()> {
+        match group {
+            Some((g, i)) => {
+                g.add_output(i, out)?;
+                self.proj[p].base_forward_into(x, out)
+            }
+            None => self.proj[p].forward_into(x, seed(input, p), out),
+        }
+    }
+
     /// residual + proj(x), summed in the projection's output buffer.
-    fn residual(&self, residual: &Tensor, proj: usize, x: &Tensor, input: &LayerInput) -> Result<Tensor> {
+    fn residual(
+        &self,
+        residual: &Tensor,
+        p: usize,
+        x: &Tensor,
+        input: &LayerInput,
+        group: Option<&LoraGroup>,
+    ) -> Result<Tensor> {
         let mut sum = ProductSum::new();
         sum.add_tensor(residual)?;
-        self.proj[proj].forward_into(x, seed(input, proj), &mut sum)?;
+        self.project_into(p, x, input, group.map(|g| (g, 0)), &mut sum)?;
         sum.finish()
     }
 
@@ -168,11 +226,25 @@ impl DecoderLayer {
         x: &Tensor,
         dys: &[(usize, &Tensor)],
         input: &LayerInput,
+        group: Option<&LoraGroup>,
         grads: &mut [Option<LoraGrad>; 7],
     ) -> Result<Tensor> {
         let mut dx = ProductSum::new();
-        for &(p, dy) in dys {
-            grads[p] = self.proj[p].backward_into(x, dy, seed(input, p), &mut dx)?;
+        match group {
+            Some(g) => {
+                let dy_list: Vec<&Tensor> = dys.iter().map(|&(_, dy)| dy).collect();
+                for (&(p, _), grad) in dys.iter().zip(g.backward(x, &dy_list, &mut dx)?) {
+                    grads[p] = Some(grad);
+                }
+                for &(p, dy) in dys {
+                    self.proj[p].base_backward_into(dy, &mut dx)?;
+                }
+            }
+            None => {
+                for &(p, dy) in dys {
+                    grads[p] = self.proj[p].backward_into(x, dy, seed(input, p), &mut dx)?;
+                }
+            }
         }
         dx.finish()
     }
@@ -190,16 +262,22 @@ impl DecoderLayer {
         let d_out = d_out.reshape((b * t, hidden))?;
         let mut grads: [Option<LoraGrad>; 7] = Default::default();
 
-        let (d_act, g) = self.proj[DOWN].backward(&saved.act, &d_out, seed(input, DOWN))?;
-        grads[DOWN] = g;
+        let lora = |group: usize| saved.lora[group].as_ref();
+        let d_act =
+            self.backward_shared_input(&saved.act, &[(DOWN, &d_out)], input, lora(MLP_OUT), &mut grads)?;
         let (d_gate, d_up) = swiglu_backward(&saved.gate, &saved.up, &d_act)?;
-        let dn2 =
-            self.backward_shared_input(&saved.n2, &[(GATE, &d_gate), (UP, &d_up)], input, &mut grads)?;
+        let dn2 = self.backward_shared_input(
+            &saved.n2,
+            &[(GATE, &d_gate), (UP, &d_up)],
+            input,
+            lora(MLP_IN),
+            &mut grads,
+        )?;
         let d_h1 = (&d_out
             + rms_norm_backward(&saved.h1, &self.post_attention_layernorm, self.rms_norm_eps, &dn2)?)?;
 
-        let (d_context, g) = self.proj[O].backward(&saved.context, &d_h1, seed(input, O))?;
-        grads[O] = g;
+        let d_context =
+            self.backward_shared_input(&saved.context, &[(O, &d_h1)], input, lora(ATTN_OUT), &mut grads)?;
         // a [b, h, t, d] view: the kernels read it strided, the composed path copies per chunk
         let d_context = d_context.reshape((b, t, self.n_heads, self.head_dim))?.transpose(1, 2)?;
         let (dq, dk, dv) = section("attention.backward", d_context.device(), || {
@@ -210,8 +288,13 @@ impl DecoderLayer {
         let dq = flat(input.rope.backward(&dq, input.offset)?, self.n_heads)?;
         let dk = flat(input.rope.backward(&dk, input.offset)?, self.n_kv_heads)?;
         let dv = flat(dv, self.n_kv_heads)?;
-        let dn1 =
-            self.backward_shared_input(&saved.n1, &[(Q, &dq), (K, &dk), (V, &dv)], input, &mut grads)?;
+        let dn1 = self.backward_shared_input(
+            &saved.n1,
+            &[(Q, &dq), (K, &dk), (V, &dv)],
+            input,
+            lora(QKV),
+            &mut grads,
+        )?;
         let dx = (d_h1 + rms_norm_backward(&saved.x, &self.input_layernorm, self.rms_norm_eps, &dn1)?)?;
         Ok((dx.reshape((b, t, hidden))?, grads))
     }

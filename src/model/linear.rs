@@ -127,8 +127,21 @@ impl LoraLinear {
             let h = section("lora.x_a", dev, || xd.matmul(&a.t()?))?;
             section("lora.h_b", dev, || out.add_product(Product { lhs: &h, rhs: &b, rhs_transposed: true }))?;
         }
+        self.base_forward_into(x, out)
+    }
+
+    /// out += x·Wᵀ, the frozen part alone (a `LoraGroup` adds the low-rank part).
+    pub fn base_forward_into(&self, x: &Tensor, out: &mut ProductSum) -> Result<()> {
+        let dev = x.device();
         let w = self.base.for_use(x.dtype(), dev)?;
         section("gemm.base", dev, || out.add_product(Product { lhs: x, rhs: &w, rhs_transposed: true }))
+    }
+
+    /// dx += dy·W, the frozen part's input gradient alone.
+    pub fn base_backward_into(&self, dy: &Tensor, dx: &mut ProductSum) -> Result<()> {
+        let dev = dy.device();
+        let w = self.base.for_use(dy.dtype(), dev)?;
+        section("gemm.base", dev, || dx.add_product(Product { lhs: dy, rhs: &w, rhs_transposed: false }))
     }
 
     fn dropped_input(&self, x: &Tensor, seed: Option<DropoutSeed>) -> Result<Tensor> {
@@ -167,8 +180,7 @@ impl LoraLinear {
                 Some(section("lora.backward", dev, || self.lora_backward(lora, x, dy, dropout, dx))?)
             }
         };
-        let w = self.base.for_use(dy.dtype(), dev)?;
-        section("gemm.base", dev, || dx.add_product(Product { lhs: dy, rhs: &w, rhs_transposed: false }))?;
+        self.base_backward_into(dy, dx)?;
         Ok(grad)
     }
 

@@ -11,6 +11,7 @@ mod flash;
 mod fused;
 pub mod layer;
 pub mod linear;
+pub mod lora_group;
 pub mod loss;
 pub mod ops;
 #[cfg(feature = "cuda")]
