@@ -197,3 +197,64 @@ fn time_shape(
         profile,
     })
 }
+
+/// One row of `lora-ft bench attention`: causal attention alone, forward and backward, at one
+/// shape (the same fields as scripts/bench/attention_ref.py prints for torch's SDPA).
+#[derive(Debug, Serialize)]
+pub struct AttentionRow {
+    pub seq: usize,
+    pub bs: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub fwd_ms: f64,
+    pub bwd_ms: f64,
+    /// Causal FLOPs (the visible half of the scores): forward 2 matmuls, backward 5, over the time.
+    pub fwd_tflops: f64,
+    pub bwd_tflops: f64,
+}
+
+/// Times `model::attention::attention` and its backward on random q, k, v of shape
+/// `[bs, heads, seq, head_dim]` / `[bs, kv_heads, seq, head_dim]` (causal, no window): `iters`
+/// calls each after one warm-up, synchronized before and after.
+pub fn attention(
+    device: &Device,
+    dtype: DType,
+    (seq, bs): (usize, usize),
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+    iters: usize,
+) -> anyhow::Result<AttentionRow> {
+    use crate::model::attention::{attention, attention_backward};
+    use candle_core::Tensor;
+    anyhow::ensure!(
+        kv_heads > 0 && heads % kv_heads == 0,
+        "--heads ({heads}) must be a multiple of --kv-heads ({kv_heads})"
+    );
+    let rand = |h: usize| Tensor::randn(0f32, 1.0, (bs, h, seq, head_dim), device)?.to_dtype(dtype);
+    let (q, k, v, d_context) = (rand(heads)?, rand(kv_heads)?, rand(kv_heads)?, rand(heads)?);
+    let timed = |f: &dyn Fn() -> candle_core::Result<()>| -> anyhow::Result<f64> {
+        f()?;
+        device.synchronize()?;
+        let started = Instant::now();
+        for _ in 0..iters {
+            f()?;
+        }
+        device.synchronize()?;
+        Ok(started.elapsed().as_secs_f64() / iters.max(1) as f64)
+    };
+    let fwd_s = timed(&|| attention(&q, &k, &v, None, None).map(drop))?;
+    let (_, saved) = attention(&q, &k, &v, None, None)?;
+    let bwd_s = timed(&|| attention_backward(&q, &k, &v, None, None, &saved, &d_context).map(drop))?;
+    let fwd_flops = 2.0 * (bs * heads * seq * seq * head_dim) as f64;
+    Ok(AttentionRow {
+        seq,
+        bs,
+        heads,
+        kv_heads,
+        head_dim,
+        fwd_ms: fwd_s * 1e3,
+        bwd_ms: bwd_s * 1e3,
+        fwd_tflops: fwd_flops / fwd_s / 1e12,
+        bwd_tflops: 2.5 * fwd_flops / bwd_s / 1e12,
+    })
+}

@@ -76,6 +76,27 @@ enum BenchCommand {
         #[arg(long, default_value_t = 0.0)]
         lora_dropout: f64,
     },
+    /// Causal attention alone (the FlashAttention-style kernels on CUDA), forward and backward,
+    /// on random inputs: milliseconds and TFLOP/s per shape, one JSON line each.
+    Attention {
+        /// SEQxBATCH,...
+        #[arg(long, default_value = "512x8,2048x8")]
+        shapes: String,
+        /// Query heads, kv heads and head_dim (Mistral-7B's by default).
+        #[arg(long, default_value_t = 32)]
+        heads: usize,
+        #[arg(long, default_value_t = 8)]
+        kv_heads: usize,
+        #[arg(long, default_value_t = 128)]
+        head_dim: usize,
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+        #[arg(long, default_value = "f16", value_parser = ["f32", "f16", "bf16"])]
+        dtype: String,
+        /// auto, cpu, cuda or cuda:N.
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
     /// Load a model and report load time and memory.
     Load {
         #[command(flatten)]
@@ -192,6 +213,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             lora_ft::bench::train(&m.model, q, dtype, &device, &shapes, steps, lora_dropout, |row| {
                 println!("{}", serde_json::to_string(row).unwrap_or_default())
             })?;
+            Ok(())
+        }
+        Command::Bench {
+            command: BenchCommand::Attention { shapes, heads, kv_heads, head_dim, iters, dtype, device },
+        } => {
+            let (device, dtype) = (parse_device(&device)?, parse_dtype(&dtype));
+            for shape in parse_shapes(&shapes)? {
+                let row =
+                    lora_ft::bench::attention(&device, dtype, shape, (heads, kv_heads, head_dim), iters)?;
+                println!("{}", serde_json::to_string(&row)?);
+            }
             Ok(())
         }
         Command::Bench { command: BenchCommand::Load { model: m } } => {

@@ -3,7 +3,8 @@
 //! log-sum-exp, and the backward recomputes the probabilities from them. `attention.rs` keeps the
 //! composed chunked version as the CPU path, the f32 path and the tests' reference.
 
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SMEM;
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, DType, Result, Tensor, WithDType};
 use half::{bf16, f16};
@@ -15,6 +16,27 @@ const MODULE: &str = "lora_ft_flash_attention";
 const THREADS: u32 = 128;
 /// Query rows per forward / dQ block and keys per dK/dV block (4 warps × 16).
 const BLOCK_ROWS: usize = 64;
+/// Keys per shared-memory stage of the forward and dQ kernels (`KV_TILE`), query rows per dK/dV
+/// step (`BWD_Q`), and the smem row padding (`PAD`) of the .cu file.
+const KV_TILE: usize = 64;
+const BWD_Q: usize = 32;
+const PAD: usize = 8;
+
+/// Dynamic shared memory of the forward and dQ kernels: two stages of a K and a V tile (16-bit).
+fn kv_stages_bytes(head_dim: usize) -> u32 {
+    (2 * 2 * KV_TILE * (head_dim + PAD) * 2) as u32
+}
+
+/// Dynamic shared memory of the dK/dV kernel: the block's K and V, two stages of Q and dO rows,
+/// and two stages of their lse and delta (f32).
+fn dkdv_bytes(head_dim: usize) -> u32 {
+    ((2 * BLOCK_ROWS + 2 * 2 * BWD_Q) * (head_dim + PAD) * 2 + 2 * 2 * BWD_Q * 4) as u32
+}
+
+/// Lets `func` take `bytes` of dynamic shared memory (past the 48 KiB default).
+fn allow_smem(func: &CudaFunction, bytes: u32) -> Result<()> {
+    func.set_attribute(MAX_DYNAMIC_SMEM, bytes as i32).w()
+}
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -77,11 +99,11 @@ fn dims(q: &Tensor, k: &Tensor, window: Option<usize>) -> Result<Dims> {
     })
 }
 
-fn grid(rows: usize, heads: usize, batch: usize) -> LaunchConfig {
+fn grid(rows: usize, heads: usize, batch: usize, shared_mem_bytes: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows.div_ceil(BLOCK_ROWS) as u32, heads as u32, batch as u32),
         block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes,
     }
 }
 
@@ -111,14 +133,16 @@ fn forward_typed<T: CudaDType + WithDType + DeviceRepr>(
     // The context is written as [b, t, h, d], the layout the output projection reads, and
     // returned as its [b, h, t, d] view: flattening it back costs no copy.
     let so = Strides { b: (t * h * hd) as i64, h: hd as i64, row: (h * hd) as i64 };
-    let name = format!("flash_forward_{}_{hd}", suffix(T::DTYPE)?);
-    let func = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
+    let smem = kv_stages_bytes(hd);
+    let func =
+        dev.get_or_load_custom_func(&format!("flash_forward_{}_{hd}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    allow_smem(&func, smem)?;
     {
         let (qs, ks, vs) = (q.storage_and_layout().0, k.storage_and_layout().0, v.storage_and_layout().0);
         let (qv, kv, vv) = (view::<T>(&qs, &q)?, view::<T>(&ks, &k)?, view::<T>(&vs, &v)?);
         let mut l = func.builder();
         l.arg(&qv).arg(&kv).arg(&vv).arg(&out).arg(&lse).arg(&d).arg(&sq).arg(&sk).arg(&so);
-        unsafe { l.launch(grid(t, h, b)) }.w()?;
+        unsafe { l.launch(grid(t, h, b, smem)) }.w()?;
     }
     Ok((wrap(out, &dev, &[b, t, h, hd]).transpose(1, 2)?, wrap(lse, &dev, &[b, h, t])))
 }
@@ -181,16 +205,18 @@ fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
 
         let dkdv_fn =
             dev.get_or_load_custom_func(&format!("flash_backward_dkdv_{suffix}_{hd}"), MODULE, PTX)?;
+        allow_smem(&dkdv_fn, dkdv_bytes(hd))?;
         let mut l = dkdv_fn.builder();
         l.arg(&qv).arg(&kv).arg(&vv).arg(&dov).arg(&lv).arg(&delta).arg(&dk).arg(&dv);
         l.arg(&d).arg(&sq).arg(&sk).arg(&sdo).arg(&sdk);
-        unsafe { l.launch(grid(s, kvh, b)) }.w()?;
+        unsafe { l.launch(grid(s, kvh, b, dkdv_bytes(hd))) }.w()?;
 
         let dq_fn = dev.get_or_load_custom_func(&format!("flash_backward_dq_{suffix}_{hd}"), MODULE, PTX)?;
+        allow_smem(&dq_fn, kv_stages_bytes(hd))?;
         let mut l = dq_fn.builder();
         l.arg(&qv).arg(&kv).arg(&vv).arg(&dov).arg(&lv).arg(&delta).arg(&dq);
         l.arg(&d).arg(&sq).arg(&sk).arg(&sdo).arg(&sdq);
-        unsafe { l.launch(grid(t, h, b)) }.w()?;
+        unsafe { l.launch(grid(t, h, b, kv_stages_bytes(hd))) }.w()?;
     }
     Ok((wrap(dq, &dev, &[b, h, t, hd]), wrap(dk, &dev, &[b, kvh, s, hd]), wrap(dv, &dev, &[b, kvh, s, hd])))
 }

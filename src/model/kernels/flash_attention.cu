@@ -5,6 +5,11 @@
 // by key block, looping over the query heads of its kv head, and dQ by query block), so nothing
 // needs atomics. src/model/attention.rs keeps the composed version as the reference.
 //
+// Tiles reach shared memory by cp.async, two stages deep (the next tile's copy overlaps the
+// current tile's math), and the tensor-core operands leave it by ldmatrix (.trans for the [k][n]
+// operands V, dO, Q and K), one instruction per pair of 16x8 tiles. Tiles that every row of a
+// warp sees whole skip the mask; tiles no row of a warp sees are skipped.
+//
 // Layout: every tensor is [batch, heads, rows, head_dim] addressed through (b, h, row) strides
 // with unit stride along head_dim. Query row i sits at position q_pos0 + i and sees key j when
 // j <= pos and, with a window w > 0, pos - j < w (HF Mistral's rule). `lse` is kept in log2 units
@@ -14,7 +19,7 @@
 #include "../../kernels/dtype.cuh"
 
 #define WARPS 4
-#define PAD 8  // smem row padding (elements): spreads a tile's rows over the banks
+#define PAD 8  // smem row padding (elements): the 8 rows an ldmatrix reads fall in distinct banks
 
 struct Dims {
     int batch, heads, kv_heads, q_len, kv_len, q_pos0, window;
@@ -43,12 +48,6 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
 }
 
 template <typename T>
-__device__ __forceinline__ uint32_t pair(T lo, T hi) {
-    uint16_t l = *reinterpret_cast<uint16_t*>(&lo), h = *reinterpret_cast<uint16_t*>(&hi);
-    return (uint32_t)l | ((uint32_t)h << 16);
-}
-
-template <typename T>
 __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
 template <>
 __device__ __forceinline__ void mma<__half>(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
@@ -67,32 +66,53 @@ __device__ __forceinline__ void mma<__nv_bfloat16>(float c[4], const uint32_t a[
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Fragment of a 16x16 A operand at (r0, k0) of a row-major matrix with leading dimension ld.
-// Lane l holds rows l/4 and l/4 + 8, columns 2(l%4) + {0, 1} and + 8.
-template <typename T>
-__device__ __forceinline__ void load_a(uint32_t a[4], const T* x, int ld, int r0, int k0) {
-    const int g = threadIdx.x % 32 / 4, c = threadIdx.x % 4 * 2;
-    a[0] = *reinterpret_cast<const uint32_t*>(x + (r0 + g) * ld + k0 + c);
-    a[1] = *reinterpret_cast<const uint32_t*>(x + (r0 + g + 8) * ld + k0 + c);
-    a[2] = *reinterpret_cast<const uint32_t*>(x + (r0 + g) * ld + k0 + c + 8);
-    a[3] = *reinterpret_cast<const uint32_t*>(x + (r0 + g + 8) * ld + k0 + c + 8);
+// --- shared memory (sm_80+): asynchronous copies in, ldmatrix out ---
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// B operand (16 k x 8 n) read from a row-major [n][k] matrix: B[k][n] = x[n][k] (contiguous pairs).
-template <typename T>
-__device__ __forceinline__ void load_b_nk(uint32_t& b0, uint32_t& b1, const T* x, int ld, int n0, int k0) {
-    const int g = threadIdx.x % 32 / 4, c = threadIdx.x % 4 * 2;
-    b0 = *reinterpret_cast<const uint32_t*>(x + (n0 + g) * ld + k0 + c);
-    b1 = *reinterpret_cast<const uint32_t*>(x + (n0 + g) * ld + k0 + c + 8);
+// 16 bytes global -> shared without a trip through registers; `valid` false writes zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// B operand read from a row-major [k][n] matrix: B[k][n] = x[k][n] (pairs along a column).
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+// The 16x16 A operand at (r0, k0) of a row-major smem tile with leading dimension ld.
 template <typename T>
-__device__ __forceinline__ void load_b_kn(uint32_t& b0, uint32_t& b1, const T* x, int ld, int k0, int n0) {
-    const int g = threadIdx.x % 32 / 4, c = threadIdx.x % 4 * 2;
-    const T* p = x + (k0 + c) * ld + n0 + g;
-    b0 = pair<T>(p[0], p[ld]);
-    b1 = pair<T>(p[8 * ld], p[9 * ld]);
+__device__ __forceinline__ void ldsm_a(uint32_t a[4], const T* tile, int ld, int r0, int k0) {
+    const int l = threadIdx.x % 32;
+    ldsm_x4(a, tile + (r0 + l % 16) * ld + k0 + l / 16 * 8);
+}
+
+// B operands of the two 16x8 tiles n0 and n0 + 8 at k0, from [n][k] storage (B[k][n] = x[n][k]):
+// {b0, b1} of the first tile, then of the second.
+template <typename T>
+__device__ __forceinline__ void ldsm_b_nk(uint32_t b[4], const T* tile, int ld, int n0, int k0) {
+    const int l = threadIdx.x % 32;
+    ldsm_x4(b, tile + (n0 + l % 8 + l / 16 * 8) * ld + k0 + l / 8 % 2 * 8);
+}
+
+// The same from [k][n] storage (B[k][n] = x[k][n]), transposed on the way out.
+template <typename T>
+__device__ __forceinline__ void ldsm_b_kn(uint32_t b[4], const T* tile, int ld, int k0, int n0) {
+    const int l = threadIdx.x % 32;
+    ldsm_x4_trans(b, tile + (k0 + l % 8 + l / 8 % 2 * 8) * ld + n0 + l / 16 * 8);
 }
 
 // Accumulators of two neighbouring 16x8 tiles as the A fragment of a 16x16 product (FA-2's
@@ -105,15 +125,15 @@ __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float c0[4], const
     a[3] = pack2<T>(c1[2], c1[3]);
 }
 
-// Copies rows [row0, row0 + ROWS) of one (b, h) slice into smem [ROWS][D + PAD], zeros past `rows`.
+// Starts copying rows [row0, row0 + ROWS) of one (b, h) slice into smem [ROWS][D + PAD]; rows
+// past `rows` become zeros. The caller commits the group.
 template <typename T, int D, int ROWS>
-__device__ __forceinline__ void load_tile(T* tile, const T* src, long long stride_row, int row0, int rows) {
-    constexpr int VEC = 8;  // 16-byte loads
+__device__ __forceinline__ void load_tile_async(T* tile, const T* src, long long stride_row, int row0, int rows) {
+    constexpr int VEC = 8;  // 16-byte copies
     for (int i = threadIdx.x; i < ROWS * D / VEC; i += WARPS * 32) {
         const int r = i / (D / VEC), c = i % (D / VEC) * VEC;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (row0 + r < rows) v = *reinterpret_cast<const uint4*>(src + (row0 + r) * stride_row + c);
-        *reinterpret_cast<uint4*>(tile + r * (D + PAD) + c) = v;
+        const bool in = row0 + r < rows;
+        cp_async16(tile + r * (D + PAD) + c, src + (in ? (row0 + r) * stride_row + c : 0), in);
     }
 }
 
@@ -147,51 +167,93 @@ __device__ __forceinline__ void key_range(const Dims& d, int r0, int r1, int& lo
     hi = min(d.kv_len, pos_hi + 1);
 }
 
-constexpr int FWD_Q = WARPS * 16;
-constexpr int FWD_K = 64;
+// Query positions [pos_lo, pos_hi] against keys [k_lo, k_hi]: whether no pair is visible (skip),
+// and whether some pair is hidden (mask); otherwise every pair is visible.
+__device__ __forceinline__ bool none_visible(const Dims& d, int pos_lo, int pos_hi, int k_lo, int k_hi) {
+    return k_lo > pos_hi || (d.window > 0 && pos_lo - k_hi >= d.window);
+}
+__device__ __forceinline__ bool some_hidden(const Dims& d, int pos_lo, int pos_hi, int k_lo, int k_hi) {
+    return k_hi > pos_lo || (d.window > 0 && pos_hi - k_lo >= d.window);
+}
 
-// grid (ceil(q_len / 64), heads, batch); block 128.
+constexpr int FWD_Q = WARPS * 16;  // query rows per forward / dQ block
+constexpr int KV_TILE = 64;        // keys per smem stage of the forward and dQ kernels
+
+// Dynamic smem of the forward and dQ kernels: 2 stages x (K, V) x KV_TILE rows.
+template <int D>
+constexpr int kv_stages_elems() {
+    return 2 * 2 * KV_TILE * (D + PAD);
+}
+
+// Streams the key tiles [k_first, hi) of one kv head through two smem stages and calls
+// body(ks, vs, k0) on each, the next tile's copy in flight meanwhile.
+template <typename T, int D, typename Body>
+__device__ __forceinline__ void for_each_kv_tile(T* smem, const T* kb, const T* vb, long long stride_row, int kv_len,
+                                                 int k_first, int hi, Body body) {
+    constexpr int TILE = KV_TILE * (D + PAD);
+    const int n = k_first < hi ? (hi - k_first + KV_TILE - 1) / KV_TILE : 0;
+    if (n == 0) return;
+    load_tile_async<T, D, KV_TILE>(smem, kb, stride_row, k_first, kv_len);
+    load_tile_async<T, D, KV_TILE>(smem + TILE, vb, stride_row, k_first, kv_len);
+    cp_async_commit();
+    for (int i = 0; i < n; ++i) {
+        if (i + 1 < n) {
+            T* next = smem + (i + 1) % 2 * 2 * TILE;
+            const int k_next = k_first + (i + 1) * KV_TILE;
+            load_tile_async<T, D, KV_TILE>(next, kb, stride_row, k_next, kv_len);
+            load_tile_async<T, D, KV_TILE>(next + TILE, vb, stride_row, k_next, kv_len);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const T* cur = smem + i % 2 * 2 * TILE;
+        body(cur, cur + TILE, k_first + i * KV_TILE);
+        __syncthreads();  // the stage is overwritten by the copy issued next iteration
+    }
+}
+
+// grid (ceil(q_len / 64), heads, batch); block 128; dynamic smem kv_stages_elems<D>() elements.
 template <typename T, int D>
 __device__ void flash_forward(const T* q, const T* k, const T* v, T* o, float* lse, Dims d, Strides sq, Strides sk,
                               Strides so) {
-    __shared__ __align__(16) T ks[FWD_K * (D + PAD)];
-    __shared__ __align__(16) T vs[FWD_K * (D + PAD)];
+    extern __shared__ __align__(16) unsigned char smem_bytes[];
+    constexpr int LD = D + PAD;
     const int b = blockIdx.z, h = blockIdx.y, kvh = h / (d.heads / d.kv_heads);
     const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4 * 2;
     const int r0 = blockIdx.x * FWD_Q + warp * 16;
-    const T* qb = q + b * sq.b + h * sq.h;
-    const T* kb = k + b * sk.b + kvh * sk.h;
-    const T* vb = v + b * sk.b + kvh * sk.h;
 
     uint32_t qf[D / 16][4];
-    load_rows_a<T, D>(qf, qb, sq.row, r0, d.q_len);
+    load_rows_a<T, D>(qf, q + b * sq.b + h * sq.h, sq.row, r0, d.q_len);
     float acc[D / 8][4] = {};
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     const int pos[2] = {d.q_pos0 + r0 + g, d.q_pos0 + r0 + g + 8};
+    const int pos_lo = d.q_pos0 + r0, pos_hi = pos_lo + 15;
 
     int lo, hi;
     key_range(d, blockIdx.x * FWD_Q, min(blockIdx.x * FWD_Q + FWD_Q, d.q_len) - 1, lo, hi);
-    for (int k0 = lo / FWD_K * FWD_K; k0 < hi; k0 += FWD_K) {
-        __syncthreads();
-        load_tile<T, D, FWD_K>(ks, kb, sk.row, k0, d.kv_len);
-        load_tile<T, D, FWD_K>(vs, vb, sk.row, k0, d.kv_len);
-        __syncthreads();
-        float s[FWD_K / 8][4] = {};
+    auto tile = [&](const T* ks, const T* vs, int k0) {
+        if (none_visible(d, pos_lo, pos_hi, k0, k0 + KV_TILE - 1)) return;
+        const bool mask = some_hidden(d, pos_lo, pos_hi, k0, k0 + KV_TILE - 1);
+        float s[KV_TILE / 8][4] = {};
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
-            for (int nt = 0; nt < FWD_K / 8; ++nt) {
-                uint32_t b0, b1;
-                load_b_nk(b0, b1, ks, D + PAD, nt * 8, kk * 16);
-                mma<T>(s[nt], qf[kk], b0, b1);
+            for (int np = 0; np < KV_TILE / 16; ++np) {
+                uint32_t bf[4];
+                ldsm_b_nk(bf, ks, LD, np * 16, kk * 16);
+                mma<T>(s[2 * np], qf[kk], bf[0], bf[1]);
+                mma<T>(s[2 * np + 1], qf[kk], bf[2], bf[3]);
             }
         float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int nt = 0; nt < FWD_K / 8; ++nt)
+        for (int nt = 0; nt < KV_TILE / 8; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int key = k0 + nt * 8 + c + i % 2;
-                const float x = visible(pos[i / 2], key, d.window) ? s[nt][i] * d.scale_log2 : -INFINITY;
+                const bool vis = !mask || visible(pos[i / 2], key, d.window);
+                const float x = vis ? s[nt][i] * d.scale_log2 : -INFINITY;
                 s[nt][i] = x;
                 tile_max[i / 2] = fmaxf(tile_max[i / 2], x);
             }
@@ -208,24 +270,27 @@ __device__ void flash_forward(const T* q, const T* k, const T* v, T* o, float* l
                 acc[nt][2 * r + 1] *= alpha;
             }
 #pragma unroll
-            for (int nt = 0; nt < FWD_K / 8; ++nt) {
+            for (int nt = 0; nt < KV_TILE / 8; ++nt) {
                 s[nt][2 * r] = exp2f(s[nt][2 * r] - m_use);
                 s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - m_use);
                 l[r] += s[nt][2 * r] + s[nt][2 * r + 1];
             }
         }
 #pragma unroll
-        for (int kt = 0; kt < FWD_K / 16; ++kt) {
+        for (int kt = 0; kt < KV_TILE / 16; ++kt) {
             uint32_t pa[4];
             acc_to_a<T>(pa, s[2 * kt], s[2 * kt + 1]);
 #pragma unroll
-            for (int nt = 0; nt < D / 8; ++nt) {
-                uint32_t b0, b1;
-                load_b_kn(b0, b1, vs, D + PAD, kt * 16, nt * 8);
-                mma<T>(acc[nt], pa, b0, b1);
+            for (int np = 0; np < D / 16; ++np) {
+                uint32_t bf[4];
+                ldsm_b_kn(bf, vs, LD, kt * 16, np * 16);
+                mma<T>(acc[2 * np], pa, bf[0], bf[1]);
+                mma<T>(acc[2 * np + 1], pa, bf[2], bf[3]);
             }
         }
-    }
+    };
+    for_each_kv_tile<T, D>(reinterpret_cast<T*>(smem_bytes), k + b * sk.b + kvh * sk.h, v + b * sk.b + kvh * sk.h,
+                           sk.row, d.kv_len, lo / KV_TILE * KV_TILE, hi, tile);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = r0 + g + 8 * r;
@@ -256,86 +321,128 @@ __device__ void attention_delta(const T* o, const T* d_o, float* delta, Dims d, 
 }
 
 constexpr int BWD_KEYS = WARPS * 16;  // keys per dK/dV block
-constexpr int BWD_Q = 16;             // query rows per dK/dV step
+constexpr int BWD_Q = 32;             // query rows per dK/dV step
 
-// grid (ceil(kv_len / 64), kv_heads, batch); block 128. Each warp owns 16 keys; the block loops
-// over the query heads that share its kv head and over the query rows that can see its keys.
+// Dynamic smem of the dK/dV kernel: K and V of the block, then 2 stages x (Q, dO) x BWD_Q rows
+// (elements of T), then 2 stages x (lse, delta) x BWD_Q floats.
+template <int D>
+constexpr int dkdv_smem_elems() {
+    return (2 * BWD_KEYS + 2 * 2 * BWD_Q) * (D + PAD);
+}
+
+// Starts the copies of one dK/dV step: BWD_Q rows of Q and dO of head h, with their lse and delta.
+template <typename T, int D>
+__device__ __forceinline__ void load_q_step(T* stage, float* stats, const T* q, const T* d_o, const float* lse,
+                                            const float* delta, const Dims& d, const Strides& sq, const Strides& sdo,
+                                            int b, int h, int r0) {
+    load_tile_async<T, D, BWD_Q>(stage, q + b * sq.b + h * sq.h, sq.row, r0, d.q_len);
+    load_tile_async<T, D, BWD_Q>(stage + BWD_Q * (D + PAD), d_o + b * sdo.b + h * sdo.h, sdo.row, r0, d.q_len);
+    cp_async_commit();
+    if (threadIdx.x < BWD_Q) {
+        const long long row = ((long long)b * d.heads + h) * d.q_len + r0 + threadIdx.x;
+        const bool in = r0 + (int)threadIdx.x < d.q_len;
+        stats[threadIdx.x] = in ? lse[row] : INFINITY;  // P = exp2(s - inf) = 0 past the rows
+        stats[BWD_Q + threadIdx.x] = in ? delta[row] : 0.f;
+    }
+}
+
+// grid (ceil(kv_len / 64), kv_heads, batch); block 128; dynamic smem dkdv_smem_elems<D>() elements
+// plus 4 * BWD_Q floats. Each warp owns 16 keys; the block walks the query heads that share its kv
+// head and, in steps of BWD_Q, the query rows that can see its keys.
 template <typename T, int D>
 __device__ void flash_backward_dkdv(const T* q, const T* k, const T* v, const T* d_o, const float* lse,
                                     const float* delta, T* dk, T* dv, Dims d, Strides sq, Strides sk, Strides sdo,
                                     Strides sdk) {
-    __shared__ __align__(16) T ks[BWD_KEYS * (D + PAD)];
-    __shared__ __align__(16) T vs[BWD_KEYS * (D + PAD)];
-    __shared__ __align__(16) T qs[BWD_Q * (D + PAD)];
-    __shared__ __align__(16) T dos[BWD_Q * (D + PAD)];
-    __shared__ float lse_s[BWD_Q], delta_s[BWD_Q];
+    extern __shared__ __align__(16) unsigned char smem_bytes[];
+    constexpr int LD = D + PAD, STAGE = 2 * BWD_Q * LD;
+    T* ks = reinterpret_cast<T*>(smem_bytes);
+    T* vs = ks + BWD_KEYS * LD;
+    T* stages = vs + BWD_KEYS * LD;
+    float* stats = reinterpret_cast<float*>(stages + 2 * STAGE);
     const int b = blockIdx.z, kvh = blockIdx.y, n_rep = d.heads / d.kv_heads;
     const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4 * 2;
-    const int key0 = blockIdx.x * BWD_KEYS, wkey0 = warp * 16;
-    load_tile<T, D, BWD_KEYS>(ks, k + b * sk.b + kvh * sk.h, sk.row, key0, d.kv_len);
-    load_tile<T, D, BWD_KEYS>(vs, v + b * sk.b + kvh * sk.h, sk.row, key0, d.kv_len);
+    const int key0 = blockIdx.x * BWD_KEYS, wkey0 = warp * 16, kw0 = key0 + wkey0;
+    const int keys[2] = {kw0 + g, kw0 + g + 8};
+    load_tile_async<T, D, BWD_KEYS>(ks, k + b * sk.b + kvh * sk.h, sk.row, key0, d.kv_len);
+    load_tile_async<T, D, BWD_KEYS>(vs, v + b * sk.b + kvh * sk.h, sk.row, key0, d.kv_len);
+    cp_async_commit();
     float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
-    const int keys[2] = {key0 + wkey0 + g, key0 + wkey0 + g + 8};
 
     // Query rows that see any key of the block: pos >= key0 and, with a window, pos < key_last + w.
     const int q_lo = max(0, key0 - d.q_pos0) / BWD_Q * BWD_Q;
     int q_hi = d.q_len;
     if (d.window > 0) q_hi = min(q_hi, key0 + BWD_KEYS - 1 + d.window - d.q_pos0);
-    for (int h = kvh * n_rep; h < (kvh + 1) * n_rep; ++h) {
-        const T* qb = q + b * sq.b + h * sq.h;
-        const T* dob = d_o + b * sdo.b + h * sdo.h;
-        const long long stat0 = ((long long)b * d.heads + h) * d.q_len;
-        for (int r0 = q_lo; r0 < q_hi; r0 += BWD_Q) {
-            __syncthreads();
-            load_tile<T, D, BWD_Q>(qs, qb, sq.row, r0, d.q_len);
-            load_tile<T, D, BWD_Q>(dos, dob, sdo.row, r0, d.q_len);
-            if (threadIdx.x < BWD_Q) {
-                const bool in = r0 + threadIdx.x < d.q_len;
-                lse_s[threadIdx.x] = in ? lse[stat0 + r0 + threadIdx.x] : INFINITY;
-                delta_s[threadIdx.x] = in ? delta[stat0 + r0 + threadIdx.x] : 0.f;
-            }
-            __syncthreads();
-            // S^T (16 keys x 16 queries) = K_w Q^T and dP^T = V_w dO^T.
-            float st[2][4] = {}, dpt[2][4] = {};
+    const int n_q = q_lo < q_hi ? (q_hi - q_lo + BWD_Q - 1) / BWD_Q : 0;
+    const int steps = n_rep * n_q;
+    const int h0 = kvh * n_rep;
+    if (steps > 0) load_q_step<T, D>(stages, stats, q, d_o, lse, delta, d, sq, sdo, b, h0, q_lo);
+    for (int i = 0; i < steps; ++i) {
+        if (i + 1 < steps) {
+            const int s = (i + 1) % 2;
+            load_q_step<T, D>(stages + s * STAGE, stats + s * 2 * BWD_Q, q, d_o, lse, delta, d, sq, sdo, b,
+                              h0 + (i + 1) / n_q, q_lo + (i + 1) % n_q * BWD_Q);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const T* qs = stages + i % 2 * STAGE;
+        const T* dos = qs + BWD_Q * LD;
+        const float* lse_s = stats + i % 2 * 2 * BWD_Q;
+        const float* delta_s = lse_s + BWD_Q;
+        const int p0 = d.q_pos0 + q_lo + i % n_q * BWD_Q;  // position of the step's first query
+        if (!none_visible(d, p0, p0 + BWD_Q - 1, kw0, kw0 + 15)) {
+            const bool mask = some_hidden(d, p0, p0 + BWD_Q - 1, kw0, kw0 + 15);
+            // S^T (16 keys x BWD_Q queries) = K_w Q^T and dP^T = V_w dO^T.
+            float st[BWD_Q / 8][4] = {}, dpt[BWD_Q / 8][4] = {};
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
                 uint32_t ka[4], va[4];
-                load_a(ka, ks, D + PAD, wkey0, kk * 16);
-                load_a(va, vs, D + PAD, wkey0, kk * 16);
+                ldsm_a(ka, ks, LD, wkey0, kk * 16);
+                ldsm_a(va, vs, LD, wkey0, kk * 16);
 #pragma unroll
-                for (int nt = 0; nt < 2; ++nt) {
-                    uint32_t b0, b1;
-                    load_b_nk(b0, b1, qs, D + PAD, nt * 8, kk * 16);
-                    mma<T>(st[nt], ka, b0, b1);
-                    load_b_nk(b0, b1, dos, D + PAD, nt * 8, kk * 16);
-                    mma<T>(dpt[nt], va, b0, b1);
+                for (int np = 0; np < BWD_Q / 16; ++np) {
+                    uint32_t bf[4];
+                    ldsm_b_nk(bf, qs, LD, np * 16, kk * 16);
+                    mma<T>(st[2 * np], ka, bf[0], bf[1]);
+                    mma<T>(st[2 * np + 1], ka, bf[2], bf[3]);
+                    ldsm_b_nk(bf, dos, LD, np * 16, kk * 16);
+                    mma<T>(dpt[2 * np], va, bf[0], bf[1]);
+                    mma<T>(dpt[2 * np + 1], va, bf[2], bf[3]);
                 }
             }
             // P^T = exp2(S^T scale - lse), dS^T = P^T (dP^T - delta); element i of tile nt is
-            // key keys[i / 2], query r0 + nt * 8 + c + i % 2.
+            // key keys[i / 2], query nt * 8 + c + i % 2 of the step.
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
+            for (int nt = 0; nt < BWD_Q / 8; ++nt)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int qi = nt * 8 + c + i % 2;
-                    const bool vis = visible(d.q_pos0 + r0 + qi, keys[i / 2], d.window);
+                    const bool vis = !mask || visible(p0 + qi, keys[i / 2], d.window);
                     const float p = vis ? exp2f(st[nt][i] * d.scale_log2 - lse_s[qi]) : 0.f;
                     st[nt][i] = p;
                     dpt[nt][i] = p * (dpt[nt][i] - delta_s[qi]);
                 }
-            uint32_t pa[4], dsa[4];
-            acc_to_a<T>(pa, st[0], st[1]);
-            acc_to_a<T>(dsa, dpt[0], dpt[1]);
 #pragma unroll
-            for (int nt = 0; nt < D / 8; ++nt) {
-                uint32_t b0, b1;
-                load_b_kn(b0, b1, dos, D + PAD, 0, nt * 8);
-                mma<T>(dv_acc[nt], pa, b0, b1);
-                load_b_kn(b0, b1, qs, D + PAD, 0, nt * 8);
-                mma<T>(dk_acc[nt], dsa, b0, b1);
+            for (int kt = 0; kt < BWD_Q / 16; ++kt) {
+                uint32_t pa[4], dsa[4];
+                acc_to_a<T>(pa, st[2 * kt], st[2 * kt + 1]);
+                acc_to_a<T>(dsa, dpt[2 * kt], dpt[2 * kt + 1]);
+#pragma unroll
+                for (int np = 0; np < D / 16; ++np) {
+                    uint32_t bf[4];
+                    ldsm_b_kn(bf, dos, LD, kt * 16, np * 16);
+                    mma<T>(dv_acc[2 * np], pa, bf[0], bf[1]);
+                    mma<T>(dv_acc[2 * np + 1], pa, bf[2], bf[3]);
+                    ldsm_b_kn(bf, qs, LD, kt * 16, np * 16);
+                    mma<T>(dk_acc[2 * np], dsa, bf[0], bf[1]);
+                    mma<T>(dk_acc[2 * np + 1], dsa, bf[2], bf[3]);
+                }
             }
         }
+        __syncthreads();  // the stage is overwritten by the copy issued next iteration
     }
+    cp_async_wait<0>();  // no step: the K/V copy is still the block's to finish
     const float scale = d.scale_log2 / 1.4426950408889634f;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -350,14 +457,13 @@ __device__ void flash_backward_dkdv(const T* q, const T* k, const T* v, const T*
     }
 }
 
-constexpr int BWD_DQ_K = 64;  // keys per dQ step
-
-// grid (ceil(q_len / 64), heads, batch); block 128. Each warp owns 16 query rows.
+// grid (ceil(q_len / 64), heads, batch); block 128; dynamic smem kv_stages_elems<D>() elements.
+// Each warp owns 16 query rows.
 template <typename T, int D>
 __device__ void flash_backward_dq(const T* q, const T* k, const T* v, const T* d_o, const float* lse,
                                   const float* delta, T* dq, Dims d, Strides sq, Strides sk, Strides sdo, Strides sdq) {
-    __shared__ __align__(16) T ks[BWD_DQ_K * (D + PAD)];
-    __shared__ __align__(16) T vs[BWD_DQ_K * (D + PAD)];
+    extern __shared__ __align__(16) unsigned char smem_bytes[];
+    constexpr int LD = D + PAD;
     const int b = blockIdx.z, h = blockIdx.y, kvh = h / (d.heads / d.kv_heads);
     const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4 * 2;
     const int r0 = blockIdx.x * FWD_Q + warp * 16;
@@ -373,48 +479,49 @@ __device__ void flash_backward_dq(const T* q, const T* k, const T* v, const T* d
         row_delta[r] = row < d.q_len ? delta[stat0 + row] : 0.f;
         pos[r] = d.q_pos0 + row;
     }
+    const int pos_lo = d.q_pos0 + r0, pos_hi = pos_lo + 15;
     float acc[D / 8][4] = {};
-    const T* kb = k + b * sk.b + kvh * sk.h;
-    const T* vb = v + b * sk.b + kvh * sk.h;
     int lo, hi;
     key_range(d, blockIdx.x * FWD_Q, min(blockIdx.x * FWD_Q + FWD_Q, d.q_len) - 1, lo, hi);
-    for (int k0 = lo / BWD_DQ_K * BWD_DQ_K; k0 < hi; k0 += BWD_DQ_K) {
-        __syncthreads();
-        load_tile<T, D, BWD_DQ_K>(ks, kb, sk.row, k0, d.kv_len);
-        load_tile<T, D, BWD_DQ_K>(vs, vb, sk.row, k0, d.kv_len);
-        __syncthreads();
+    auto tile = [&](const T* ks, const T* vs, int k0) {
 #pragma unroll
-        for (int sub = 0; sub < BWD_DQ_K / 16; ++sub) {
+        for (int sub = 0; sub < KV_TILE / 16; ++sub) {
+            const int key_lo = k0 + sub * 16;
+            if (none_visible(d, pos_lo, pos_hi, key_lo, key_lo + 15)) continue;
+            const bool mask = some_hidden(d, pos_lo, pos_hi, key_lo, key_lo + 15);
             float s[2][4] = {}, dp[2][4] = {};
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk)
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt) {
-                    uint32_t b0, b1;
-                    load_b_nk(b0, b1, ks, D + PAD, sub * 16 + nt * 8, kk * 16);
-                    mma<T>(s[nt], qf[kk], b0, b1);
-                    load_b_nk(b0, b1, vs, D + PAD, sub * 16 + nt * 8, kk * 16);
-                    mma<T>(dp[nt], dof[kk], b0, b1);
-                }
+            for (int kk = 0; kk < D / 16; ++kk) {
+                uint32_t bf[4];
+                ldsm_b_nk(bf, ks, LD, sub * 16, kk * 16);
+                mma<T>(s[0], qf[kk], bf[0], bf[1]);
+                mma<T>(s[1], qf[kk], bf[2], bf[3]);
+                ldsm_b_nk(bf, vs, LD, sub * 16, kk * 16);
+                mma<T>(dp[0], dof[kk], bf[0], bf[1]);
+                mma<T>(dp[1], dof[kk], bf[2], bf[3]);
+            }
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int key = k0 + sub * 16 + nt * 8 + c + i % 2, r = i / 2;
-                    const float p =
-                        visible(pos[r], key, d.window) ? exp2f(s[nt][i] * d.scale_log2 - row_lse[r]) : 0.f;
+                    const int key = key_lo + nt * 8 + c + i % 2, r = i / 2;
+                    const bool vis = !mask || visible(pos[r], key, d.window);
+                    const float p = vis ? exp2f(s[nt][i] * d.scale_log2 - row_lse[r]) : 0.f;
                     dp[nt][i] = p * (dp[nt][i] - row_delta[r]);
                 }
             uint32_t dsa[4];
             acc_to_a<T>(dsa, dp[0], dp[1]);
 #pragma unroll
-            for (int nt = 0; nt < D / 8; ++nt) {
-                uint32_t b0, b1;
-                load_b_kn(b0, b1, ks, D + PAD, sub * 16, nt * 8);
-                mma<T>(acc[nt], dsa, b0, b1);
+            for (int np = 0; np < D / 16; ++np) {
+                uint32_t bf[4];
+                ldsm_b_kn(bf, ks, LD, sub * 16, np * 16);
+                mma<T>(acc[2 * np], dsa, bf[0], bf[1]);
+                mma<T>(acc[2 * np + 1], dsa, bf[2], bf[3]);
             }
         }
-    }
+    };
+    for_each_kv_tile<T, D>(reinterpret_cast<T*>(smem_bytes), k + b * sk.b + kvh * sk.h, v + b * sk.b + kvh * sk.h,
+                           sk.row, d.kv_len, lo / KV_TILE * KV_TILE, hi, tile);
     const float scale = d.scale_log2 / 1.4426950408889634f;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
