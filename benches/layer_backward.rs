@@ -38,7 +38,7 @@ fn main() {
 
     let hand = time(
         || {
-            let (_, saved) = layer.forward_saving(&x, &input).unwrap();
+            let saved = layer.recompute(&x, &input).unwrap();
             layer.backward(&saved, &dy, &input).unwrap();
         },
         5,

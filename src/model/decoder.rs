@@ -337,7 +337,7 @@ impl CausalLm {
         for (l, layer) in self.layers.iter().enumerate().rev() {
             let input = self.layer_input(mask.as_ref(), 0, dropout_seed, l);
             let x = inputs.pop().expect("one input per layer");
-            let (_, saved) = layer.forward_saving(&x, &input)?;
+            let saved = layer.recompute(&x, &input)?;
             let (d_in, grads) = layer.backward(&saved, &dx, &input)?;
             dx = d_in;
             per_layer.push(grads);

@@ -161,6 +161,15 @@ mod tests {
 
         let (out, saved) = layer.forward_saving(&x, &input).unwrap();
         let (dx, grads) = layer.backward(&saved, &d_out, &input).unwrap();
+        // the training recompute skips the output but keeps the same activations
+        let (dx_re, grads_re) =
+            layer.backward(&layer.recompute(&x, &input).unwrap(), &d_out, &input).unwrap();
+        assert_eq!(max_rel(&dx_re, &dx), 0.0);
+        for (re, g) in grads_re.iter().zip(grads.iter()) {
+            let (re, g) = (re.as_ref().unwrap(), g.as_ref().unwrap());
+            assert_eq!(max_rel(&re.lora_a, &g.lora_a), 0.0);
+            assert_eq!(max_rel(&re.lora_b, &g.lora_b), 0.0);
+        }
 
         let xv = Var::from_tensor(&x).unwrap();
         let out_ref = layer_forward(&layer, xv.as_tensor(), &rope, window).unwrap();
