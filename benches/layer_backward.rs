@@ -39,7 +39,7 @@ fn main() {
     let hand = time(
         || {
             let saved = layer.recompute(&x, &input).unwrap();
-            layer.backward(&saved, &dy, &input).unwrap();
+            layer.backward(saved, &dy, &input).unwrap();
         },
         5,
     );

@@ -63,6 +63,13 @@ pub fn load(
     })
 }
 
+static PROCESS_START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// Marks the start of the process (the first thing `main` does): `first_step_s` counts from it.
+pub fn mark_process_start() {
+    PROCESS_START.get_or_init(Instant::now);
+}
+
 /// The dense f16/bf16 tensor-core rate an H100 sustains (issue 5's yardstick: ~790 TFLOP/s).
 pub const PEAK_FLOPS: f64 = 790e12;
 
@@ -80,6 +87,10 @@ pub struct TrainRow {
     /// backward; N = all parameters) at `tok_s`, over `PEAK_FLOPS`.
     pub mfu: Option<f64>,
     pub error: Option<String>,
+    /// First shape only: seconds from process start to the end of the first training step
+    /// (CUDA context, load and quantization, adapters, kernel JIT, the step itself).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_step_s: Option<f64>,
     /// With LORA_FT_PROFILE=1: seconds per step in each section, largest first (sections
     /// synchronize the device, so the step itself is slower than unprofiled).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -122,7 +133,7 @@ pub fn train(
     let vocab = trainer.model.config().vocab_size as u32;
     let mut rows = Vec::new();
     for &(seq, bs) in shapes {
-        let row = match time_shape(&mut trainer, vocab, seq, bs, steps) {
+        let row = match time_shape(&mut trainer, vocab, (seq, bs), steps, rows.is_empty()) {
             Ok(row) => row,
             Err(e) => TrainRow {
                 seq,
@@ -134,6 +145,7 @@ pub fn train(
                 loss: None,
                 mfu: None,
                 error: Some(oom_or(e)),
+                first_step_s: None,
                 profile: None,
             },
         };
@@ -152,12 +164,13 @@ fn oom_or(e: anyhow::Error) -> String {
     }
 }
 
+/// `first`: the run's first shape, whose first step `first_step_s` times.
 fn time_shape(
     trainer: &mut crate::train::Trainer,
     vocab: u32,
-    seq: usize,
-    bs: usize,
+    (seq, bs): (usize, usize),
     steps: usize,
+    first: bool,
 ) -> anyhow::Result<TrainRow> {
     use rand::{Rng, SeedableRng};
     let device = trainer.model.device().clone();
@@ -166,8 +179,13 @@ fn time_shape(
     let labels = ids.iter().map(|&i| i as i64).collect();
     let batch = [crate::data::Batch { input_ids: ids, labels, batch_size: bs, seq_len: seq }];
     reset_peak(&device);
+    let mut first_step_s = None;
     for step in 0..2 {
         trainer.step(step, &batch)?.context("no trained token: a shape needs seq ≥ 2")?;
+        if first && step == 0 {
+            device.synchronize()?;
+            first_step_s = PROCESS_START.get().map(|t| t.elapsed().as_secs_f64());
+        }
     }
     device.synchronize()?;
     crate::profile::take(); // the warm-up steps' sections
@@ -194,6 +212,7 @@ fn time_shape(
         loss: Some(loss),
         mfu: Some(tok_s * flops_per_token / PEAK_FLOPS),
         error: None,
+        first_step_s,
         profile,
     })
 }

@@ -181,6 +181,7 @@ struct ChatArgs {
 }
 
 fn main() {
+    lora_ft::bench::mark_process_start();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "lora_ft=info".into()),

@@ -338,7 +338,7 @@ impl CausalLm {
             let input = self.layer_input(mask.as_ref(), 0, dropout_seed, l);
             let x = inputs.pop().expect("one input per layer");
             let saved = layer.recompute(&x, &input)?;
-            let (d_in, grads) = layer.backward(&saved, &dx, &input)?;
+            let (d_in, grads) = layer.backward(saved, &dx, &input)?;
             dx = d_in;
             per_layer.push(grads);
         }

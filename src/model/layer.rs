@@ -37,12 +37,6 @@ const GATE: usize = 4;
 const UP: usize = 5;
 const DOWN: usize = 6;
 
-/// The LoRA groups of a layer (projections reading one input): q/k/v, o, gate/up, down.
-const QKV: usize = 0;
-const ATTN_OUT: usize = 1;
-const MLP_IN: usize = 2;
-const MLP_OUT: usize = 3;
-
 /// Keys and values of the positions seen so far, for generation.
 #[derive(Debug, Default, Clone)]
 pub struct KvCache {
@@ -73,8 +67,16 @@ pub struct LayerInput<'a> {
     pub dropout_seed: Option<u64>,
 }
 
-/// Everything `backward` reads, kept by `forward_saving`.
+/// Everything `backward` reads, kept by the recompute: the attention half's and the MLP half's.
+/// `backward` consumes it, freeing each activation after its last reader.
 pub struct LayerSaved {
+    attn: AttnSaved,
+    mlp: MlpSaved,
+}
+
+/// h1 = x + o(attention(rope(q(n1)), rope(k(n1)), v(n1))), n1 = norm(x); with the LoRA groups of
+/// q/k/v and o (`None` on the per-projection path).
+struct AttnSaved {
     x: Tensor,
     n1: Tensor,
     q: Tensor,
@@ -82,13 +84,20 @@ pub struct LayerSaved {
     v: Tensor,
     context: Tensor,
     attention: AttentionSaved,
+    qkv: Option<LoraGroup>,
+    o: Option<LoraGroup>,
+}
+
+/// out = h1 + down(act), act = swiglu(gate(n2), up(n2)), n2 = norm(h1); with the LoRA groups of
+/// gate/up and down.
+struct MlpSaved {
     h1: Tensor,
     n2: Tensor,
     gate: Tensor,
     up: Tensor,
     act: Tensor,
-    /// The LoRA groups of the recompute (`QKV` … `MLP_OUT`; `None` on the per-projection path).
-    lora: [Option<LoraGroup>; 4],
+    gate_up: Option<LoraGroup>,
+    down: Option<LoraGroup>,
 }
 
 /// Which of a layer's outputs a pass produces.
@@ -175,19 +184,8 @@ impl DecoderLayer {
             _ => Some(self.residual(&h1, DOWN, &act, input, mlp_out.as_ref())?.reshape((b, t, hidden))?),
         };
         let saved = (pass != Pass::Forward).then(|| LayerSaved {
-            x: x2,
-            n1,
-            q,
-            k,
-            v,
-            context,
-            attention: attention_saved,
-            h1,
-            n2,
-            gate,
-            up,
-            act,
-            lora: [qkv, attn_out, mlp_in, mlp_out],
+            attn: AttnSaved { x: x2, n1, q, k, v, context, attention: attention_saved, qkv, o: attn_out },
+            mlp: MlpSaved { h1, n2, gate, up, act, gate_up: mlp_in, down: mlp_out },
         });
         Ok((out, saved))
     }
@@ -276,51 +274,65 @@ impl DecoderLayer {
 
     /// Given d(out) `[b, t, hidden]`, returns d(x) and the LoRA gradients in `PROJECTIONS` order
     /// (`None` for projections without an adapter). Only the input gradient and the adapters'
-    /// gradients are computed; the frozen weights get none.
+    /// gradients are computed; the frozen weights get none. The working set sits on top of every
+    /// checkpoint at the backward's peak, so each activation is dropped after its last reader.
     pub fn backward(
         &self,
-        saved: &LayerSaved,
+        saved: LayerSaved,
         d_out: &Tensor,
         input: &LayerInput,
     ) -> Result<(Tensor, [Option<LoraGrad>; 7])> {
         let (b, t, hidden) = d_out.dims3()?;
-        let d_out = d_out.reshape((b * t, hidden))?;
         let mut grads: [Option<LoraGrad>; 7] = Default::default();
+        let d_h1 = self.mlp_backward(saved.mlp, d_out.reshape((b * t, hidden))?, input, &mut grads)?;
+        let dx = self.attention_half_backward(saved.attn, d_h1, (b, t), input, &mut grads)?;
+        Ok((dx.reshape((b, t, hidden))?, grads))
+    }
 
-        let lora = |group: usize| saved.lora[group].as_ref();
-        let d_act =
-            self.backward_shared_input(&saved.act, &[(DOWN, &d_out)], input, lora(MLP_OUT), &mut grads)?;
-        let (d_gate, d_up) = swiglu_backward(&saved.gate, &saved.up, &d_act)?;
-        let dn2 = self.backward_shared_input(
-            &saved.n2,
-            &[(GATE, &d_gate), (UP, &d_up)],
-            input,
-            lora(MLP_IN),
-            &mut grads,
-        )?;
-        let d_h1 = (&d_out
-            + rms_norm_backward(&saved.h1, &self.post_attention_layernorm, self.rms_norm_eps, &dn2)?)?;
+    /// d(h1) given d(out) `[n, hidden]`.
+    fn mlp_backward(
+        &self,
+        saved: MlpSaved,
+        d_out: Tensor,
+        input: &LayerInput,
+        grads: &mut [Option<LoraGrad>; 7],
+    ) -> Result<Tensor> {
+        let MlpSaved { h1, n2, gate, up, act, gate_up, down } = saved;
+        let d_act = self.backward_shared_input(&act, &[(DOWN, &d_out)], input, down.as_ref(), grads)?;
+        drop((act, down));
+        let (d_gate, d_up) = swiglu_backward(&gate, &up, &d_act)?;
+        drop((gate, up, d_act));
+        let dn2 =
+            self.backward_shared_input(&n2, &[(GATE, &d_gate), (UP, &d_up)], input, gate_up.as_ref(), grads)?;
+        drop((n2, d_gate, d_up, gate_up));
+        d_out + rms_norm_backward(&h1, &self.post_attention_layernorm, self.rms_norm_eps, &dn2)?
+    }
 
-        let d_context =
-            self.backward_shared_input(&saved.context, &[(O, &d_h1)], input, lora(ATTN_OUT), &mut grads)?;
+    /// d(x) given d(h1) `[n, hidden]`.
+    fn attention_half_backward(
+        &self,
+        saved: AttnSaved,
+        d_h1: Tensor,
+        (b, t): (usize, usize),
+        input: &LayerInput,
+        grads: &mut [Option<LoraGrad>; 7],
+    ) -> Result<Tensor> {
+        let AttnSaved { x, n1, q, k, v, context, attention, qkv, o } = saved;
+        let d_context = self.backward_shared_input(&context, &[(O, &d_h1)], input, o.as_ref(), grads)?;
+        drop((context, o));
         // a [b, h, t, d] view: the kernels read it strided, the composed path copies per chunk
         let d_context = d_context.reshape((b, t, self.n_heads, self.head_dim))?.transpose(1, 2)?;
         let (dq, dk, dv) = section("attention.backward", d_context.device(), || {
-            let (q, k, v) = (&saved.q, &saved.k, &saved.v);
-            attention_backward(q, k, v, input.mask, input.window, &saved.attention, &d_context)
+            attention_backward(&q, &k, &v, input.mask, input.window, &attention, &d_context)
         })?;
+        drop((q, k, v, attention, d_context));
         let flat = |x: Tensor, n: usize| x.transpose(1, 2)?.reshape((b * t, n * self.head_dim));
         let dq = flat(input.rope.backward(&dq, input.offset)?, self.n_heads)?;
         let dk = flat(input.rope.backward(&dk, input.offset)?, self.n_kv_heads)?;
         let dv = flat(dv, self.n_kv_heads)?;
-        let dn1 = self.backward_shared_input(
-            &saved.n1,
-            &[(Q, &dq), (K, &dk), (V, &dv)],
-            input,
-            lora(QKV),
-            &mut grads,
-        )?;
-        let dx = (d_h1 + rms_norm_backward(&saved.x, &self.input_layernorm, self.rms_norm_eps, &dn1)?)?;
-        Ok((dx.reshape((b, t, hidden))?, grads))
+        let dn1 =
+            self.backward_shared_input(&n1, &[(Q, &dq), (K, &dk), (V, &dv)], input, qkv.as_ref(), grads)?;
+        drop((n1, dq, dk, dv, qkv));
+        d_h1 + rms_norm_backward(&x, &self.input_layernorm, self.rms_norm_eps, &dn1)?
     }
 }

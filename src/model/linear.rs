@@ -286,8 +286,8 @@ mod tests {
         let (out_q, saved_q) = nf4.forward_saving(&x, &input)?;
         let (out_d, saved_d) = dense.forward_saving(&x, &input)?;
         assert_eq!(bits(&out_q), bits(&out_d));
-        let (dx_q, grads_q) = nf4.backward(&saved_q, &d_out, &input)?;
-        let (dx_d, grads_d) = dense.backward(&saved_d, &d_out, &input)?;
+        let (dx_q, grads_q) = nf4.backward(saved_q, &d_out, &input)?;
+        let (dx_d, grads_d) = dense.backward(saved_d, &d_out, &input)?;
         assert_eq!(bits(&dx_q), bits(&dx_d));
         for (p, (gq, gd)) in grads_q.iter().zip(grads_d.iter()).enumerate() {
             let (gq, gd) = (gq.as_ref().unwrap(), gd.as_ref().unwrap());

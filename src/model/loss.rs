@@ -25,6 +25,8 @@ pub struct LossOutput {
 
 /// hidden `[n, d]` (after the final norm), lm_head `[vocab, d]`, targets (len n, −100 = none).
 /// With `grad_scale = Some(s)` also returns the gradient of `s · loss_sum` w.r.t. hidden.
+/// Logits exist one chunk of `chunk_rows` trained rows at a time; on CUDA the fused kernel turns
+/// each chunk into per-row losses (summed once, at the end: one read-back) and its gradient.
 pub fn cross_entropy(
     hidden: &Tensor,
     lm_head: &Tensor,
@@ -35,23 +37,26 @@ pub fn cross_entropy(
     let device = hidden.device();
     let rows: Vec<u32> = (0..targets.len() as u32).filter(|&i| targets[i as usize] != IGNORE_INDEX).collect();
     let mut loss_sum = 0f64;
+    let mut row_losses = Vec::new();
     let mut d_rows = Vec::new();
     for chunk in rows.chunks(chunk_rows.max(1)) {
         let idx = Tensor::new(chunk, device)?;
         let tgt: Vec<u32> = chunk.iter().map(|&i| targets[i as usize] as u32).collect();
-        let tgt = Tensor::from_vec(tgt, (chunk.len(), 1), device)?;
-        let h = hidden.index_select(&idx, 0)?;
-        let logits = h.matmul(&lm_head.t()?)?.to_dtype(DType::F32)?;
-        let log_probs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-        let picked = log_probs.gather(&tgt, 1)?;
-        loss_sum -= picked.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        if let Some(scale) = grad_scale {
-            // d(-log p_t)/d logits = softmax − onehot(t).
-            let minus_one = Tensor::full(-1f32, (chunk.len(), 1), device)?;
-            let d_logits = log_probs.exp()?.scatter_add(&tgt, &minus_one, 1)?;
-            let d_logits = (d_logits * scale)?.to_dtype(hidden.dtype())?;
+        let tgt = Tensor::from_vec(tgt, chunk.len(), device)?;
+        let logits = hidden.index_select(&idx, 0)?.matmul(&lm_head.t()?)?;
+        let d_logits = if device.is_cuda() {
+            fused_chunk(&logits, &tgt, grad_scale, &mut row_losses)?
+        } else {
+            let (loss, d_logits) = composed_chunk(&logits, &tgt, grad_scale)?;
+            loss_sum += loss;
+            d_logits
+        };
+        if let Some(d_logits) = d_logits {
             d_rows.push(d_logits.matmul(lm_head)?);
         }
+    }
+    if !row_losses.is_empty() {
+        loss_sum += Tensor::cat(&row_losses, 0)?.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
     }
     let d_hidden = match grad_scale {
         None => None,
@@ -66,6 +71,44 @@ pub fn cross_entropy(
         }
     };
     Ok(LossOutput { loss_sum, n_tokens: rows.len(), d_hidden })
+}
+
+/// One chunk in f32 candle ops (the CPU path and the reference): its summed loss and
+/// d(grad_scale · loss)/d(logits) in the logits' dtype.
+fn composed_chunk(logits: &Tensor, tgt: &Tensor, grad_scale: Option<f64>) -> Result<(f64, Option<Tensor>)> {
+    let tgt = tgt.unsqueeze(1)?;
+    let log_probs = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
+    let loss = -log_probs.gather(&tgt, 1)?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+    let Some(scale) = grad_scale else { return Ok((loss, None)) };
+    // d(-log p_t)/d logits = softmax − onehot(t).
+    let minus_one = Tensor::full(-1f32, tgt.shape(), logits.device())?;
+    let d_logits = log_probs.exp()?.scatter_add(&tgt, &minus_one, 1)?;
+    Ok((loss, Some((d_logits * scale)?.to_dtype(logits.dtype())?)))
+}
+
+/// One chunk through the fused CUDA kernel: per-row losses pushed to `row_losses`, the gradient
+/// returned.
+#[cfg(feature = "cuda")]
+fn fused_chunk(
+    logits: &Tensor,
+    tgt: &Tensor,
+    grad_scale: Option<f64>,
+    row_losses: &mut Vec<Tensor>,
+) -> Result<Option<Tensor>> {
+    let (losses, d_logits) = super::loss_cuda::cross_entropy_rows(logits, tgt, grad_scale)?;
+    row_losses.push(losses);
+    Ok(d_logits)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn fused_chunk(
+    logits: &Tensor,
+    tgt: &Tensor,
+    grad_scale: Option<f64>,
+    _: &mut Vec<Tensor>,
+) -> Result<Option<Tensor>> {
+    let _ = (logits, tgt, grad_scale);
+    candle_core::bail!("the fused cross-entropy needs the cuda feature")
 }
 
 #[cfg(test)]
@@ -100,5 +143,52 @@ mod tests {
         let expected = grads.get(hv.as_tensor()).unwrap();
         let diff = (out.d_hidden.unwrap() - expected).unwrap().abs().unwrap().max_all().unwrap();
         assert!(diff.to_scalar::<f32>().unwrap() < 1e-6);
+    }
+
+    /// The fused kernel against the composed chunk (f32, f16, bf16 logits), and the whole chunked
+    /// loss on CUDA against the CPU (ignored rows, chunks that do not divide the rows).
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn fused_cuda_cross_entropy_matches_the_composed_cpu_loss() {
+        let (cpu, gpu) = (Device::Cpu, Device::new_cuda(0).unwrap());
+        let max_abs = |t: &Tensor| t.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let logits = Tensor::randn(0f32, 3.0, (37, 1000), &cpu).unwrap();
+        let tgt = Tensor::from_vec((0..37u32).map(|i| i * 97 % 1000).collect::<Vec<_>>(), 37, &cpu).unwrap();
+        for (dtype, tol) in [(DType::F32, 1e-6), (DType::F16, 1e-3), (DType::BF16, 1e-2)] {
+            let l = logits.to_dtype(dtype).unwrap();
+            let (want_loss, want_d) = composed_chunk(&l, &tgt, Some(0.5)).unwrap();
+            let on_gpu = |t: &Tensor| t.to_device(&gpu).unwrap();
+            let (losses, d) =
+                super::super::loss_cuda::cross_entropy_rows(&on_gpu(&l), &on_gpu(&tgt), Some(0.5)).unwrap();
+            let loss = losses.to_dtype(DType::F64).unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap();
+            assert!(
+                (loss - want_loss).abs() < 1e-5 * want_loss.abs(),
+                "{dtype:?} loss {loss} vs {want_loss}"
+            );
+            let want_d = want_d.unwrap().to_dtype(DType::F32).unwrap();
+            let d = d.unwrap().to_dtype(DType::F32).unwrap().to_device(&cpu).unwrap();
+            let err = max_abs(&(d - &want_d).unwrap()) / max_abs(&want_d);
+            assert!(err < tol, "{dtype:?} gradient {err}");
+            let (_, none) =
+                super::super::loss_cuda::cross_entropy_rows(&on_gpu(&l), &on_gpu(&tgt), None).unwrap();
+            assert!(none.is_none());
+        }
+        let hidden = Tensor::randn(0f32, 1.0, (11, 16), &cpu).unwrap();
+        let head = Tensor::randn(0f32, 1.0, (300, 16), &cpu).unwrap();
+        let targets = [3, -100, 0, 299, -100, 2, 7, 8, 9, 10, -100];
+        let want = cross_entropy(&hidden, &head, &targets, Some(0.25), 3).unwrap();
+        let got = cross_entropy(
+            &hidden.to_device(&gpu).unwrap(),
+            &head.to_device(&gpu).unwrap(),
+            &targets,
+            Some(0.25),
+            3,
+        )
+        .unwrap();
+        assert_eq!(got.n_tokens, want.n_tokens);
+        assert!((got.loss_sum - want.loss_sum).abs() < 1e-5 * want.loss_sum.abs());
+        let want_d = want.d_hidden.unwrap();
+        let got_d = got.d_hidden.unwrap().to_device(&cpu).unwrap();
+        assert!(max_abs(&(got_d - &want_d).unwrap()) < 1e-5 * max_abs(&want_d));
     }
 }

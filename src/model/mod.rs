@@ -13,6 +13,8 @@ pub mod layer;
 pub mod linear;
 pub mod lora_group;
 pub mod loss;
+#[cfg(feature = "cuda")]
+mod loss_cuda;
 pub mod ops;
 #[cfg(feature = "cuda")]
 mod ops_cuda;

@@ -160,10 +160,9 @@ mod tests {
         let input = LayerInput { rope: &rope, mask: Some(&mask), offset: 0, window, dropout_seed: None };
 
         let (out, saved) = layer.forward_saving(&x, &input).unwrap();
-        let (dx, grads) = layer.backward(&saved, &d_out, &input).unwrap();
+        let (dx, grads) = layer.backward(saved, &d_out, &input).unwrap();
         // the training recompute skips the output but keeps the same activations
-        let (dx_re, grads_re) =
-            layer.backward(&layer.recompute(&x, &input).unwrap(), &d_out, &input).unwrap();
+        let (dx_re, grads_re) = layer.backward(layer.recompute(&x, &input).unwrap(), &d_out, &input).unwrap();
         assert_eq!(max_rel(&dx_re, &dx), 0.0);
         for (re, g) in grads_re.iter().zip(grads.iter()) {
             let (re, g) = (re.as_ref().unwrap(), g.as_ref().unwrap());

@@ -7,24 +7,13 @@
 #include "../../kernels/dtype.cuh"
 
 #define THREADS 256
+#include "../../kernels/block_reduce.cuh"
 
 template <typename T>
 __device__ __forceinline__ T round_to(float v) {
     T out;
     store(&out, v);
     return out;
-}
-
-__device__ float block_sum(float v) {
-    __shared__ float warp_vals[THREADS / 32];
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();  // warp_vals may still be read by a previous reduction
-    if (lane == 0) warp_vals[warp] = v;
-    __syncthreads();
-    v = lane < THREADS / 32 ? warp_vals[lane] : 0.0f;
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
-    return v;
 }
 
 // y = w * T(x * rsqrt(mean(x^2) + eps)); one block per row.

@@ -10,23 +10,8 @@
 #include <stdint.h>
 
 #define THREADS 512
+#include "../../kernels/block_reduce.cuh"
 #define MAX_SMALL 1024
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
-    return v;
-}
-
-__device__ float block_sum(float v) {
-    __shared__ float warp_vals[THREADS / 32];
-    v = warp_sum(v);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();  // warp_vals may still be read by a previous reduction
-    if (lane == 0) warp_vals[warp] = v;
-    __syncthreads();
-    v = lane < THREADS / 32 ? warp_vals[lane] : 0.0f;
-    return warp_sum(v);
-}
 
 struct Param {
     float* p;
