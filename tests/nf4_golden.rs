@@ -151,6 +151,14 @@ fn cuda_kernels_equal_the_cpu_reference_on_a_large_weight() {
             for out in [DType::F32, DType::F16, DType::BF16] {
                 let (x, y) = (cpu.dequantize(out).unwrap(), cuda.dequantize(out).unwrap());
                 assert_eq!(tensor_bits(&x), tensor_bits(&y), "{dtype:?} double={double} -> {out:?}");
+                // a slice of rows dequantized alone: the same values
+                let rows = cuda.dequantize_rows(out, 3584..7168).unwrap();
+                let want = x.narrow(0, 3584, 3584).unwrap();
+                assert_eq!(
+                    tensor_bits(&rows),
+                    tensor_bits(&want),
+                    "{dtype:?} double={double} rows -> {out:?}"
+                );
             }
         }
     }

@@ -4,6 +4,7 @@ tokens/s, MFU (6·N FLOPs per token over 790 TFLOP/s, as `lora-ft bench train` r
 peak allocated GPU memory per shape, with lora-ft / reference ratios; and, given the JSON line of
 scripts/bench/first_step_ref.py, the time from process start to the end of the first step."""
 import json
+import os
 import sys
 
 
@@ -33,7 +34,7 @@ def main(ref_path: str, ours_path: str, first_step_ref: str = ""):
               f"{fmt(speed) if speed else '-'} | {pct(ref_mfu)} | {pct(o.get('mfu'))} | {fmt(cell(t, 'peak_alloc_gib'))} | "
               f"{fmt(cell(o, 'peak_alloc_gib'))} | {fmt(mem) if mem else '-'} |")
     ours_first = next((r["first_step_s"] for r in ours.values() if r.get("first_step_s")), None)
-    if first_step_ref and ours_first:
+    if first_step_ref and os.path.exists(first_step_ref) and ours_first:
         r = next(json.loads(l) for l in open(first_step_ref) if l.startswith("{"))
         print(f"\nTime to the first step ({r['seq']} x {r['bs']}, from process start): PEFT {r['first_step_s']:.1f} s "
               f"(load {r['load_s']:.1f} s), lora-ft {ours_first:.1f} s, ratio {ours_first / r['first_step_s']:.2f}")

@@ -9,7 +9,10 @@ arch=${1:-mistral-7b}; shapes=${2:-512x2,512x4,512x8,2048x2,2048x4,2048x8}
 dir=/tmp/$arch
 # written in fp16 directly (the anchor's own writer builds fp32 first: 13B would not fit beside it)
 python3 scripts/bench/load_memory_ref.py --model $dir --create $arch
-python3 scripts/bench/first_step_ref.py --model $dir --shape ${shapes%%,*} 2>&1 | grep '^{' | tee $OUT/first_step_ref.json
+# FIRST_STEP=0 skips the reference's time-to-first-step (a second load of the model: ~1 min for 13B)
+if [ "${FIRST_STEP:-1}" = 1 ]; then
+  python3 scripts/bench/first_step_ref.py --model $dir --shape ${shapes%%,*} 2>&1 | grep '^{' | tee $OUT/first_step_ref.json
+fi
 python3 .gpu/peft_qlora_baseline.py --arch $arch --model $dir --shapes $shapes --out $OUT/peft_$arch.json 2>&1 \
   | grep '^{' || true
 lora-ft bench train --model $dir --shapes $shapes --device cuda:0 2>&1 | grep -v " INFO " | tee $OUT/lora_ft_$arch.jsonl

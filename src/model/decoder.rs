@@ -11,6 +11,7 @@ use rand::SeedableRng;
 
 use super::attention::causal_mask;
 use super::config::ModelConfig;
+use super::embedding::Embedding;
 use super::layer::{DecoderLayer, KvCache, LayerInput, PROJECTIONS};
 use super::linear::{BaseWeight, LoraAdapter, LoraLinear};
 use super::loss::{cross_entropy, shift_labels};
@@ -39,7 +40,7 @@ impl LoraSpec {
 
 pub struct CausalLm {
     pub config: ModelConfig,
-    embed_tokens: Tensor,
+    embed_tokens: Embedding,
     pub layers: Vec<DecoderLayer>,
     norm: Tensor,
     lm_head: Tensor,
@@ -116,12 +117,16 @@ impl CausalLm {
         // SAFETY: the files are memory-mapped read-only and not modified while loading.
         let st = unsafe { MmapedSafetensors::multi(weights) }
             .with_context(|| format!("opening safetensors {weights:?}"))?;
-        let embed_tokens = load(&st, "model.embed_tokens.weight", dtype, device)?;
-        let lm_head = match st.get("lm_head.weight") {
-            Ok(_) => load(&st, "lm_head.weight", dtype, device)?,
-            Err(_) if config.tie_word_embeddings => embed_tokens.clone(),
-            Err(_) => anyhow::bail!("lm_head.weight is missing and tie_word_embeddings is false"),
+        let untied = st.get("lm_head.weight").is_ok();
+        // an untied table is only ever indexed: on a GPU it stays on the host (embedding.rs)
+        let table_device = if untied && device.is_cuda() { &Device::Cpu } else { device };
+        let table = load(&st, "model.embed_tokens.weight", dtype, table_device)?;
+        let lm_head = match untied {
+            true => load(&st, "lm_head.weight", dtype, device)?,
+            false if config.tie_word_embeddings => table.clone(),
+            false => anyhow::bail!("lm_head.weight is missing and tie_word_embeddings is false"),
         };
+        let embed_tokens = Embedding::new(table, device);
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         let progress = load_progress(config.num_hidden_layers, quantization);
         for l in 0..config.num_hidden_layers {
@@ -184,7 +189,7 @@ impl CausalLm {
     /// Bytes of the frozen model as held on its device (a tied lm_head counted once).
     pub fn base_size_in_bytes(&self) -> usize {
         let dense = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
-        let tied = self.lm_head.id() == self.embed_tokens.id();
+        let tied = self.lm_head.id() == self.embed_tokens.table().id();
         let head = if tied { 0 } else { dense(&self.lm_head) };
         let layers: usize = self
             .layers
@@ -194,7 +199,7 @@ impl CausalLm {
                 norms + l.proj.iter().map(|p| p.base.size_in_bytes()).sum::<usize>()
             })
             .sum();
-        dense(&self.embed_tokens) + head + dense(&self.norm) + layers
+        self.embed_tokens.device_bytes() + head + dense(&self.norm) + layers
     }
 
     pub fn dtype(&self) -> DType {
@@ -238,8 +243,7 @@ impl CausalLm {
     }
 
     fn embed(&self, input_ids: &Tensor) -> candle_core::Result<Tensor> {
-        let (b, t) = input_ids.dims2()?;
-        self.embed_tokens.index_select(&input_ids.flatten_all()?, 0)?.reshape((b, t, self.config.hidden_size))
+        self.embed_tokens.forward(input_ids)
     }
 
     /// The additive causal mask for the composed attention; `None` on CUDA, whose kernels mask by

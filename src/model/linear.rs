@@ -46,6 +46,30 @@ impl BaseWeight {
         }
     }
 
+    /// Rows `rows` of the weight in `dtype` for one use (NF4: only those rows dequantized).
+    fn rows_for_use(&self, dtype: DType, device: &Device, rows: std::ops::Range<usize>) -> Result<Tensor> {
+        match self {
+            BaseWeight::Dense(w) => w.narrow(0, rows.start, rows.len()),
+            BaseWeight::Nf4(q) => section("nf4.dequantize", device, || q.dequantize_rows(dtype, rows)),
+        }
+    }
+
+    /// Rows of the weight to dequantize at once when a GEMM's activation operand holds
+    /// `activation` values: all of them when the weight is no larger than max(activation, 2^24
+    /// values), else slices that are (starting on NF4 statistics blocks). At small batches the
+    /// f16 copy of a 14336 × 4096 weight (112 MiB) is otherwise a visible part of peak memory; at
+    /// large ones the activations dwarf it and the weight goes whole.
+    fn rows_per_slice(&self, activation: usize) -> usize {
+        let (out_dim, in_dim) = self.dims();
+        let budget = activation.max(1 << 24);
+        let slices = (out_dim * in_dim).div_ceil(budget).max(1);
+        if slices == 1 {
+            return out_dim;
+        }
+        let align = crate::quant::ROW_ALIGN_VALUES / gcd(in_dim.max(1), crate::quant::ROW_ALIGN_VALUES);
+        out_dim.div_ceil(slices).div_ceil(align) * align
+    }
+
     /// The weight as a dense tensor (for merging and for the autograd oracle); NF4 dequantizes to
     /// the dtype it was quantized from.
     pub fn dense(&self) -> Result<Tensor> {
@@ -53,6 +77,14 @@ impl BaseWeight {
             BaseWeight::Dense(w) => Ok(w.clone()),
             BaseWeight::Nf4(q) => q.dequantize(q.dtype()),
         }
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 
@@ -132,16 +164,53 @@ impl LoraLinear {
 
     /// out += x·Wᵀ, the frozen part alone (a `LoraGroup` adds the low-rank part).
     pub fn base_forward_into(&self, x: &Tensor, out: &mut ProductSum) -> Result<()> {
-        let dev = x.device();
-        let w = self.base.for_use(x.dtype(), dev)?;
-        section("gemm.base", dev, || out.add_product(Product { lhs: x, rhs: &w, rhs_transposed: true }))
+        self.base_forward_sliced(x, out, self.base.rows_per_slice(x.elem_count()))
     }
 
     /// dx += dy·W, the frozen part's input gradient alone.
     pub fn base_backward_into(&self, dy: &Tensor, dx: &mut ProductSum) -> Result<()> {
+        self.base_backward_sliced(dy, dx, self.base.rows_per_slice(dy.elem_count()))
+    }
+
+    /// `base_forward_into` reading W `rows` rows at a time: each slice of rows is a slice of
+    /// output columns.
+    fn base_forward_sliced(&self, x: &Tensor, out: &mut ProductSum, rows: usize) -> Result<()> {
+        let dev = x.device();
+        let (out_dim, _) = self.base.dims();
+        if rows >= out_dim {
+            let w = self.base.for_use(x.dtype(), dev)?;
+            return section("gemm.base", dev, || {
+                out.add_product(Product { lhs: x, rhs: &w, rhs_transposed: true })
+            });
+        }
+        for r0 in (0..out_dim).step_by(rows.max(1)) {
+            let w = self.base.rows_for_use(x.dtype(), dev, r0..(r0 + rows).min(out_dim))?;
+            let p = Product { lhs: x, rhs: &w, rhs_transposed: true };
+            section("gemm.base", dev, || out.add_product_to_columns(p, r0, out_dim))?;
+        }
+        Ok(())
+    }
+
+    /// `base_backward_into` reading W `rows` rows at a time: each slice of rows is a slice of
+    /// dy's columns, its product accumulated onto dx.
+    fn base_backward_sliced(&self, dy: &Tensor, dx: &mut ProductSum, rows: usize) -> Result<()> {
         let dev = dy.device();
-        let w = self.base.for_use(dy.dtype(), dev)?;
-        section("gemm.base", dev, || dx.add_product(Product { lhs: dy, rhs: &w, rhs_transposed: false }))
+        let (out_dim, _) = self.base.dims();
+        if rows >= out_dim {
+            let w = self.base.for_use(dy.dtype(), dev)?;
+            return section("gemm.base", dev, || {
+                dx.add_product(Product { lhs: dy, rhs: &w, rhs_transposed: false })
+            });
+        }
+        for r0 in (0..out_dim).step_by(rows.max(1)) {
+            let len = rows.min(out_dim - r0);
+            let w = self.base.rows_for_use(dy.dtype(), dev, r0..r0 + len)?;
+            let dy_slice = dy.narrow(1, r0, len)?.contiguous()?;
+            section("gemm.base", dev, || {
+                dx.add_product(Product { lhs: &dy_slice, rhs: &w, rhs_transposed: false })
+            })?;
+        }
+        Ok(())
     }
 
     fn dropped_input(&self, x: &Tensor, seed: Option<DropoutSeed>) -> Result<Tensor> {
@@ -256,6 +325,39 @@ mod tests {
                 assert_eq!(bits(&g_q.lora_b), bits(&g_d.lora_b), "{dtype:?} grad B {p}");
             }
         }
+        Ok(())
+    }
+
+    /// Reading the weight a slice of rows at a time (what small batches do to bound the
+    /// dequantization scratch) gives the whole-weight products: the forward exactly (column
+    /// slices), the input gradient up to summation order; and the slices start on NF4 blocks.
+    #[test]
+    fn sliced_weight_products_equal_whole_weight_products() -> Result<()> {
+        let dev = Device::Cpu;
+        // 600 rows of 64: slices of 256 rows start on 16384-value blocks, the last is short
+        let w = Tensor::randn(0f32, 0.05, (600, 64), &dev)?;
+        let x = Tensor::randn(0f32, 1.0, (5, 64), &dev)?;
+        let dy = Tensor::randn(0f32, 1.0, (5, 600), &dev)?;
+        for base in [BaseWeight::Dense(w.clone()), BaseWeight::Nf4(Nf4Tensor::quantize(&w, true)?)] {
+            let linear = LoraLinear { base, lora: None };
+            let (mut whole, mut sliced) = (ProductSum::new(), ProductSum::new());
+            linear.base_forward_sliced(&x, &mut whole, 600)?;
+            linear.base_forward_sliced(&x, &mut sliced, 256)?;
+            assert_eq!(bits(&whole.finish()?), bits(&sliced.finish()?));
+            let (mut whole, mut sliced) = (ProductSum::new(), ProductSum::new());
+            linear.base_backward_sliced(&dy, &mut whole, 600)?;
+            linear.base_backward_sliced(&dy, &mut sliced, 256)?;
+            let diff = (whole.finish()? - sliced.finish()?)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(diff < 1e-5, "{diff}");
+        }
+        // 14336 x 4096 at 1024 tokens: four slices of 3584 rows, each a whole number of
+        // 16384-value statistics blocks; at 16384 tokens the weight goes whole
+        let big = BaseWeight::Dense(Tensor::zeros((14336, 4096), DType::F16, &dev)?);
+        assert_eq!(big.rows_per_slice(1024 * 4096), 3584);
+        assert_eq!(3584 * 4096 % crate::quant::ROW_ALIGN_VALUES, 0);
+        assert_eq!(big.rows_per_slice(16384 * 4096), 14336);
+        let down = BaseWeight::Dense(Tensor::zeros((4096, 14336), DType::F16, &dev)?);
+        assert_eq!(down.rows_per_slice(1024 * 4096) * 14336 % crate::quant::ROW_ALIGN_VALUES, 0);
         Ok(())
     }
 

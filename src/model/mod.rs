@@ -5,6 +5,7 @@ pub mod attention;
 pub mod config;
 pub mod decoder;
 pub mod dropout;
+pub mod embedding;
 #[cfg(feature = "cuda")]
 mod flash;
 #[cfg(feature = "cuda")]

@@ -72,6 +72,19 @@ impl CudaSum {
         Ok(sum)
     }
 
+    /// A zeroed buffer.
+    pub fn zeros(like: &Tensor, dims: (usize, usize)) -> Result<Self> {
+        let dev = cuda_device(like)?;
+        let len = dims.0 * dims.1;
+        let out = match like.dtype() {
+            DType::F32 => Buffer::F32(dev.alloc_zeros::<f32>(len)?),
+            DType::F16 => Buffer::F16(dev.alloc_zeros::<f16>(len)?),
+            DType::BF16 => Buffer::BF16(dev.alloc_zeros::<bf16>(len)?),
+            dt => bail!("sums of products take f32, f16 or bf16, not {dt:?}"),
+        };
+        Ok(Self { dev, dims, dtype: like.dtype(), out })
+    }
+
     fn alloc(like: &Tensor, dims: (usize, usize)) -> Result<Self> {
         let dev = cuda_device(like)?;
         let len = dims.0 * dims.1;
@@ -100,6 +113,22 @@ impl CudaSum {
         with_buffer!(&mut self.out, out => gemm_into(p, out, 1.0))
     }
 
+    /// Columns [col0, col0 + n) += the product.
+    pub fn add_product_to_columns(&mut self, p: &Product, col0: usize) -> Result<()> {
+        let (m, _, n) = p.dims()?;
+        if p.lhs.dtype() != self.dtype || m != self.dims.0 || col0 + n > self.dims.1 {
+            bail!(
+                "adding a {:?} product of {:?} at column {col0} to a {:?} sum of {:?}",
+                p.lhs.dtype(),
+                (m, n),
+                self.dtype,
+                self.dims
+            );
+        }
+        let width = self.dims.1;
+        with_buffer!(&mut self.out, out => gemm_into_columns(p, out, 1.0, col0, width))
+    }
+
     pub fn add_tensor(&mut self, t: &Tensor) -> Result<()> {
         self.check("tensor", t.dtype(), t.dims2()?)?;
         let t = t.contiguous()?;
@@ -120,6 +149,21 @@ fn gemm_into<T: BlasElement>(p: &Product, out: &mut CudaSlice<T>, beta: f64) -> 
 where
     CudaBlas: Gemm<T>,
 {
+    let n = p.dims()?.2;
+    gemm_into_columns(p, out, beta, 0, n)
+}
+
+/// The same into columns [col0, col0 + n) of a row-major output `width` columns wide.
+fn gemm_into_columns<T: BlasElement>(
+    p: &Product,
+    out: &mut CudaSlice<T>,
+    beta: f64,
+    col0: usize,
+    width: usize,
+) -> Result<()>
+where
+    CudaBlas: Gemm<T>,
+{
     let (m, k, n) = p.dims()?;
     let (lhs, rhs) = (p.lhs.contiguous()?, p.rhs.contiguous()?);
     let dev = cuda_device(&lhs)?;
@@ -137,11 +181,12 @@ where
         lda: if p.rhs_transposed { k as i32 } else { n as i32 },
         ldb: k as i32,
         beta: T::from_f64(beta),
-        ldc: n as i32,
+        ldc: width as i32,
     };
     let (ls, rs) = (lhs.storage_and_layout().0, rhs.storage_and_layout().0);
     let (lv, rv) = (view::<T>(&ls, &lhs)?, view::<T>(&rs, &rhs)?);
-    unsafe { dev.cublas_handle().gemm(cfg, &rv, &lv, out) }.w()?;
+    let mut dst = out.slice_mut(col0..);
+    unsafe { dev.cublas_handle().gemm(cfg, &rv, &lv, &mut dst) }.w()?;
     Ok(())
 }
 

@@ -34,6 +34,10 @@ pub enum Absmax {
     Double { codes: Tensor, absmax2: Tensor, offset: f32 },
 }
 
+/// Values per double-quant statistics block (256 absmax codes of 64 values each): where a slice
+/// of rows may start (`Nf4Tensor::dequantize_rows`).
+pub const ROW_ALIGN_VALUES: usize = 64 * 256;
+
 /// A tensor stored as NF4: packed 4-bit codes (U8, `(n + 1) / 2` bytes) and blockwise absmax.
 #[derive(Debug, Clone)]
 pub struct Nf4Tensor {
@@ -102,6 +106,34 @@ impl Nf4Tensor {
     ) -> Result<Tensor> {
         let values: Vec<T> = with_host_slice(&self.packed, |p: &[u8]| nf4::dequantize(p, absmax, n))?;
         Tensor::from_vec(values, self.shape.clone(), dev)
+    }
+
+    /// Rows `rows` of a 2-D weight in `dtype`: the same values as those rows of `dequantize`, with
+    /// only their own scratch (a GEMM can then read a large weight a slice at a time). The first
+    /// row must start a double-quant statistics block: `rows.start · cols` a multiple of
+    /// `ROW_ALIGN_VALUES`.
+    pub fn dequantize_rows(&self, dtype: DType, rows: std::ops::Range<usize>) -> Result<Tensor> {
+        let (n_rows, cols) = self.shape.dims2()?;
+        let (first, last) = (rows.start, rows.end.min(n_rows));
+        if first >= last || (first * cols) % ROW_ALIGN_VALUES != 0 {
+            bail!("NF4 rows {rows:?} of [{n_rows}, {cols}]: empty, or not starting on a {ROW_ALIGN_VALUES}-value block");
+        }
+        #[cfg(feature = "cuda")]
+        if self.packed.device().is_cuda() {
+            let (start, n) = (first * cols, (last - first) * cols);
+            let packed = self.packed.narrow(0, start / 2, n.div_ceil(2))?;
+            let blocks = |size: usize| -> (usize, usize) { (start / size, n.div_ceil(size)) };
+            let absmax = match &self.absmax {
+                Absmax::F32(a) => Absmax::F32(a.narrow(0, blocks(64).0, blocks(64).1)?),
+                Absmax::Double { codes, absmax2, offset } => Absmax::Double {
+                    codes: codes.narrow(0, blocks(64).0, blocks(64).1)?,
+                    absmax2: absmax2.narrow(0, blocks(ROW_ALIGN_VALUES).0, blocks(ROW_ALIGN_VALUES).1)?,
+                    offset: *offset,
+                },
+            };
+            return cuda::dequantize(&packed, &absmax, n, dtype)?.reshape((last - first, cols));
+        }
+        self.dequantize(dtype)?.narrow(0, first, last - first)
     }
 
     /// The f32 absmax per 64-value block (restored from the 8-bit codes under double quantization).
