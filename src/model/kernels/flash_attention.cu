@@ -115,6 +115,28 @@ __device__ __forceinline__ void ldsm_b_kn(uint32_t b[4], const T* tile, int ld, 
     ldsm_x4_trans(b, tile + (k0 + l % 8 + l / 8 % 2 * 8) * ld + n0 + l / 16 * 8);
 }
 
+// c0, c1 (two 16x8 tiles) += a (16x16) . B, B the 16 rows n0.. at column k0 of an [n][k] tile.
+template <typename T>
+__device__ __forceinline__ void mma_nk(float c0[4], float c1[4], const uint32_t a[4], const T* tile, int ld, int n0,
+                                       int k0) {
+    uint32_t bf[4];
+    ldsm_b_nk(bf, tile, ld, n0, k0);
+    mma<T>(c0, a, bf[0], bf[1]);
+    mma<T>(c1, a, bf[2], bf[3]);
+}
+
+// acc (16 x D) += a (16x16) . rows k0 .. k0 + 16 of a [k][D] tile.
+template <typename T, int D>
+__device__ __forceinline__ void mma_kn_rows(float acc[D / 8][4], const uint32_t a[4], const T* tile, int ld, int k0) {
+#pragma unroll
+    for (int np = 0; np < D / 16; ++np) {
+        uint32_t bf[4];
+        ldsm_b_kn(bf, tile, ld, k0, np * 16);
+        mma<T>(acc[2 * np], a, bf[0], bf[1]);
+        mma<T>(acc[2 * np + 1], a, bf[2], bf[3]);
+    }
+}
+
 // Accumulators of two neighbouring 16x8 tiles as the A fragment of a 16x16 product (FA-2's
 // register reuse: the C layout of tiles n and n+1 is the A layout of one k-step).
 template <typename T>
@@ -240,12 +262,7 @@ __device__ void flash_forward(const T* q, const T* k, const T* v, T* o, float* l
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
-            for (int np = 0; np < KV_TILE / 16; ++np) {
-                uint32_t bf[4];
-                ldsm_b_nk(bf, ks, LD, np * 16, kk * 16);
-                mma<T>(s[2 * np], qf[kk], bf[0], bf[1]);
-                mma<T>(s[2 * np + 1], qf[kk], bf[2], bf[3]);
-            }
+            for (int np = 0; np < KV_TILE / 16; ++np) mma_nk<T>(s[2 * np], s[2 * np + 1], qf[kk], ks, LD, np * 16, kk * 16);
         float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nt = 0; nt < KV_TILE / 8; ++nt)
@@ -280,13 +297,7 @@ __device__ void flash_forward(const T* q, const T* k, const T* v, T* o, float* l
         for (int kt = 0; kt < KV_TILE / 16; ++kt) {
             uint32_t pa[4];
             acc_to_a<T>(pa, s[2 * kt], s[2 * kt + 1]);
-#pragma unroll
-            for (int np = 0; np < D / 16; ++np) {
-                uint32_t bf[4];
-                ldsm_b_kn(bf, vs, LD, kt * 16, np * 16);
-                mma<T>(acc[2 * np], pa, bf[0], bf[1]);
-                mma<T>(acc[2 * np + 1], pa, bf[2], bf[3]);
-            }
+            mma_kn_rows<T, D>(acc, pa, vs, LD, kt * 16);
         }
     };
     for_each_kv_tile<T, D>(reinterpret_cast<T*>(smem_bytes), k + b * sk.b + kvh * sk.h, v + b * sk.b + kvh * sk.h,
@@ -402,13 +413,8 @@ __device__ void flash_backward_dkdv(const T* q, const T* k, const T* v, const T*
                 ldsm_a(va, vs, LD, wkey0, kk * 16);
 #pragma unroll
                 for (int np = 0; np < BWD_Q / 16; ++np) {
-                    uint32_t bf[4];
-                    ldsm_b_nk(bf, qs, LD, np * 16, kk * 16);
-                    mma<T>(st[2 * np], ka, bf[0], bf[1]);
-                    mma<T>(st[2 * np + 1], ka, bf[2], bf[3]);
-                    ldsm_b_nk(bf, dos, LD, np * 16, kk * 16);
-                    mma<T>(dpt[2 * np], va, bf[0], bf[1]);
-                    mma<T>(dpt[2 * np + 1], va, bf[2], bf[3]);
+                    mma_nk<T>(st[2 * np], st[2 * np + 1], ka, qs, LD, np * 16, kk * 16);
+                    mma_nk<T>(dpt[2 * np], dpt[2 * np + 1], va, dos, LD, np * 16, kk * 16);
                 }
             }
             // P^T = exp2(S^T scale - lse), dS^T = P^T (dP^T - delta); element i of tile nt is
@@ -428,16 +434,8 @@ __device__ void flash_backward_dkdv(const T* q, const T* k, const T* v, const T*
                 uint32_t pa[4], dsa[4];
                 acc_to_a<T>(pa, st[2 * kt], st[2 * kt + 1]);
                 acc_to_a<T>(dsa, dpt[2 * kt], dpt[2 * kt + 1]);
-#pragma unroll
-                for (int np = 0; np < D / 16; ++np) {
-                    uint32_t bf[4];
-                    ldsm_b_kn(bf, dos, LD, kt * 16, np * 16);
-                    mma<T>(dv_acc[2 * np], pa, bf[0], bf[1]);
-                    mma<T>(dv_acc[2 * np + 1], pa, bf[2], bf[3]);
-                    ldsm_b_kn(bf, qs, LD, kt * 16, np * 16);
-                    mma<T>(dk_acc[2 * np], dsa, bf[0], bf[1]);
-                    mma<T>(dk_acc[2 * np + 1], dsa, bf[2], bf[3]);
-                }
+                mma_kn_rows<T, D>(dv_acc, pa, dos, LD, kt * 16);
+                mma_kn_rows<T, D>(dk_acc, dsa, qs, LD, kt * 16);
             }
         }
         __syncthreads();  // the stage is overwritten by the copy issued next iteration
@@ -492,13 +490,8 @@ __device__ void flash_backward_dq(const T* q, const T* k, const T* v, const T* d
             float s[2][4] = {}, dp[2][4] = {};
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
-                uint32_t bf[4];
-                ldsm_b_nk(bf, ks, LD, sub * 16, kk * 16);
-                mma<T>(s[0], qf[kk], bf[0], bf[1]);
-                mma<T>(s[1], qf[kk], bf[2], bf[3]);
-                ldsm_b_nk(bf, vs, LD, sub * 16, kk * 16);
-                mma<T>(dp[0], dof[kk], bf[0], bf[1]);
-                mma<T>(dp[1], dof[kk], bf[2], bf[3]);
+                mma_nk<T>(s[0], s[1], qf[kk], ks, LD, sub * 16, kk * 16);
+                mma_nk<T>(dp[0], dp[1], dof[kk], vs, LD, sub * 16, kk * 16);
             }
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt)
@@ -511,13 +504,7 @@ __device__ void flash_backward_dq(const T* q, const T* k, const T* v, const T* d
                 }
             uint32_t dsa[4];
             acc_to_a<T>(dsa, dp[0], dp[1]);
-#pragma unroll
-            for (int np = 0; np < D / 16; ++np) {
-                uint32_t bf[4];
-                ldsm_b_kn(bf, ks, LD, sub * 16, np * 16);
-                mma<T>(acc[2 * np], dsa, bf[0], bf[1]);
-                mma<T>(acc[2 * np + 1], dsa, bf[2], bf[3]);
-            }
+            mma_kn_rows<T, D>(acc, dsa, ks, LD, sub * 16);
         }
     };
     for_each_kv_tile<T, D>(reinterpret_cast<T*>(smem_bytes), k + b * sk.b + kvh * sk.h, v + b * sk.b + kvh * sk.h,
