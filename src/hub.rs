@@ -38,6 +38,34 @@ pub fn resolve(source: &str, revision: &str) -> Result<ModelFiles> {
     hub_repo(source, revision)
 }
 
+/// The config.json of `source` alone (for planning before a load): a local folder's, a GGUF's
+/// import's, or a Hub repo's (from the cache, else downloading that one file).
+pub fn config_json(source: &str, revision: &str) -> Result<PathBuf> {
+    let path = Path::new(source);
+    if source.ends_with(".gguf") {
+        return Ok(resolve_gguf(path)?.config);
+    }
+    if path.is_dir() {
+        let config = path.join("config.json");
+        return match config.is_file() {
+            true => Ok(config),
+            false => bail!("no config.json in model folder {}", path.display()),
+        };
+    }
+    if let Ok(files) = cached_snapshot(&hub_cache_root(), source, revision) {
+        return Ok(files.config);
+    }
+    let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.trim().is_empty());
+    let mut builder = ApiBuilder::from_cache(hf_hub::Cache::new(hub_cache_root()));
+    if let Ok(endpoint) = std::env::var("HF_ENDPOINT") {
+        builder = builder.with_endpoint(endpoint);
+    }
+    let api = builder.with_token(token).build().context("building the Hugging Face Hub client")?;
+    let repo = api.repo(Repo::with_revision(source.to_string(), RepoType::Model, revision.to_string()));
+    repo.get("config.json")
+        .with_context(|| format!("downloading config.json from Hub repo {source} at revision {revision}"))
+}
+
 /// Import the GGUF file once into `<lora-ft cache>/imported/<stem>-<hash of size and mtime>`.
 fn resolve_gguf(gguf: &Path) -> Result<ModelFiles> {
     let meta =

@@ -17,6 +17,7 @@ pub mod kernels;
 pub mod memory;
 pub mod model;
 pub mod optim;
+pub mod plan;
 pub mod profile;
 pub mod quant;
 pub mod train;

@@ -38,6 +38,14 @@ enum Command {
     Import { gguf: PathBuf, out_dir: PathBuf },
     /// Chat with a model, with or without an adapter.
     Chat(ChatArgs),
+    /// Predict peak GPU memory of a config's run before loading anything, and the largest batch
+    /// that fits at each sequence length.
+    Estimate {
+        config: PathBuf,
+        /// The card's memory: 24GiB, 48GB, 80 (GiB).
+        #[arg(long, default_value = "24GiB")]
+        gpu_mem: String,
+    },
     /// Measurements (JSON lines) to compare with the reference stack.
     Bench {
         #[command(subcommand)]
@@ -125,6 +133,16 @@ fn parse_quantization(name: &str) -> Quantization {
         "nf4-no-double-quant" => Quantization::Nf4 { double_quant: false },
         _ => Quantization::None,
     }
+}
+
+/// "24GiB", "24GB" (read as GiB, as cards are sold) or "24" → bytes.
+fn parse_gib(text: &str) -> anyhow::Result<u64> {
+    let number =
+        text.trim().trim_end_matches(['B', 'b']).trim_end_matches(['i', 'I']).trim_end_matches(['G', 'g']);
+    let gib: f64 =
+        number.trim().parse().with_context(|| format!("--gpu-mem {text:?}: expected e.g. 24GiB"))?;
+    anyhow::ensure!(gib > 0.0 && gib < 1e6, "--gpu-mem {text:?}: expected a positive size in GiB");
+    Ok((gib * (1u64 << 30) as f64) as u64)
 }
 
 fn parse_shapes(text: &str) -> anyhow::Result<Vec<(usize, usize)>> {
@@ -232,6 +250,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let (q, dtype) = (parse_quantization(&m.quantization), parse_dtype(&m.dtype));
             let report = lora_ft::bench::load(&m.model, q, dtype, &device)?;
             println!("{}", serde_json::to_string(&report)?);
+            Ok(())
+        }
+        Command::Estimate { config, gpu_mem } => {
+            let cfg = Config::from_file(&config)?;
+            let config_json = lora_ft::hub::config_json(&cfg.model.expanded_source(), &cfg.model.revision)?;
+            let model = lora_ft::model::ModelConfig::from_file(&config_json)?;
+            let total = parse_gib(&gpu_mem)?;
+            let budget = lora_ft::memory::VramBudget::new(total, cfg.train.max_vram_fraction).bytes();
+            let shape = (cfg.data.max_seq_len, cfg.train.batch_size);
+            print!("{}", lora_ft::plan::report(&model, &lora_ft::plan::run_shape(&cfg), shape, budget));
             Ok(())
         }
         Command::Data { command: DataCommand::Check { file, config } } => {

@@ -1,0 +1,331 @@
+//! The memory planner behind `lora-ft estimate`: a training run's peak GPU memory predicted from
+//! the model's config.json and the run's settings, before anything is loaded.
+//!
+//! The model follows what the trainer keeps (src/model/decoder.rs, layer.rs): the frozen model
+//! and the adapters with their optimizer state stay for the whole run; the forward keeps one
+//! f16 input per layer (the checkpoints); the backward's peak is the first layer it reaches —
+//! every checkpoint still alive, that layer's recomputed activations, and the three
+//! intermediate-size gradients of the SwiGLU backward — and the loss before it holds one chunk
+//! of logits and their gradient. Peak = the frozen parts + the larger of those two moments.
+//! Checked against the peaks measured on the H100 (benches/train_*.md) in this file's tests.
+
+use serde::Serialize;
+
+use crate::model::{ModelConfig, PROJECTIONS};
+
+/// What a run trains on, as far as memory goes.
+#[derive(Debug, Clone)]
+pub struct RunShape {
+    /// Bytes of the compute dtype (2 for f16/bf16, 4 for f32).
+    pub dtype_bytes: usize,
+    /// NF4 storage of the projections (`Some(double_quant)`), or dense (`None`).
+    pub nf4: Option<bool>,
+    pub lora_r: usize,
+    pub target_modules: Vec<String>,
+    /// Adafactor's first moment (`beta1`) is kept per parameter when set.
+    pub first_moment: bool,
+    /// Embedding table in host memory (an untied model on a GPU, see model/embedding.rs).
+    pub embeddings_on_host: bool,
+    /// Rows of logits per loss chunk.
+    pub loss_chunk_rows: usize,
+}
+
+/// Predicted bytes of each part of the peak, for `tokens` = batch × sequence length per step.
+#[derive(Debug, Clone, Serialize)]
+pub struct Estimate {
+    pub tokens: usize,
+    /// Projections (NF4 codes and statistics, or dense), lm_head, norms, RoPE tables, and the
+    /// embedding table when it lives on the device.
+    pub base_weights: u64,
+    /// LoRA A and B (f32) and Adafactor's state.
+    pub lora_and_optimizer: u64,
+    /// One layer input per layer.
+    pub checkpoints: u64,
+    /// The first backward layer: its recomputed activations and the SwiGLU backward's gradients.
+    pub layer_recompute: u64,
+    /// One chunk of logits and their gradient (the loss, before the backward starts).
+    pub loss_chunk: u64,
+    /// cuBLAS and the largest slice of a dequantized weight.
+    pub workspace: u64,
+}
+
+impl Estimate {
+    /// The peak: the frozen parts, the checkpoints, and the larger of the first backward layer
+    /// and the loss chunk.
+    pub fn peak(&self) -> u64 {
+        let fixed = self.base_weights + self.lora_and_optimizer + self.workspace + self.checkpoints;
+        fixed + self.layer_recompute.max(self.loss_chunk)
+    }
+}
+
+/// Values of the dequantized-weight slice a GEMM reads at most (model/linear.rs).
+const WEIGHT_SLICE_VALUES: u64 = 1 << 24;
+/// cuBLAS workspace and other per-run buffers the pool holds.
+const FIXED_WORKSPACE: u64 = 8 << 20;
+
+/// The seven projections' (out, in) dims.
+fn projection_dims(m: &ModelConfig) -> [(usize, usize); 7] {
+    let (h, i) = (m.hidden_size, m.intermediate_size);
+    let (q, kv) = (m.num_attention_heads * m.head_dim(), m.num_kv_heads() * m.head_dim());
+    [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+}
+
+fn stored_weight_bytes(n: u64, run: &RunShape) -> u64 {
+    match run.nf4 {
+        // packed codes, one absmax code per 64 values, one f32 scale per 256 codes
+        Some(true) => n.div_ceil(2) + n.div_ceil(64) + n.div_ceil(64 * 256) * 4,
+        Some(false) => n.div_ceil(2) + n.div_ceil(64) * 4,
+        None => n * run.dtype_bytes as u64,
+    }
+}
+
+/// Predicts the parts of the peak for `tokens` tokens per step.
+pub fn estimate(m: &ModelConfig, run: &RunShape, tokens: usize) -> Estimate {
+    let (layers, h, i) = (m.num_hidden_layers as u64, m.hidden_size as u64, m.intermediate_size as u64);
+    let (b, t) = (run.dtype_bytes as u64, tokens as u64);
+    let dims = projection_dims(m);
+    let projections: u64 = dims.iter().map(|&(o, n)| stored_weight_bytes((o * n) as u64, run)).sum();
+    let table = m.vocab_size as u64 * h * b;
+    let tables_on_device = if m.tie_word_embeddings || !run.embeddings_on_host { 1 } else { 0 };
+    let lm_head = if m.tie_word_embeddings { 0 } else { table };
+    let rope = m.max_position_embeddings as u64 * m.head_dim() as u64 * b;
+    let norms = (2 * layers + 1) * h * b;
+    let base_weights = layers * projections + lm_head + tables_on_device * table + rope + norms;
+
+    let adapted = |name: &str| run.target_modules.iter().any(|t| t == name);
+    let r = run.lora_r as u64;
+    let per_layer: u64 = dims
+        .iter()
+        .zip(PROJECTIONS)
+        .filter(|(_, name)| adapted(name))
+        .map(|(&(o, n), _)| {
+            let (o, n) = (o as u64, n as u64);
+            let params = r * (n + o);
+            // A [r, in] and B [out, r], f32; factored second moments (row + column)
+            let factors = (r + n) + (o + r);
+            (params + factors + if run.first_moment { params } else { 0 }) * 4
+        })
+        .sum();
+
+    let (q, kv) = (dims[0].0 as u64, dims[1].0 as u64);
+    // n1, h1, n2, the gradient of the layer output and two more hidden-size temporaries; q and
+    // the context; k, v; gate and up kept, and d(act), d(gate), d(up) of the SwiGLU backward
+    let per_token = 6 * h + 2 * q + 2 * kv + 5 * i;
+    let chunk = tokens.min(run.loss_chunk_rows) as u64;
+    let largest_weight = dims.iter().map(|&(o, n)| (o * n) as u64).max().unwrap_or(0);
+    Estimate {
+        tokens,
+        base_weights,
+        lora_and_optimizer: layers * per_layer,
+        checkpoints: layers * t * h * b,
+        layer_recompute: t * per_token * b,
+        loss_chunk: 2 * chunk * m.vocab_size as u64 * b,
+        workspace: FIXED_WORKSPACE + largest_weight.min(WEIGHT_SLICE_VALUES.max(t * i)) * b,
+    }
+}
+
+/// The largest batch at `seq` whose predicted peak is at most `budget` bytes (0 if none).
+pub fn largest_batch(m: &ModelConfig, run: &RunShape, seq: usize, budget: u64) -> usize {
+    let fits = |batch: usize| estimate(m, run, batch * seq).peak() <= budget;
+    if !fits(1) {
+        return 0;
+    }
+    // the peak grows with the batch: double, then bisect
+    let (mut lo, mut hi) = (1, 2);
+    while fits(hi) && hi < 1 << 20 {
+        lo = hi;
+        hi *= 2;
+    }
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// The planner's view of a training config: the run shape of `cfg` on a GPU.
+pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
+    use crate::config::{ComputeDtype, QuantizationKind};
+    RunShape {
+        dtype_bytes: if cfg.train.compute_dtype == ComputeDtype::F32 { 4 } else { 2 },
+        nf4: (cfg.model.quantization == QuantizationKind::Nf4).then_some(cfg.model.double_quant),
+        lora_r: cfg.lora.r,
+        target_modules: cfg.lora.target_modules.clone(),
+        first_moment: cfg.optim.beta1.is_some(),
+        embeddings_on_host: true,
+        loss_chunk_rows: 1024,
+    }
+}
+
+/// `lora-ft estimate`'s report: the parts of the peak at the config's batch and sequence
+/// length, then the largest batch within `budget` bytes at each sequence length.
+pub fn report(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize), budget: u64) -> String {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let e = estimate(m, run, seq * batch);
+    let mut out = format!("predicted peak GPU memory at batch {batch} x {seq} tokens:\n");
+    for (what, bytes) in [
+        ("base weights", e.base_weights),
+        ("LoRA + optimizer state", e.lora_and_optimizer),
+        ("checkpointed activations", e.checkpoints),
+        ("one layer's recompute + backward", e.layer_recompute),
+        ("loss chunk (not at the same time)", e.loss_chunk),
+        ("workspace", e.workspace),
+    ] {
+        out += &format!("  {what:<36} {:>8.2} GiB\n", gib(bytes));
+    }
+    out += &format!("  {:<36} {:>8.2} GiB   (budget {:.2} GiB)\n\n", "peak", gib(e.peak()), gib(budget));
+    out += "largest batch within the budget:\n";
+    let mut seqs = vec![512, 1024, 2048, 4096, seq];
+    seqs.sort_unstable();
+    seqs.dedup();
+    for s in seqs {
+        let b = largest_batch(m, run, s, budget);
+        let peak = if b > 0 { format!("{:.2} GiB", gib(estimate(m, run, b * s).peak())) } else { "-".into() };
+        out += &format!("  seq {s:>5}: batch {b:>4}   (peak {peak})\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: f64 = (1u64 << 30) as f64;
+
+    fn config(json: &str) -> ModelConfig {
+        serde_json::from_str(json).unwrap()
+    }
+
+    fn mistral_7b() -> ModelConfig {
+        config(
+            r#"{"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "max_position_embeddings": 32768}"#,
+        )
+    }
+
+    fn llama2_13b() -> ModelConfig {
+        config(
+            r#"{"vocab_size": 32000, "hidden_size": 5120, "intermediate_size": 13824,
+                "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40,
+                "max_position_embeddings": 4096}"#,
+        )
+    }
+
+    /// The benchmark's recipe: f16, NF4 + double quant, r = 16 on all seven projections,
+    /// Adafactor without a first moment, embeddings on the host.
+    fn bench_run() -> RunShape {
+        RunShape {
+            dtype_bytes: 2,
+            nf4: Some(true),
+            lora_r: 16,
+            target_modules: PROJECTIONS.iter().map(|p| p.to_string()).collect(),
+            first_moment: false,
+            embeddings_on_host: true,
+            loss_chunk_rows: 1024,
+        }
+    }
+
+    /// Within 10% of every peak measured on the H100 for the benchmark's shapes (commit
+    /// 431667f: benches/train_mistral-7b.md and benches/train_llama2-13b.md, "Now").
+    #[test]
+    fn estimates_are_within_ten_percent_of_the_measured_peaks() {
+        // (seq, batch, peak GiB)
+        type Peaks = [(usize, usize, f64); 6];
+        let measured: [(&str, ModelConfig, Peaks); 2] = [
+            (
+                "mistral-7b",
+                mistral_7b(),
+                [
+                    (512, 2, 4.23),
+                    (512, 4, 4.69),
+                    (512, 8, 5.61),
+                    (2048, 2, 5.61),
+                    (2048, 4, 7.46),
+                    (2048, 8, 11.15),
+                ],
+            ),
+            (
+                "llama2-13b",
+                llama2_13b(),
+                [
+                    (512, 2, 7.29),
+                    (512, 4, 7.91),
+                    (512, 8, 9.17),
+                    (2048, 2, 9.17),
+                    (2048, 4, 11.70),
+                    (2048, 8, 16.74),
+                ],
+            ),
+        ];
+        for (name, model, shapes) in measured {
+            for (seq, batch, peak_gib) in shapes {
+                let predicted = estimate(&model, &bench_run(), seq * batch).peak() as f64 / GIB;
+                let err = (predicted - peak_gib).abs() / peak_gib;
+                println!(
+                    "{name} {seq}x{batch}: predicted {predicted:.2} GiB, measured {peak_gib:.2} ({:.1}%)",
+                    100.0 * err
+                );
+                assert!(
+                    err < 0.10,
+                    "{name} {seq}x{batch}: predicted {predicted:.2} GiB, measured {peak_gib}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_parts_follow_the_settings() {
+        let (m, run) = (mistral_7b(), bench_run());
+        let e = estimate(&m, &run, 4096);
+        // NF4 with double quant: 0.5 + 1/64 bytes per value (bitsandbytes stores the same)
+        let projections = 32.0 * (2.0 * 4096.0 * 4096.0 + 2.0 * 1024.0 * 4096.0 + 3.0 * 14336.0 * 4096.0);
+        let nf4 = projections * (0.5 + 1.0 / 64.0);
+        assert!((e.base_weights as f64 - nf4) / GIB > 0.24 && (e.base_weights as f64 - nf4) / GIB < 0.30);
+        // f32 A [16, in] and B [out, 16] with their row and column factors, per projection
+        let values: u64 = [
+            (4096, 4096),
+            (1024, 4096),
+            (1024, 4096),
+            (4096, 4096),
+            (14336, 4096),
+            (14336, 4096),
+            (4096, 14336),
+        ]
+        .iter()
+        .map(|&(o, n)| 16 * (n + o) + (16 + n) + (o + 16))
+        .sum();
+        assert_eq!(e.lora_and_optimizer, 32 * values * 4);
+        assert_eq!(e.checkpoints, 32 * 4096 * 4096 * 2);
+        let dense = estimate(&m, &RunShape { nf4: None, ..run.clone() }, 4096);
+        assert!(dense.base_weights > 3 * e.base_weights);
+        let on_device = estimate(&m, &RunShape { embeddings_on_host: false, ..run.clone() }, 4096);
+        assert_eq!(on_device.base_weights - e.base_weights, 32000 * 4096 * 2);
+        let fewer = RunShape { target_modules: vec!["q_proj".into(), "v_proj".into()], ..run };
+        assert!(estimate(&m, &fewer, 4096).lora_and_optimizer < e.lora_and_optimizer / 5);
+    }
+
+    #[test]
+    fn largest_batch_is_the_last_that_fits() {
+        let (m, run) = (mistral_7b(), bench_run());
+        let budget = (0.90 * 24.0 * GIB) as u64;
+        let b = largest_batch(&m, &run, 2048, budget);
+        assert!(estimate(&m, &run, b * 2048).peak() <= budget);
+        assert!(estimate(&m, &run, (b + 1) * 2048).peak() > budget);
+        assert!(b >= 8, "Mistral-7B trains 8 x 2048 on a 24 GB card, got {b}");
+        assert_eq!(largest_batch(&m, &run, 2048, 1 << 30), 0);
+    }
+
+    #[test]
+    fn report_lists_the_parts_and_the_largest_batches() {
+        let text = report(&mistral_7b(), &bench_run(), (2048, 8), (0.90 * 24.0 * GIB) as u64);
+        assert!(text.contains("batch 8 x 2048"), "{text}");
+        assert!(text.contains("peak") && text.contains("(budget 21.60 GiB)"), "{text}");
+        let batch_2048 = largest_batch(&mistral_7b(), &bench_run(), 2048, (0.90 * 24.0 * GIB) as u64);
+        assert!(text.contains(&format!("seq  2048: batch {batch_2048:>4}")), "{text}");
+    }
+}
