@@ -28,6 +28,9 @@ pub struct RunShape {
     pub embeddings_on_host: bool,
     /// Rows of logits per loss chunk.
     pub loss_chunk_rows: usize,
+    /// Gradient accumulation over micro-batches: the f32 gradients live through the next
+    /// micro-batch's backward.
+    pub accumulates_gradients: bool,
 }
 
 /// Predicted bytes of each part of the peak, for `tokens` = batch × sequence length per step.
@@ -103,7 +106,8 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, tokens: usize) -> Estimate {
             let params = r * (n + o);
             // A [r, in] and B [out, r], f32; factored second moments (row + column)
             let factors = (r + n) + (o + r);
-            (params + factors + if run.first_moment { params } else { 0 }) * 4
+            let kept_gradients = if run.accumulates_gradients { params } else { 0 };
+            (params + factors + kept_gradients + if run.first_moment { params } else { 0 }) * 4
         })
         .sum();
 
@@ -158,7 +162,51 @@ pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
         first_moment: cfg.optim.beta1.is_some(),
         embeddings_on_host: true,
         loss_chunk_rows: 1024,
+        accumulates_gradients: cfg.train.grad_accum > 1,
     }
+}
+
+/// The longest sequence (a multiple of 64) whose predicted peak at `batch` is within `budget`.
+fn longest_seq(m: &ModelConfig, run: &RunShape, batch: usize, budget: u64) -> usize {
+    let (mut lo, mut hi) = (0, 1 << 14); // in units of 64 tokens: up to 2^20 tokens
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if estimate(m, run, mid * 64 * batch).peak() <= budget {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo * 64
+}
+
+/// `Err` with settings that fit when the predicted peak at (seq, batch) is over `budget`.
+pub fn check_fits(
+    m: &ModelConfig,
+    run: &RunShape,
+    (seq, batch): (usize, usize),
+    budget: u64,
+) -> Result<(), String> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let peak = estimate(m, run, seq * batch).peak();
+    if peak <= budget {
+        return Ok(());
+    }
+    let over = format!(
+        "predicted peak GPU memory {:.2} GiB at batch {batch} x {seq} tokens is over the budget of {:.2} GiB \
+         (train.max_vram_fraction of the card)",
+        gib(peak),
+        gib(budget)
+    );
+    let (b, s) = (largest_batch(m, run, seq, budget), longest_seq(m, run, batch, budget));
+    Err(match (b, s) {
+        (0, 0) => format!("{over}; not even batch 1 x 64 fits: use quantization = \"nf4\", fewer target modules, or a larger card"),
+        (0, s) => format!("{over}; data.max_seq_len = {s} fits at batch 1 (`lora-ft estimate CONFIG` shows the parts)"),
+        (b, s) => format!(
+            "{over}; what fits: train.batch_size = {b} (and train.grad_accum for the same effective batch), or \
+             data.max_seq_len = {s} at batch {batch} (`lora-ft estimate CONFIG` shows the parts)"
+        ),
+    })
 }
 
 /// `lora-ft estimate`'s report: the parts of the peak at the config's batch and sequence
@@ -227,6 +275,7 @@ mod tests {
             first_moment: false,
             embeddings_on_host: true,
             loss_chunk_rows: 1024,
+            accumulates_gradients: false,
         }
     }
 
@@ -327,5 +376,25 @@ mod tests {
         assert!(text.contains("peak") && text.contains("(budget 21.60 GiB)"), "{text}");
         let batch_2048 = largest_batch(&mistral_7b(), &bench_run(), 2048, (0.90 * 24.0 * GIB) as u64);
         assert!(text.contains(&format!("seq  2048: batch {batch_2048:>4}")), "{text}");
+    }
+
+    #[test]
+    fn an_over_budget_run_is_refused_with_settings_that_fit() {
+        let (m, run) = (llama2_13b(), bench_run());
+        let budget = (0.90 * 24.0 * GIB) as u64;
+        assert!(check_fits(&m, &run, (2048, 8), budget).is_ok());
+        let err = check_fits(&m, &run, (2048, 32), budget).unwrap_err();
+        let b = largest_batch(&m, &run, 2048, budget);
+        assert!(err.contains(&format!("train.batch_size = {b}")), "{err}");
+        let s = longest_seq(&m, &run, 32, budget);
+        assert!(err.contains(&format!("data.max_seq_len = {s} at batch 32")), "{err}");
+        assert!(
+            estimate(&m, &run, 32 * s).peak() <= budget && estimate(&m, &run, 32 * (s + 64)).peak() > budget
+        );
+        let err = check_fits(&m, &run, (2048, 1), 4 << 30).unwrap_err();
+        assert!(err.contains("not even batch 1"), "{err}");
+        // accumulation keeps the f32 gradients: more memory
+        let acc = RunShape { accumulates_gradients: true, ..run.clone() };
+        assert!(estimate(&m, &acc, 4096).peak() > estimate(&m, &run, 4096).peak());
     }
 }

@@ -235,6 +235,13 @@ pub fn run(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummar
     let files = crate::hub::resolve(&source, &cfg.model.revision)?;
     // PEFT needs a base it can load: the imported folder rather than the .gguf file.
     let base_model = if source.ends_with(".gguf") { files.dir.display().to_string() } else { source };
+    // before the load: a run the planner says cannot fit is refused with settings that do
+    if let Some(budget) = crate::memory::VramBudget::of(&device, cfg.train.max_vram_fraction) {
+        let m = crate::model::ModelConfig::from_file(&files.config)?;
+        let shape = (cfg.data.max_seq_len, cfg.train.batch_size);
+        crate::plan::check_fits(&m, &crate::plan::run_shape(cfg), shape, budget.bytes())
+            .map_err(anyhow::Error::msg)?;
+    }
     let dtype = compute_dtype(cfg.train.compute_dtype);
     tracing::info!(
         "loading {} ({dtype:?} on {device:?}, {:?})",
