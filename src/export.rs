@@ -69,7 +69,7 @@ impl PeftLoraConfig {
         }
     }
 
-    fn to_spec(&self, file: &Path) -> anyhow::Result<LoraSpec> {
+    pub(crate) fn to_spec(&self, file: &Path) -> anyhow::Result<LoraSpec> {
         let bad = |what: &str| anyhow::anyhow!("{}: {what} is not supported by lora-ft", file.display());
         if self.peft_type != "LORA" {
             return Err(bad(&format!("peft_type {:?}", self.peft_type)));

@@ -15,6 +15,7 @@ pub mod hub;
 #[cfg(feature = "cuda")]
 pub mod kernels;
 pub mod memory;
+pub mod merge;
 pub mod model;
 pub mod optim;
 pub mod plan;

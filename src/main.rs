@@ -38,6 +38,21 @@ enum Command {
     Import { gguf: PathBuf, out_dir: PathBuf },
     /// Chat with a model, with or without an adapter.
     Chat(ChatArgs),
+    /// Fold an adapter into its base model (W + scale·B·A) and write an HF-layout folder that
+    /// transformers loads without PEFT.
+    Merge {
+        /// Hub repo id, local HF folder or .gguf file of the base model.
+        #[arg(long)]
+        model: String,
+        #[arg(long, default_value = "main")]
+        revision: String,
+        /// The PEFT adapter folder (adapter_config.json, adapter_model.safetensors).
+        #[arg(long)]
+        adapter: PathBuf,
+        out_dir: PathBuf,
+        #[arg(long, default_value = "f16", value_parser = ["f16", "bf16", "f32"])]
+        dtype: String,
+    },
     /// Predict peak GPU memory of a config's run before loading anything, and the largest batch
     /// that fits at each sequence length.
     Estimate {
@@ -250,6 +265,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let (q, dtype) = (parse_quantization(&m.quantization), parse_dtype(&m.dtype));
             let report = lora_ft::bench::load(&m.model, q, dtype, &device)?;
             println!("{}", serde_json::to_string(&report)?);
+            Ok(())
+        }
+        Command::Merge { model, revision, adapter, out_dir, dtype } => {
+            let summary = lora_ft::merge::merge(&model, &revision, &adapter, &out_dir, parse_dtype(&dtype))?;
+            println!(
+                "merged {} projections into {} ({} tensors in {} shard(s))",
+                summary.merged_projections,
+                out_dir.display(),
+                summary.tensors,
+                summary.shards
+            );
             Ok(())
         }
         Command::Estimate { config, gpu_mem } => {

@@ -1,0 +1,290 @@
+//! `lora-ft merge`: the base model with an adapter folded in, W' = W + scale · B·A for every
+//! adapted projection (PEFT's `merge_and_unload`), written as an HF-layout folder that
+//! transformers loads without PEFT: the base's safetensors shards with the same tensor names,
+//! in f16/bf16 (or f32), its config.json with the new dtype, and its tokenizer files.
+//! One shard is in memory at a time; every adapter tensor must find its projection.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use candle_core::{safetensors::MmapedSafetensors, DType, Device, Tensor};
+
+use crate::export::{read_adapter_config, write_atomic, ADAPTER_WEIGHTS};
+
+/// Files of the base folder that the merged folder keeps as they are.
+const COPIED: [&str; 5] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+];
+
+/// What a merge wrote.
+#[derive(Debug)]
+pub struct MergeSummary {
+    pub merged_projections: usize,
+    pub tensors: usize,
+    pub shards: usize,
+}
+
+/// Merges the adapter in `adapter_dir` into the model `source` (folder, .gguf or Hub id) and
+/// writes the result to `out_dir` in `dtype`.
+pub fn merge(
+    source: &str,
+    revision: &str,
+    adapter_dir: &Path,
+    out_dir: &Path,
+    dtype: DType,
+) -> anyhow::Result<MergeSummary> {
+    let (config, weights) = if Path::new(source).is_dir() {
+        crate::hub::local_weights(Path::new(source))?
+    } else {
+        let files = crate::hub::resolve(source, revision)?;
+        (files.config, files.weights)
+    };
+    let mut deltas = AdapterDeltas::load(adapter_dir)?;
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let (mut merged, mut tensors) = (0, 0);
+    for shard in &weights {
+        // SAFETY: read-only maps of files nobody writes while we read them.
+        let st = unsafe { MmapedSafetensors::new(shard) }
+            .with_context(|| format!("opening {}", shard.display()))?;
+        let mut out = HashMap::new();
+        for (name, _) in st.tensors() {
+            let mut w =
+                st.load(&name, &Device::Cpu).with_context(|| format!("{}: {name}", shard.display()))?;
+            if let Some(delta) = deltas.take(&name, &w)? {
+                w = (w.to_dtype(DType::F32)? + delta)?;
+                merged += 1;
+            }
+            out.insert(name, w.to_dtype(dtype)?);
+        }
+        tensors += out.len();
+        let file = out_dir.join(shard.file_name().context("a shard without a file name")?);
+        let tmp = file.with_extension("safetensors.tmp");
+        // the "format": "pt" metadata torch's own writer adds (transformers checks it)
+        let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+        safetensors::tensor::serialize_to_file(
+            out.iter().map(|(k, v)| (k.as_str(), v)),
+            Some(metadata),
+            &tmp,
+        )
+        .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &file).with_context(|| format!("renaming {}", tmp.display()))?;
+    }
+    deltas.ensure_all_used(adapter_dir)?;
+    write_config(&config, out_dir, dtype)?;
+    copy_side_files(&config, out_dir, weights.len() > 1)?;
+    Ok(MergeSummary { merged_projections: merged, tensors, shards: weights.len() })
+}
+
+/// An adapter's A and B per base weight name, and its scale.
+struct AdapterDeltas {
+    /// `model.layers.0.self_attn.q_proj.weight` → (A, B), f32.
+    pairs: HashMap<String, (Tensor, Tensor)>,
+    used: HashSet<String>,
+    scale: f64,
+}
+
+impl AdapterDeltas {
+    fn load(dir: &Path) -> anyhow::Result<Self> {
+        let config = read_adapter_config(dir)?;
+        let spec = config.to_spec(&dir.join(crate::export::ADAPTER_CONFIG))?;
+        let file = dir.join(ADAPTER_WEIGHTS);
+        let tensors = candle_core::safetensors::load(&file, &Device::Cpu)
+            .with_context(|| format!("reading {}", file.display()))?;
+        let mut halves: HashMap<String, (Option<Tensor>, Option<Tensor>)> = HashMap::new();
+        for (key, t) in tensors {
+            let Some((module, half)) = split_key(&key) else {
+                bail!("{}: {key} is not a LoRA A or B weight", file.display());
+            };
+            let entry = halves.entry(format!("{module}.weight")).or_default();
+            match half {
+                'A' => entry.0 = Some(t.to_dtype(DType::F32)?),
+                _ => entry.1 = Some(t.to_dtype(DType::F32)?),
+            }
+        }
+        let mut pairs = HashMap::new();
+        for (name, pair) in halves {
+            match pair {
+                (Some(a), Some(b)) => pairs.insert(name, (a, b)),
+                _ => bail!("{}: {name} has only one of lora_A and lora_B", file.display()),
+            };
+        }
+        Ok(Self { pairs, used: HashSet::new(), scale: spec.scale() })
+    }
+
+    /// scale · B·A for base weight `name` (f32), checked against the weight's shape.
+    fn take(&mut self, name: &str, w: &Tensor) -> anyhow::Result<Option<Tensor>> {
+        let Some((a, b)) = self.pairs.get(name) else { return Ok(None) };
+        let (out, inp) = w.dims2().with_context(|| format!("{name}: an adapted weight must be 2-D"))?;
+        if a.dim(1)? != inp || b.dim(0)? != out || a.dim(0)? != b.dim(1)? {
+            bail!(
+                "the adapter does not fit {name} [{out}, {inp}]: lora_A {:?}, lora_B {:?} (another model's adapter?)",
+                a.dims(),
+                b.dims()
+            );
+        }
+        self.used.insert(name.to_string());
+        Ok(Some((b.matmul(a)? * self.scale)?))
+    }
+
+    fn ensure_all_used(&self, dir: &Path) -> anyhow::Result<()> {
+        let mut unused: Vec<&String> = self.pairs.keys().filter(|k| !self.used.contains(*k)).collect();
+        unused.sort();
+        match unused.first() {
+            Some(name) => bail!(
+                "{}: {} adapter weight(s) match no weight of the model, first {name} (another model's adapter?)",
+                dir.display(),
+                unused.len()
+            ),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight` (or `.lora_A.default.weight`)
+/// → (`model.layers.0.self_attn.q_proj`, 'A').
+fn split_key(key: &str) -> Option<(&str, char)> {
+    let key = key.strip_prefix("base_model.model.")?;
+    for (suffix, half) in [
+        (".lora_A.weight", 'A'),
+        (".lora_B.weight", 'B'),
+        (".lora_A.default.weight", 'A'),
+        (".lora_B.default.weight", 'B'),
+    ] {
+        if let Some(module) = key.strip_suffix(suffix) {
+            return Some((module, half));
+        }
+    }
+    None
+}
+
+/// The base's config.json with the merged dtype (`torch_dtype`, and `dtype` as transformers 5 writes).
+fn write_config(config: &Path, out_dir: &Path, dtype: DType) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
+    let mut json: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", config.display()))?;
+    let name = match dtype {
+        DType::F16 => "float16",
+        DType::BF16 => "bfloat16",
+        _ => "float32",
+    };
+    if let Some(obj) = json.as_object_mut() {
+        obj.insert("torch_dtype".into(), name.into());
+        obj.insert("dtype".into(), name.into());
+    }
+    write_atomic(&out_dir.join("config.json"), serde_json::to_string_pretty(&json)?.as_bytes())
+}
+
+/// Tokenizer and generation files, and the shard index when there are shards.
+fn copy_side_files(config: &Path, out_dir: &Path, sharded: bool) -> anyhow::Result<()> {
+    let dir: PathBuf = config.parent().map(Path::to_path_buf).unwrap_or_default();
+    let index = sharded.then_some("model.safetensors.index.json");
+    for name in COPIED.iter().copied().chain(index) {
+        let from = dir.join(name);
+        if from.is_file() {
+            let bytes = std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
+            write_atomic(&out_dir.join(name), &bytes)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::CausalLm;
+    use crate::quant::Quantization;
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama")
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("lora-ft-merge-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn logits(dir: &Path, adapter: Option<&Path>) -> Tensor {
+        let (config, weights) = crate::hub::local_weights(dir).unwrap();
+        let mut lm = CausalLm::load(&config, &weights, DType::F32, Quantization::None, &Device::Cpu).unwrap();
+        if let Some(adapter) = adapter {
+            crate::export::load_adapter(&mut lm, adapter).unwrap();
+        }
+        let ids = Tensor::new(&[[1u32, 5, 9, 2, 7, 3, 11, 4]], &Device::Cpu).unwrap();
+        lm.forward(&ids, None).unwrap()
+    }
+
+    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+        let d = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        d / b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    /// The merged model's logits equal the base model's with the adapter applied: to f32
+    /// rounding when merged in f32, to f16 rounding of the weights in f16.
+    #[test]
+    fn merged_logits_equal_base_plus_adapter_logits() {
+        let adapter = fixture().join("adapter");
+        let want = logits(&fixture(), Some(&adapter));
+        let base = logits(&fixture(), None);
+        assert!(max_rel(&base, &want) > 1e-3, "the fixture's adapter changes the logits");
+        for (dtype, tol) in [(DType::F32, 1e-5), (DType::F16, 5e-3)] {
+            let out = scratch(&format!("{dtype:?}"));
+            let s = merge(fixture().to_str().unwrap(), "main", &adapter, &out, dtype).unwrap();
+            assert_eq!((s.merged_projections, s.shards), (2 * 7, 1), "2 layers x 7 projections");
+            let got = logits(&out, None);
+            let err = max_rel(&got, &want);
+            assert!(err < tol, "{dtype:?}: {err}");
+            let config: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+            assert_eq!(config["torch_dtype"], if dtype == DType::F16 { "float16" } else { "float32" });
+            let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+            let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+            assert_eq!(
+                header.metadata().as_ref().and_then(|m| m.get("format")).map(String::as_str),
+                Some("pt")
+            );
+            std::fs::remove_dir_all(&out).unwrap();
+        }
+    }
+
+    /// An adapter of another model says which weight and shapes disagree, and writes no config.
+    #[test]
+    fn an_adapter_that_does_not_fit_the_model_is_an_error() {
+        let adapter = scratch("bad-adapter");
+        std::fs::create_dir_all(&adapter).unwrap();
+        let src = fixture().join("adapter");
+        std::fs::copy(src.join("adapter_config.json"), adapter.join("adapter_config.json")).unwrap();
+        let mut tensors = candle_core::safetensors::load(src.join(ADAPTER_WEIGHTS), &Device::Cpu).unwrap();
+        let key = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight";
+        let a = tensors.get(key).unwrap().clone();
+        tensors.insert(
+            key.to_string(),
+            Tensor::zeros((a.dim(0).unwrap(), a.dim(1).unwrap() + 1), DType::F32, &Device::Cpu).unwrap(),
+        );
+        candle_core::safetensors::save(&tensors, adapter.join(ADAPTER_WEIGHTS)).unwrap();
+        let out = scratch("bad-out");
+        let err =
+            merge(fixture().to_str().unwrap(), "main", &adapter, &out, DType::F16).unwrap_err().to_string();
+        assert!(
+            err.contains("model.layers.0.self_attn.q_proj.weight") && err.contains("does not fit"),
+            "{err}"
+        );
+        assert!(!out.join("config.json").exists());
+        // a module the model does not have
+        tensors.remove(key);
+        let b = tensors.remove("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight").unwrap();
+        tensors.insert("base_model.model.model.layers.9.self_attn.q_proj.lora_A.weight".into(), a);
+        tensors.insert("base_model.model.model.layers.9.self_attn.q_proj.lora_B.weight".into(), b);
+        candle_core::safetensors::save(&tensors, adapter.join(ADAPTER_WEIGHTS)).unwrap();
+        let err =
+            merge(fixture().to_str().unwrap(), "main", &adapter, &out, DType::F16).unwrap_err().to_string();
+        assert!(err.contains("match no weight") && err.contains("layers.9"), "{err}");
+        let _ = std::fs::remove_dir_all(&adapter);
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
