@@ -183,6 +183,17 @@ pub struct CheckpointSection {
     pub every: usize,
     /// Keep only the newest N checkpoints (0: keep all).
     pub keep_last: usize,
+    /// "auto": continue from the newest complete checkpoint in `output.dir` (a partial or corrupt
+    /// one is skipped with a warning); "never": start from step 0.
+    pub resume: ResumeMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResumeMode {
+    #[default]
+    Auto,
+    Never,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -272,7 +283,7 @@ impl Default for AdafactorSection {
 
 impl Default for CheckpointSection {
     fn default() -> Self {
-        Self { every: 0, keep_last: 2 }
+        Self { every: 0, keep_last: 2, resume: ResumeMode::Auto }
     }
 }
 

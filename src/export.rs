@@ -127,6 +127,13 @@ pub fn load_adapter(model: &mut CausalLm, dir: &Path) -> anyhow::Result<LoraSpec
     let config_file = dir.join(ADAPTER_CONFIG);
     let spec = read_adapter_config(dir)?.to_spec(&config_file)?;
     model.add_lora(&spec, 0)?;
+    set_adapter_values(model, dir)?;
+    Ok(spec)
+}
+
+/// Copies the adapter weights in `dir` into the model's existing adapters (their `Var`s stay the
+/// ones an optimizer holds): a resumed run's path.
+pub fn set_adapter_values(model: &CausalLm, dir: &Path) -> anyhow::Result<()> {
     let file = dir.join(ADAPTER_WEIGHTS);
     let mut tensors = candle_core::safetensors::load(&file, model.device())
         .with_context(|| format!("reading {}", file.display()))?;
@@ -143,7 +150,7 @@ pub fn load_adapter(model: &mut CausalLm, dir: &Path) -> anyhow::Result<LoraSpec
     if let Some(extra) = tensors.keys().next() {
         bail!("{}: unexpected tensor {extra} (not a LoRA weight of this model)", file.display());
     }
-    Ok(spec)
+    Ok(())
 }
 
 /// `lora-ft export CHECKPOINT OUTDIR`: copies a checkpoint's adapter into a standalone PEFT folder.

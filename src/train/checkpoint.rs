@@ -72,6 +72,42 @@ pub fn prune(run_dir: &Path, keep: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The newest checkpoint whose files are all there and readable, with its state. A partial or
+/// corrupt one (a kill during a copy outside lora-ft, a full disk) is skipped with a warning.
+pub fn newest_complete(run_dir: &Path) -> anyhow::Result<Option<(PathBuf, TrainerState)>> {
+    let mut steps = list(run_dir)?;
+    steps.sort_unstable();
+    for step in steps.into_iter().rev() {
+        let dir = checkpoint_dir(run_dir, step);
+        match read_complete(&dir, step) {
+            Ok(state) => return Ok(Some((dir, state))),
+            Err(e) => tracing::warn!("skipping checkpoint {}: {e:#}", dir.display()),
+        }
+    }
+    Ok(None)
+}
+
+fn read_complete(dir: &Path, step: usize) -> anyhow::Result<TrainerState> {
+    for name in [crate::export::ADAPTER_WEIGHTS, OPTIMIZER_STATE] {
+        let file = dir.join(name);
+        let bytes = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+        safetensors::SafeTensors::deserialize(&bytes)
+            .with_context(|| format!("{}: not safetensors", file.display()))?;
+    }
+    crate::export::read_adapter_config(dir)?;
+    let file = dir.join(TRAINER_STATE);
+    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    let state: TrainerState =
+        serde_json::from_str(&text).with_context(|| format!("{}: not a trainer state", file.display()))?;
+    anyhow::ensure!(
+        state.step == step,
+        "{} says step {}, the folder step {step}",
+        file.display(),
+        state.step
+    );
+    Ok(state)
+}
+
 /// Steps of the complete checkpoints in a run directory.
 pub fn list(run_dir: &Path) -> anyhow::Result<Vec<usize>> {
     let dir = run_dir.join("checkpoints");

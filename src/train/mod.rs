@@ -286,20 +286,80 @@ pub fn run(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummar
     let schedule = LrSchedule::new(cfg.train.schedule, cfg.train.lr, cfg.train.warmup_steps, total);
     let (max_grad_norm, seed) = (cfg.train.max_grad_norm, cfg.train.seed);
     let mut trainer = Trainer::new(model, &cfg.optim, cfg.train.weight_decay, schedule, max_grad_norm, seed)?;
-    let mut stream = BatchStream::new(loader, 0, 0);
-    let mut log = MetricsLog::open(&run_dir.join("metrics.jsonl"), total, 0)?;
+    let start = match cfg.checkpoint.resume {
+        crate::config::ResumeMode::Auto => checkpoint::newest_complete(&run_dir)?,
+        crate::config::ResumeMode::Never => None,
+    };
+    let (start, epoch, index) = match start {
+        Some((dir, state)) => {
+            resume(&mut trainer, &dir, &state, total)?;
+            (state.step, state.epoch, state.batch_in_epoch)
+        }
+        None => (0, 0, 0),
+    };
+    stop_on_signals();
+    let mut stream = BatchStream::new(loader, epoch, index);
+    let mut log = MetricsLog::open(&run_dir.join("metrics.jsonl"), total, start)?;
     let trace = trace_dir
         .map(|dir| Trace::start(dir, &trainer.model, &spec, &base_model, eval_loader.as_ref()))
         .transpose()?;
-    let run =
-        RunContext { cfg, eval_loader: eval_loader.as_ref(), total, base_model: &base_model, spec: &spec };
+    let run = RunContext {
+        cfg,
+        eval_loader: eval_loader.as_ref(),
+        start,
+        total,
+        base_model: &base_model,
+        spec: &spec,
+    };
     train_loop(&run, &mut trainer, &mut stream, &mut log, trace)
+}
+
+/// Continues from checkpoint `dir`: the adapter into the model's own adapters (the optimizer
+/// holds them), the optimizer state, the loss scaler. The schedule, the dropout seeds and the
+/// data order are functions of the step and the seed, so the run goes on as if never stopped.
+fn resume(trainer: &mut Trainer, dir: &Path, state: &TrainerState, total: usize) -> anyhow::Result<()> {
+    tracing::info!("resuming from {} (step {} of {total})", dir.display(), state.step);
+    if state.total_steps != total {
+        tracing::warn!(
+            "the checkpoint was written for {} steps, this config runs {total}",
+            state.total_steps
+        );
+    }
+    crate::export::set_adapter_values(&trainer.model, dir)?;
+    let file = dir.join(checkpoint::OPTIMIZER_STATE);
+    let tensors = candle_core::safetensors::load(&file, &Device::Cpu)
+        .with_context(|| format!("reading {}", file.display()))?;
+    trainer
+        .optimizer
+        .load_state(&tensors, state.step as u64)
+        .with_context(|| format!("{}", file.display()))?;
+    if let Some(scaler) = &state.loss_scaler {
+        trainer.scaler = scaler.clone();
+    }
+    Ok(())
+}
+
+static STOP_REQUESTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// SIGINT / SIGTERM (Ctrl-C, a preempted machine) ask the loop to checkpoint after the current
+/// step and stop; a second one kills at once.
+fn stop_on_signals() {
+    use std::sync::atomic::Ordering;
+    // one handler per process (tests run several trainings in one)
+    let _ = ctrlc::set_handler(|| {
+        if STOP_REQUESTED.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        eprintln!("\nstopping after this step: a checkpoint is written first (again to stop at once)");
+    });
 }
 
 /// What the loop reads and never changes.
 struct RunContext<'a> {
     cfg: &'a Config,
     eval_loader: Option<&'a BatchLoader>,
+    /// The first step to run (a resumed run's checkpoint step).
+    start: usize,
     total: usize,
     base_model: &'a str,
     spec: &'a LoraSpec,
@@ -312,14 +372,14 @@ fn train_loop(
     log: &mut MetricsLog,
     mut trace: Option<Trace>,
 ) -> anyhow::Result<TrainSummary> {
-    let RunContext { cfg, eval_loader, total, base_model, spec } = *run;
+    let RunContext { cfg, eval_loader, start, total, base_model, spec } = *run;
     let started = Instant::now();
     let (mut first_loss, mut last_loss, mut all_tokens) = (f64::NAN, f64::NAN, 0usize);
     // The untrained model's eval loss first, so the log shows what training changed.
-    let first_eval = eval_loader.map(|l| eval_record(trainer, l, cfg, 0, log)).transpose()?;
+    let first_eval = eval_loader.map(|l| eval_record(trainer, l, cfg, start, log)).transpose()?;
     let mut last_eval = first_eval.clone();
     let budget = crate::memory::VramBudget::of(trainer.model.device(), cfg.train.max_vram_fraction);
-    for step in 0..total {
+    for step in start..total {
         let t0 = Instant::now();
         let micro: Vec<Batch> = (0..cfg.train.grad_accum).map(|_| stream.next_batch()).collect();
         if let Some(trace) = trace.as_mut() {
@@ -376,7 +436,8 @@ fn train_loop(
         if let Some(loader) = eval_loader.filter(|_| eval_now || done == total) {
             last_eval = Some(eval_record(trainer, loader, cfg, done, log)?);
         }
-        if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0) || done == total {
+        let stop = STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst);
+        if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0) || done == total || stop {
             let state = TrainerState {
                 step: done,
                 total_steps: total,
@@ -386,8 +447,13 @@ fn train_loop(
                 loss_scaler: Some(trainer.scaler.clone()),
             };
             let opt_state = trainer.optimizer.state_tensors();
-            checkpoint::save(&cfg.output.dir, &trainer.model, spec, base_model, opt_state, &state)?;
+            let dir = checkpoint::save(&cfg.output.dir, &trainer.model, spec, base_model, opt_state, &state)?;
             checkpoint::prune(&cfg.output.dir, cfg.checkpoint.keep_last)?;
+            if stop && done < total {
+                log.println(format!("stopped at step {done}: {} (the same command resumes)", dir.display()));
+                log.finish();
+                anyhow::bail!("stopped by a signal at step {done} of {total}; checkpoint {}", dir.display());
+            }
         }
     }
     log.finish();
