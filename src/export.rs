@@ -108,11 +108,22 @@ pub fn save_adapter(model: &CausalLm, spec: &LoraSpec, base_model: &str, dir: &P
     write_atomic(&dir.join(ADAPTER_CONFIG), config.as_bytes())
 }
 
+/// Writes `bytes` to a temporary file, fsyncs it and renames it over `path`: a crash or a full
+/// disk leaves the old file or the new one, never half of either.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = path.with_file_name(format!(".{name}.tmp"));
     std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+    sync_path(&tmp)?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    path.parent().map_or(Ok(()), sync_path)
+}
+
+/// fsync of a file or a directory (a directory's entries: what a rename changed).
+pub fn sync_path(path: &Path) -> anyhow::Result<()> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {} to sync it", path.display()))?;
+    file.sync_all().with_context(|| format!("syncing {}", path.display()))
 }
 
 pub fn read_adapter_config(dir: &Path) -> anyhow::Result<PeftLoraConfig> {

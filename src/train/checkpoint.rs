@@ -1,6 +1,7 @@
 //! Checkpoints: `<run>/checkpoints/step-N/` with the adapter (PEFT layout, so any checkpoint can
 //! be exported or loaded by PEFT directly), the optimizer state and the data position. The
-//! folder is written under a temporary name and renamed, so a crash never leaves half of one.
+//! folder is written under a temporary name, fsynced and renamed, so a crash never leaves half of
+//! one; `newest_complete` finds where a run resumes.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -51,11 +52,16 @@ pub fn save(
     let opt: HashMap<String, Tensor> = optimizer_state.into_iter().collect();
     candle_core::safetensors::save(&opt, tmp.join(OPTIMIZER_STATE)).context("writing optimizer state")?;
     write_atomic(&tmp.join(TRAINER_STATE), serde_json::to_string_pretty(state)?.as_bytes())?;
+    for name in [crate::export::ADAPTER_WEIGHTS, OPTIMIZER_STATE] {
+        crate::export::sync_path(&tmp.join(name))?;
+    }
+    crate::export::sync_path(&tmp)?;
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
     }
     std::fs::rename(&tmp, &dir)
         .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
+    dir.parent().map_or(Ok(()), crate::export::sync_path)?;
     Ok(dir)
 }
 

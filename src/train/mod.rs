@@ -193,7 +193,10 @@ impl Trainer {
         for (m, batch) in micro_batches.iter().enumerate() {
             let ids = batch_tensor(batch, self.model.device())?;
             let seed = self.seed ^ ((step as u64) << 20) ^ m as u64;
-            let out = self.model.forward_backward(&ids, &batch.labels, grad_scale, Some(seed))?;
+            let out = self
+                .model
+                .forward_backward(&ids, &batch.labels, grad_scale, Some(seed))
+                .context(Phase("forward and backward"))?;
             loss_sum += out.loss_sum;
             grads = Some(match grads {
                 None => out.grads,
@@ -214,12 +217,59 @@ impl Trainer {
             let max_norm = if self.max_grad_norm > 0.0 { self.max_grad_norm } else { f64::INFINITY };
             let grad_mult = inv_scale * clip_coefficient(max_norm, grad_norm);
             let lr = self.schedule.lr_at(step);
-            section("optimizer", &device, || self.optimizer.step_scaled(&grads, grad_mult, lr))?;
+            section("optimizer", &device, || self.optimizer.step_scaled(&grads, grad_mult, lr))
+                .context(Phase("optimizer"))?;
         }
         let tokens = micro_batches.iter().map(|b| b.batch_size * b.seq_len).sum();
         let loss = loss_sum / trained as f64;
         Ok(Some(StepResult { loss, grad_norm, applied, trained_tokens: trained, tokens }))
     }
+}
+
+/// Where in a step an error happened: attached as context, read back by `oom_report`.
+#[derive(Debug, Clone, Copy)]
+pub struct Phase(pub &'static str);
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "in the {} phase", self.0)
+    }
+}
+
+/// Whether `e` is the device running out of memory (CUDA's or candle's words for it).
+pub fn is_out_of_memory(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}");
+    text.contains("OUT_OF_MEMORY") || text.contains("out of memory")
+}
+
+/// An out-of-memory error as users need it: the step and phase, memory in use, what the planner
+/// says fits, and the checkpoint to resume from.
+pub fn oom_report(e: &anyhow::Error, step: usize, cfg: &Config, model: &CausalLm) -> String {
+    let phase = e.downcast_ref::<Phase>().map_or("a", |p| p.0);
+    let gib = |b: u64| b as f64 / crate::memory::GIB;
+    let memory = match crate::memory::pool_memory(model.device()) {
+        Some(p) => {
+            format!("{:.2} GiB in use, {:.2} GiB at the peak", gib(p.allocated), gib(p.peak_allocated))
+        }
+        None => "memory in use unknown".into(),
+    };
+    let (seq, batch) = (cfg.data.max_seq_len, cfg.train.batch_size);
+    let run = crate::plan::run_shape(cfg);
+    let predicted = crate::plan::estimate(model.config(), &run, seq * batch).peak();
+    let advice = match crate::memory::VramBudget::of(model.device(), cfg.train.max_vram_fraction) {
+        Some(budget) => {
+            let fits = crate::plan::largest_batch(model.config(), &run, seq, budget.bytes());
+            format!("the planner predicts {:.2} GiB for batch {batch} x {seq}; train.batch_size = {fits} fits within {:.2} GiB (lora-ft estimate CONFIG shows the parts)", gib(predicted), gib(budget.bytes()))
+        }
+        None => format!("the planner predicts {:.2} GiB for batch {batch} x {seq}", gib(predicted)),
+    };
+    let last = match checkpoint::newest_complete(&cfg.output.dir) {
+        Ok(Some((dir, _))) => {
+            format!("the last checkpoint, {}, is intact: the same command resumes from it", dir.display())
+        }
+        _ => "no checkpoint was written yet".into(),
+    };
+    format!("out of GPU memory at step {step}, {phase} phase: {memory}; {advice}; {last}")
 }
 
 fn total_steps(cfg: &Config, batches_per_epoch: usize) -> usize {
@@ -385,7 +435,12 @@ fn train_loop(
         if let Some(trace) = trace.as_mut() {
             trace.record(step + 1, &micro)?;
         }
-        let Some(r) = trainer.step(step, &micro)? else {
+        let result = trainer.step(step, &micro);
+        let result = result.map_err(|e| match is_out_of_memory(&e) {
+            true => anyhow::anyhow!("{}\n  caused by: {e:#}", oom_report(&e, step + 1, cfg, &trainer.model)),
+            false => e,
+        });
+        let Some(r) = result? else {
             log.println(format!("step {step}: no trained tokens in these batches, skipped"));
             continue;
         };
@@ -447,7 +502,8 @@ fn train_loop(
                 loss_scaler: Some(trainer.scaler.clone()),
             };
             let opt_state = trainer.optimizer.state_tensors();
-            let dir = checkpoint::save(&cfg.output.dir, &trainer.model, spec, base_model, opt_state, &state)?;
+            let dir = checkpoint::save(&cfg.output.dir, &trainer.model, spec, base_model, opt_state, &state)
+                .context(Phase("save"))?;
             checkpoint::prune(&cfg.output.dir, cfg.checkpoint.keep_last)?;
             if stop && done < total {
                 log.println(format!("stopped at step {done}: {} (the same command resumes)", dir.display()));
@@ -475,4 +531,36 @@ fn eval_record(
     let record = EvalRecord { step, eval_loss: loss, eval_ppl: loss.exp(), eval_tokens: tokens };
     log.eval(&record)?;
     Ok(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::Quantization;
+
+    /// A CUDA out-of-memory error becomes one message with the step, the phase, the planner's
+    /// advice and the checkpoint to resume from; other errors are not taken for one.
+    #[test]
+    fn out_of_memory_is_reported_with_step_phase_and_advice() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
+        let (config, weights) = crate::hub::local_weights(&dir).unwrap();
+        let model = CausalLm::load(&config, &weights, DType::F32, Quantization::None, &Device::Cpu).unwrap();
+        let run = std::env::temp_dir().join(format!("lora-ft-oom-{}", std::process::id()));
+        let toml = format!(
+            "[model]\nsource = \"{}\"\n[data]\ntrain = \"t.jsonl\"\nmax_seq_len = 64\n[train]\nbatch_size = 4\n\
+             [output]\ndir = \"{}\"\n",
+            dir.display(),
+            run.display()
+        );
+        let cfg = Config::from_toml(&toml, Path::new("oom.toml")).unwrap();
+        let oom = Err::<(), _>(anyhow::anyhow!("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"))
+            .context(Phase("optimizer"))
+            .unwrap_err();
+        assert!(is_out_of_memory(&oom));
+        let text = oom_report(&oom, 7, &cfg, &model);
+        assert!(text.starts_with("out of GPU memory at step 7, optimizer phase"), "{text}");
+        assert!(text.contains("the planner predicts") && text.contains("batch 4 x 64"), "{text}");
+        assert!(text.contains("no checkpoint was written yet"), "{text}");
+        assert!(!is_out_of_memory(&anyhow::anyhow!("shape mismatch")));
+    }
 }
