@@ -178,3 +178,38 @@ pub fn export_checkpoint(checkpoint: &Path, out_dir: &Path) -> anyhow::Result<()
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::Quantization;
+    use candle_core::{DType, Device};
+
+    fn tiny_llama() -> CausalLm {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
+        let (config, weights) = crate::hub::local_weights(&dir).unwrap();
+        CausalLm::load(&config, &weights, DType::F32, Quantization::None, &Device::Cpu).unwrap()
+    }
+
+    /// An adapter whose rank or targets do not match its weights (or the model) is refused with
+    /// the file, the tensor and both shapes; the model's own adapter loads.
+    #[test]
+    fn an_adapter_of_another_rank_or_targets_says_which_tensor() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama/adapter");
+        assert!(load_adapter(&mut tiny_llama(), &src).is_ok());
+        let dir = std::env::temp_dir().join(format!("lora-ft-bad-adapter-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(src.join(ADAPTER_WEIGHTS), dir.join(ADAPTER_WEIGHTS)).unwrap();
+        let config = std::fs::read_to_string(src.join(ADAPTER_CONFIG)).unwrap();
+
+        std::fs::write(dir.join(ADAPTER_CONFIG), config.replace("\"r\": 4", "\"r\": 8")).unwrap();
+        let err = format!("{:#}", load_adapter(&mut tiny_llama(), &dir).unwrap_err());
+        assert!(err.contains(ADAPTER_WEIGHTS) && err.contains("lora_A") && err.contains("has shape"), "{err}");
+
+        let fewer = config.replace("\"v_proj\"", "\"q_proj\"");
+        std::fs::write(dir.join(ADAPTER_CONFIG), fewer).unwrap();
+        let err = format!("{:#}", load_adapter(&mut tiny_llama(), &dir).unwrap_err());
+        assert!(err.contains("unexpected tensor") && err.contains("v_proj"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
