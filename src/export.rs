@@ -204,7 +204,10 @@ mod tests {
 
         std::fs::write(dir.join(ADAPTER_CONFIG), config.replace("\"r\": 4", "\"r\": 8")).unwrap();
         let err = format!("{:#}", load_adapter(&mut tiny_llama(), &dir).unwrap_err());
-        assert!(err.contains(ADAPTER_WEIGHTS) && err.contains("lora_A") && err.contains("has shape"), "{err}");
+        assert!(
+            err.contains(ADAPTER_WEIGHTS) && err.contains("lora_A") && err.contains("has shape"),
+            "{err}"
+        );
 
         let fewer = config.replace("\"v_proj\"", "\"q_proj\"");
         std::fs::write(dir.join(ADAPTER_CONFIG), fewer).unwrap();

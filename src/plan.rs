@@ -130,16 +130,13 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, tokens: usize) -> Estimate {
 
 /// The largest batch at `seq` whose predicted peak is at most `budget` bytes (0 if none).
 pub fn largest_batch(m: &ModelConfig, run: &RunShape, seq: usize, budget: u64) -> usize {
-    let fits = |batch: usize| estimate(m, run, batch * seq).peak() <= budget;
-    if !fits(1) {
-        return 0;
-    }
-    // the peak grows with the batch: double, then bisect
-    let (mut lo, mut hi) = (1, 2);
-    while fits(hi) && hi < 1 << 20 {
-        lo = hi;
-        hi *= 2;
-    }
+    largest_where(1 << 20, |batch| estimate(m, run, batch * seq).peak() <= budget)
+}
+
+/// The largest n in [0, limit) with `fits(n)`, for `fits` true up to some n and false after (the
+/// peak grows with the tokens); 0 when only 0 fits.
+fn largest_where(limit: usize, fits: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, limit);
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
         if fits(mid) {
@@ -168,16 +165,8 @@ pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
 
 /// The longest sequence (a multiple of 64) whose predicted peak at `batch` is within `budget`.
 fn longest_seq(m: &ModelConfig, run: &RunShape, batch: usize, budget: u64) -> usize {
-    let (mut lo, mut hi) = (0, 1 << 14); // in units of 64 tokens: up to 2^20 tokens
-    while hi - lo > 1 {
-        let mid = (lo + hi) / 2;
-        if estimate(m, run, mid * 64 * batch).peak() <= budget {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    lo * 64
+    // in units of 64 tokens, up to 2^20
+    64 * largest_where(1 << 14, |units| estimate(m, run, units * 64 * batch).peak() <= budget)
 }
 
 /// `Err` with settings that fit when the predicted peak at (seq, batch) is over `budget`.
