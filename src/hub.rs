@@ -55,14 +55,8 @@ pub fn config_json(source: &str, revision: &str) -> Result<PathBuf> {
     if let Ok(files) = cached_snapshot(&hub_cache_root(), source, revision) {
         return Ok(files.config);
     }
-    let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.trim().is_empty());
-    let mut builder = ApiBuilder::from_cache(hf_hub::Cache::new(hub_cache_root()));
-    if let Ok(endpoint) = std::env::var("HF_ENDPOINT") {
-        builder = builder.with_endpoint(endpoint);
-    }
-    let api = builder.with_token(token).build().context("building the Hugging Face Hub client")?;
-    let repo = api.repo(Repo::with_revision(source.to_string(), RepoType::Model, revision.to_string()));
-    repo.get("config.json")
+    api_repo(source, revision, false)?
+        .get("config.json")
         .with_context(|| format!("downloading config.json from Hub repo {source} at revision {revision}"))
 }
 
@@ -171,17 +165,20 @@ fn hub_repo(repo_id: &str, revision: &str) -> Result<ModelFiles> {
         }
         Err(err) => tracing::debug!("not served from the cache: {err:#}"),
     }
+    download(&api_repo(repo_id, revision, true)?, repo_id, revision)
+}
+
+/// The Hub client for one repo at one revision: the shared cache, `HF_ENDPOINT`, `HF_TOKEN`.
+fn api_repo(repo_id: &str, revision: &str, progress: bool) -> Result<ApiRepo> {
     let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.trim().is_empty());
-    let mut builder = ApiBuilder::from_cache(hf_hub::Cache::new(root)).with_progress(true);
+    let mut builder = ApiBuilder::from_cache(hf_hub::Cache::new(hub_cache_root()))
+        .with_progress(progress)
+        .with_token(token);
     if let Ok(endpoint) = std::env::var("HF_ENDPOINT") {
         builder = builder.with_endpoint(endpoint);
     }
-    if token.is_some() {
-        builder = builder.with_token(token);
-    }
     let api = builder.build().context("building the Hugging Face Hub client")?;
-    let repo = api.repo(Repo::with_revision(repo_id.to_string(), RepoType::Model, revision.to_string()));
-    download(&repo, repo_id, revision)
+    Ok(api.repo(Repo::with_revision(repo_id.to_string(), RepoType::Model, revision.to_string())))
 }
 
 fn download(repo: &ApiRepo, repo_id: &str, revision: &str) -> Result<ModelFiles> {
