@@ -467,7 +467,7 @@ train = "datasets/customer-service/train.jsonl"
 
     #[test]
     fn shipped_configs_parse() {
-        for name in ["quickstart", "mistral-7b"] {
+        for name in ["quickstart", "mistral-7b", "mistral-7b-48g", "llama2-13b", "llama2-13b-48g"] {
             let path = std::path::PathBuf::from(format!("configs/{name}.toml"));
             Config::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
         }
