@@ -28,11 +28,7 @@ pub struct LoadReport {
 
 /// config.json and weights: a local folder needs no tokenizer; otherwise the full resolution.
 fn model_files(model: &str) -> anyhow::Result<(std::path::PathBuf, Vec<std::path::PathBuf>)> {
-    if std::path::Path::new(model).is_dir() {
-        return crate::hub::local_weights(std::path::Path::new(model));
-    }
-    let files = crate::hub::resolve(model, "main")?;
-    Ok((files.config, files.weights))
+    crate::hub::config_and_weights(model, "main")
 }
 
 /// Loads `model` (HF folder, Hub id or .gguf) and reports time and memory.
@@ -156,11 +152,10 @@ pub fn train(
 }
 
 fn oom_or(e: anyhow::Error) -> String {
-    let text = format!("{e:#}");
-    if text.contains("OUT_OF_MEMORY") || text.contains("out of memory") {
+    if crate::train::is_out_of_memory(&e) {
         "OOM".into()
     } else {
-        text
+        format!("{e:#}")
     }
 }
 

@@ -38,6 +38,16 @@ pub fn resolve(source: &str, revision: &str) -> Result<ModelFiles> {
     hub_repo(source, revision)
 }
 
+/// config.json and the weights of `source`, no tokenizer needed: a local folder as it is,
+/// otherwise the full resolution (a .gguf import, a Hub download).
+pub fn config_and_weights(source: &str, revision: &str) -> Result<(PathBuf, Vec<PathBuf>)> {
+    if Path::new(source).is_dir() {
+        return local_weights(Path::new(source));
+    }
+    let files = resolve(source, revision)?;
+    Ok((files.config, files.weights))
+}
+
 /// The config.json of `source` alone (for planning before a load): a local folder's, a GGUF's
 /// import's, or a Hub repo's (from the cache, else downloading that one file).
 pub fn config_json(source: &str, revision: &str) -> Result<PathBuf> {

@@ -38,12 +38,7 @@ pub fn merge(
     out_dir: &Path,
     dtype: DType,
 ) -> anyhow::Result<MergeSummary> {
-    let (config, weights) = if Path::new(source).is_dir() {
-        crate::hub::local_weights(Path::new(source))?
-    } else {
-        let files = crate::hub::resolve(source, revision)?;
-        (files.config, files.weights)
-    };
+    let (config, weights) = crate::hub::config_and_weights(source, revision)?;
     let mut deltas = AdapterDeltas::load(adapter_dir)?;
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let (mut merged, mut tensors) = (0, 0);

@@ -11,6 +11,8 @@
 
 use serde::Serialize;
 
+use crate::model::decoder::LOSS_CHUNK_ROWS;
+use crate::model::linear::MIN_SLICE_VALUES;
 use crate::model::{ModelConfig, PROJECTIONS};
 
 /// What a run trains on, as far as memory goes.
@@ -61,8 +63,6 @@ impl Estimate {
     }
 }
 
-/// Values of the dequantized-weight slice a GEMM reads at most (model/linear.rs).
-const WEIGHT_SLICE_VALUES: u64 = 1 << 24;
 /// cuBLAS workspace and other per-run buffers the pool holds.
 const FIXED_WORKSPACE: u64 = 8 << 20;
 
@@ -124,7 +124,7 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, tokens: usize) -> Estimate {
         checkpoints: layers * t * h * b,
         layer_recompute: t * per_token * b,
         loss_chunk: 2 * chunk * m.vocab_size as u64 * b,
-        workspace: FIXED_WORKSPACE + largest_weight.min(WEIGHT_SLICE_VALUES.max(t * i)) * b,
+        workspace: FIXED_WORKSPACE + largest_weight.min((MIN_SLICE_VALUES as u64).max(t * i)) * b,
     }
 }
 
@@ -158,7 +158,7 @@ pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
         target_modules: cfg.lora.target_modules.clone(),
         first_moment: cfg.optim.beta1.is_some(),
         embeddings_on_host: true,
-        loss_chunk_rows: 1024,
+        loss_chunk_rows: LOSS_CHUNK_ROWS,
         accumulates_gradients: cfg.train.grad_accum > 1,
     }
 }

@@ -28,6 +28,19 @@ pub fn wrap<T: CudaDType + WithDType>(out: CudaSlice<T>, dev: &CudaDevice, shape
     Tensor::from_storage(storage, shape, BackpropOp::none(), false)
 }
 
+/// Runs `f::<T>(args)` with T the element type of `dtype` (f32, f16 or bf16; others are an error).
+macro_rules! by_dtype {
+    ($dtype:expr, $f:ident ( $($arg:expr),* )) => {
+        match $dtype {
+            candle_core::DType::F32 => $f::<f32>($($arg),*),
+            candle_core::DType::F16 => $f::<half::f16>($($arg),*),
+            candle_core::DType::BF16 => $f::<half::bf16>($($arg),*),
+            dt => candle_core::bail!("the CUDA kernels take f32, f16 or bf16, not {dt:?}"),
+        }
+    };
+}
+pub(crate) use by_dtype;
+
 /// The suffix of a kernel instantiated for `dtype`.
 pub fn suffix(dtype: DType) -> Result<&'static str> {
     Ok(match dtype {

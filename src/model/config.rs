@@ -90,6 +90,10 @@ impl ModelConfig {
                 bail!("rope_parameters.rope_type: {kind:?} (only \"default\" RoPE is supported so far)");
             }
         }
+        let sizes = [self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.vocab_size];
+        if self.num_attention_heads == 0 || self.num_kv_heads() == 0 || sizes.contains(&0) {
+            bail!("hidden_size, intermediate_size, num_hidden_layers, vocab_size and the head counts must be positive");
+        }
         if !self.num_attention_heads.is_multiple_of(self.num_kv_heads()) {
             bail!("num_key_value_heads must divide num_attention_heads");
         }
@@ -141,6 +145,23 @@ mod tests {
 
     fn config(json: serde_json::Value) -> ModelConfig {
         serde_json::from_value(json).unwrap()
+    }
+
+    /// A config.json with no heads is refused by name, not a division by zero in the planner.
+    #[test]
+    fn zero_sizes_are_refused() {
+        let dir = std::env::temp_dir().join(format!("lora-ft-zero-heads-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("config.json");
+        std::fs::write(
+            &file,
+            r#"{"vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 0}"#,
+        )
+        .unwrap();
+        let err = format!("{:#}", ModelConfig::from_file(&file).unwrap_err());
+        assert!(err.contains("config.json") && err.contains("head counts must be positive"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     /// The published sizes: Mistral-7B 7,241,732,096; Llama-2-13B 13,015,864,320;

@@ -38,6 +38,9 @@ impl LoraSpec {
     }
 }
 
+/// Rows of the cross-entropy processed at once by default (the memory planner counts them).
+pub const LOSS_CHUNK_ROWS: usize = 1024;
+
 pub struct CausalLm {
     pub config: ModelConfig,
     embed_tokens: Embedding,
@@ -178,7 +181,7 @@ impl CausalLm {
             rope,
             dtype,
             device: device.clone(),
-            loss_chunk_rows: 1024,
+            loss_chunk_rows: LOSS_CHUNK_ROWS,
         })
     }
 

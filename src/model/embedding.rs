@@ -39,13 +39,21 @@ impl Embedding {
             return self.table.index_select(&ids.flatten_all()?, 0)?.reshape((b, t, hidden));
         }
         let ids = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
-        let rows = match &*self.table.storage_and_layout().0 {
-            Storage::Cpu(CpuStorage::F32(v)) => gather(v, &ids, hidden, &self.device)?,
-            Storage::Cpu(CpuStorage::F16(v)) => gather(v, &ids, hidden, &self.device)?,
-            Storage::Cpu(CpuStorage::BF16(v)) => gather(v, &ids, hidden, &self.device)?,
-            _ => bail!("a host embedding table is f32, f16 or bf16 on the CPU"),
-        };
-        rows.reshape((b, t, hidden))
+        gather_host_rows(&self.table, &ids, &self.device)?.reshape((b, t, hidden))
+    }
+}
+
+/// Rows `ids` of a `[vocab, hidden]` CPU table, on `device` (flat).
+fn gather_host_rows(table: &Tensor, ids: &[u32], device: &Device) -> Result<Tensor> {
+    let hidden = table.dim(1)?;
+    let table = table.contiguous()?;
+    let (storage, layout) = table.storage_and_layout();
+    let start = layout.start_offset();
+    match &*storage {
+        Storage::Cpu(CpuStorage::F32(v)) => gather(&v[start..], ids, hidden, device),
+        Storage::Cpu(CpuStorage::F16(v)) => gather(&v[start..], ids, hidden, device),
+        Storage::Cpu(CpuStorage::BF16(v)) => gather(&v[start..], ids, hidden, device),
+        _ => bail!("a host embedding table is f32, f16 or bf16 on the CPU"),
     }
 }
 
@@ -80,18 +88,7 @@ mod tests {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let table = table.to_dtype(dtype)?;
             let want = table.index_select(&ids.flatten_all()?, 0)?.reshape((2, 3, 12))?;
-            let rows = match &*table.storage_and_layout().0 {
-                Storage::Cpu(CpuStorage::F32(v)) => {
-                    gather(v, &ids.flatten_all()?.to_vec1()?, 12, &Device::Cpu)?
-                }
-                Storage::Cpu(CpuStorage::F16(v)) => {
-                    gather(v, &ids.flatten_all()?.to_vec1()?, 12, &Device::Cpu)?
-                }
-                Storage::Cpu(CpuStorage::BF16(v)) => {
-                    gather(v, &ids.flatten_all()?.to_vec1()?, 12, &Device::Cpu)?
-                }
-                _ => unreachable!("a CPU table"),
-            };
+            let rows = gather_host_rows(&table, &ids.flatten_all()?.to_vec1()?, &Device::Cpu)?;
             let diff = (rows.reshape((2, 3, 12))?.to_dtype(DType::F32)? - want.to_dtype(DType::F32)?)?;
             assert_eq!(diff.abs()?.max_all()?.to_scalar::<f32>()?, 0.0, "{dtype:?}");
             let same_device = Embedding::new(table.clone(), &Device::Cpu).forward(&ids)?;

@@ -61,7 +61,7 @@ impl BaseWeight {
     /// large ones the activations dwarf it and the weight goes whole.
     fn rows_per_slice(&self, activation: usize) -> usize {
         let (out_dim, in_dim) = self.dims();
-        let budget = activation.max(1 << 24);
+        let budget = activation.max(MIN_SLICE_VALUES);
         let slices = (out_dim * in_dim).div_ceil(budget).max(1);
         if slices == 1 {
             return out_dim;
@@ -79,6 +79,10 @@ impl BaseWeight {
         }
     }
 }
+
+/// The smallest dequantized slice (values) a GEMM reads a large weight in (the memory planner
+/// counts it as workspace).
+pub const MIN_SLICE_VALUES: usize = 1 << 24;
 
 fn gcd(a: usize, b: usize) -> usize {
     if b == 0 {

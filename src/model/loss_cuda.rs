@@ -4,9 +4,8 @@
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, DType, Result, Tensor, WithDType};
-use half::{bf16, f16};
 
-use crate::kernels::{blocks, cuda_device, suffix, view, wrap};
+use crate::kernels::{blocks, by_dtype, cuda_device, suffix, view, wrap};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/cross_entropy.ptx"));
 const MODULE: &str = "lora_ft_cross_entropy";
@@ -19,12 +18,7 @@ pub fn cross_entropy_rows(
     targets: &Tensor,
     grad_scale: Option<f64>,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    match logits.dtype() {
-        DType::F32 => rows_typed::<f32>(logits, targets, grad_scale),
-        DType::F16 => rows_typed::<f16>(logits, targets, grad_scale),
-        DType::BF16 => rows_typed::<bf16>(logits, targets, grad_scale),
-        dt => bail!("the fused cross-entropy takes f32, f16 or bf16 logits, not {dt:?}"),
-    }
+    by_dtype!(logits.dtype(), rows_typed(logits, targets, grad_scale))
 }
 
 fn rows_typed<T: CudaDType + WithDType + DeviceRepr>(

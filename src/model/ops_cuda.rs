@@ -3,26 +3,13 @@
 
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
-use candle_core::{bail, DType, Result, Tensor, WithDType};
-use half::{bf16, f16};
+use candle_core::{bail, Result, Tensor, WithDType};
 
-use crate::kernels::{blocks, cuda_device, suffix, view, wrap};
+use crate::kernels::{blocks, by_dtype, cuda_device, suffix, view, wrap};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/elementwise.ptx"));
 const MODULE: &str = "lora_ft_elementwise";
 const THREADS: u32 = 256;
-
-/// Runs `f` with the tensor's element type bound.
-macro_rules! by_dtype {
-    ($dtype:expr, $f:ident ( $($arg:expr),* )) => {
-        match $dtype {
-            DType::F32 => $f::<f32>($($arg),*),
-            DType::F16 => $f::<f16>($($arg),*),
-            DType::BF16 => $f::<bf16>($($arg),*),
-            dt => bail!("the fused ops take f32, f16 or bf16, not {dt:?}"),
-        }
-    };
-}
 
 fn rows_cols(x: &Tensor) -> Result<(usize, usize)> {
     let cols = x.dims().last().copied().unwrap_or(1).max(1);
