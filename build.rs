@@ -22,7 +22,7 @@ fn main() {
         .or_else(|| std::env::var("CUDA_ROOT").ok().map(|r| format!("{r}/bin/nvcc")));
     let nvcc = nvcc.unwrap_or_else(|| "nvcc".into());
     compile_ptx(&nvcc, &cap, "src/quant/kernels/nf4.cu", &out.join("nf4.ptx"), true);
-    for kernel in ["softmax", "flash_attention", "elementwise", "dropout", "cross_entropy"] {
+    for kernel in ["softmax", "flash_attention", "elementwise", "dropout", "cross_entropy", "embedding"] {
         let src = format!("src/model/kernels/{kernel}.cu");
         compile_ptx(&nvcc, &cap, &src, &out.join(format!("{kernel}.ptx")), false);
     }

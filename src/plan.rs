@@ -12,7 +12,7 @@
 use serde::Serialize;
 
 use crate::model::decoder::LOSS_CHUNK_ROWS;
-use crate::model::linear::MIN_SLICE_VALUES;
+use crate::model::linear::{MIN_SLICE_VALUES, WHOLE_WEIGHT_TOKENS};
 use crate::model::{ModelConfig, PROJECTIONS};
 
 /// What a run trains on, as far as memory goes.
@@ -124,8 +124,18 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, tokens: usize) -> Estimate {
         checkpoints: layers * t * h * b,
         layer_recompute: t * per_token * b,
         loss_chunk: 2 * chunk * m.vocab_size as u64 * b,
-        workspace: FIXED_WORKSPACE + largest_weight.min((MIN_SLICE_VALUES as u64).max(t * i)) * b,
+        workspace: FIXED_WORKSPACE + dequantized_slice(largest_weight, tokens, i) * b,
     }
+}
+
+/// Values of the largest weight dequantized at once (linear.rs `rows_per_slice`): whole from
+/// `WHOLE_WEIGHT_TOKENS` tokens on, else a slice no larger than the largest activation (at least
+/// 2^24 values).
+fn dequantized_slice(largest_weight: u64, tokens: usize, intermediate: u64) -> u64 {
+    if tokens >= WHOLE_WEIGHT_TOKENS {
+        return largest_weight;
+    }
+    largest_weight.min((MIN_SLICE_VALUES as u64).max(tokens as u64 * intermediate))
 }
 
 /// The largest batch at `seq` whose predicted peak is at most `budget` bytes (0 if none).

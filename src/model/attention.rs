@@ -264,13 +264,36 @@ mod tests {
                 let (ctx, saved) = attention(&gq, &gk, &gv, None, window).unwrap();
                 let (dq, dk, dv) =
                     attention_backward(&gq, &gk, &gv, None, window, &saved, &on_gpu(&dc)).unwrap();
-                for (name, ours, reference) in
-                    [("context", ctx, &want), ("dq", dq, &wq), ("dk", dk, &wk), ("dv", dv, &wv)]
-                {
+                let check = |name: &str, ours: &Tensor, reference: &Tensor| {
                     let ours = ours.to_dtype(DType::F32).unwrap().to_device(&cpu).unwrap();
                     let err = max_rel(&ours, reference);
                     println!("d {d} t {t} s {s} {dtype:?} {name}: {err:.2e}");
                     assert!(err < tol, "d {d} t {t} s {s} {dtype:?} {name}: {err}");
+                };
+                for (name, ours, reference) in
+                    [("context", ctx, &want), ("dq", dq, &wq), ("dk", dk, &wk), ("dv", dv, &wv)]
+                {
+                    check(name, &ours, reference);
+                }
+                // both shapes of the backward kernel, whichever this GPU picks by default
+                if let Some((context, lse)) = &saved.flash {
+                    let dc = on_gpu(&dc);
+                    for shape in super::super::flash::BackwardShape::ALL {
+                        let (dq, dk, dv) = super::super::flash::backward_shaped(
+                            &gq,
+                            &gk,
+                            &gv,
+                            context,
+                            lse,
+                            &dc,
+                            window,
+                            Some(shape),
+                        )
+                        .unwrap();
+                        for (name, ours, reference) in [("dq", dq, &wq), ("dk", dk, &wk), ("dv", dv, &wv)] {
+                            check(&format!("{shape:?} {name}"), &ours, reference);
+                        }
+                    }
                 }
             }
         }

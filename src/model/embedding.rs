@@ -1,7 +1,9 @@
 //! Input embeddings. On a GPU an untied table stays in host memory: a step reads only its own
-//! b·t rows, gathered on the host in parallel and uploaded, and the table (250 MiB for
-//! Mistral-7B, 313 MiB for Llama-2-13B in f16) is VRAM that a small card can spend on batch.
-//! A table tied to lm_head lives on the device, where the loss needs it anyway.
+//! b·t rows, and the table (250 MiB for Mistral-7B, 313 MiB for Llama-2-13B in f16) is VRAM that
+//! a small card can spend on batch. The table is copied into mapped page-locked memory, which
+//! the GPU reads over PCIe in one gather kernel (kernels/embedding.cu); where pinning fails, the
+//! rows are gathered on the host in parallel and uploaded. A table tied to lm_head lives on the
+//! device, where the loss needs it anyway.
 
 use candle_core::{bail, CpuStorage, DType, Device, Result, Storage, Tensor, WithDType};
 use rayon::prelude::*;
@@ -11,11 +13,21 @@ use rayon::prelude::*;
 pub struct Embedding {
     table: Tensor,
     device: Device,
+    /// The host table mapped into the GPU's address space (CUDA, untied tables).
+    #[cfg(feature = "cuda")]
+    mapped: Option<std::sync::Arc<mapped::MappedTable>>,
 }
 
 impl Embedding {
     pub fn new(table: Tensor, device: &Device) -> Self {
-        Self { table, device: device.clone() }
+        #[cfg(feature = "cuda")]
+        let mapped = mapped::MappedTable::for_table(&table, device);
+        Self {
+            table,
+            device: device.clone(),
+            #[cfg(feature = "cuda")]
+            mapped,
+        }
     }
 
     pub fn table(&self) -> &Tensor {
@@ -37,6 +49,11 @@ impl Embedding {
         let hidden = self.table.dim(1)?;
         if self.table.device().same_device(&self.device) {
             return self.table.index_select(&ids.flatten_all()?, 0)?.reshape((b, t, hidden));
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(mapped) = &self.mapped {
+            let ids = ids.flatten_all()?.to_dtype(DType::U32)?.to_device(&self.device)?;
+            return mapped.gather(&ids, self.table.dtype())?.reshape((b, t, hidden));
         }
         let ids = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
         gather_host_rows(&self.table, &ids, &self.device)?.reshape((b, t, hidden))
@@ -74,6 +91,134 @@ fn gather<T: WithDType>(table: &[T], ids: &[u32], hidden: usize, device: &Device
     // SAFETY: the loop above wrote all ids.len() · hidden elements.
     unsafe { out.set_len(ids.len() * hidden) };
     Tensor::from_vec(out, ids.len() * hidden, device)
+}
+
+#[cfg(feature = "cuda")]
+mod mapped {
+    //! The table in mapped page-locked host memory and the gather kernel that reads it.
+    use candle_core::cuda_backend::cudarc::driver::{sys, DeviceRepr, PinnedHostSlice, PushKernelArg};
+    use candle_core::cuda_backend::{CudaDType, WrapErr};
+    use candle_core::{CpuStorage, DType, Device, Result, Storage, Tensor, WithDType};
+
+    use crate::kernels::{blocks, cuda_device, view, wrap};
+
+    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/embedding.ptx"));
+    const MODULE: &str = "lora_ft_embedding";
+
+    pub struct MappedTable {
+        /// The table's bytes, alive as long as the GPU reads them through `device_ptr`.
+        _pinned: PinnedHostSlice<u8>,
+        device_ptr: sys::CUdeviceptr,
+        rows: usize,
+        row_bytes: usize,
+    }
+
+    impl std::fmt::Debug for MappedTable {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "MappedTable({} rows of {} bytes)", self.rows, self.row_bytes)
+        }
+    }
+
+    impl MappedTable {
+        /// A mapped copy of a CPU `[vocab, hidden]` table for a CUDA `device`; `None` (with a
+        /// warning, the host gather then runs) when the table is not on the host, its rows are
+        /// not 16-byte multiples, or the driver refuses the page-locked allocation.
+        pub fn for_table(table: &Tensor, device: &Device) -> Option<std::sync::Arc<Self>> {
+            let Device::Cuda(_) = device else { return None };
+            if !table.device().is_cpu() {
+                return None;
+            }
+            match Self::new(table, device) {
+                Ok(mapped) => mapped.map(std::sync::Arc::new),
+                Err(e) => {
+                    tracing::warn!(
+                        "embedding table not mapped into the GPU ({e}); gathering rows on the host"
+                    );
+                    None
+                }
+            }
+        }
+
+        fn new(table: &Tensor, device: &Device) -> Result<Option<Self>> {
+            let (rows, hidden) = table.dims2()?;
+            let row_bytes = hidden * table.dtype().size_in_bytes();
+            if !row_bytes.is_multiple_of(16) {
+                return Ok(None);
+            }
+            let bytes = table_bytes(table)?;
+            let Device::Cuda(dev) = device else { return Ok(None) };
+            let ctx = dev.cuda_stream().context().clone();
+            let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_WRITECOMBINED;
+            // SAFETY: every byte is written just below, before any read.
+            let mut host = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes.len(), flags) }.w()?;
+            host.as_mut_slice().w()?.copy_from_slice(&bytes);
+            let mut device_ptr: sys::CUdeviceptr = 0;
+            let ptr = host.as_mut_ptr().w()? as *mut std::ffi::c_void;
+            // SAFETY: `ptr` is a live allocation made with DEVICEMAP in this context; `host` keeps
+            // it alive as long as `device_ptr` is used.
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, ptr, 0) }.result().w()?;
+            Ok(Some(Self { _pinned: host, device_ptr, rows, row_bytes }))
+        }
+
+        /// Rows `ids` (u32 on the GPU) as a `[n, hidden]` tensor of `dtype` (the table's) there.
+        pub fn gather(&self, ids: &Tensor, dtype: DType) -> Result<Tensor> {
+            crate::kernels::by_dtype!(dtype, gather_typed(self, ids))
+        }
+    }
+
+    fn gather_typed<T: CudaDType + WithDType + DeviceRepr>(
+        table: &MappedTable,
+        ids: &Tensor,
+    ) -> Result<Tensor> {
+        let dev = cuda_device(ids)?;
+        let n = ids.elem_count();
+        let hidden = table.row_bytes / T::DTYPE.size_in_bytes();
+        let out = unsafe { dev.alloc::<T>(n * hidden)? };
+        let func = dev.get_or_load_custom_func("embedding_gather", MODULE, PTX)?;
+        {
+            let storage = ids.storage_and_layout().0;
+            let idv = view::<u32>(&storage, ids)?;
+            let (vecs, rows) = ((table.row_bytes / 16) as i32, table.rows as u32);
+            let mut l = func.builder();
+            l.arg(&table.device_ptr).arg(&idv).arg(&out).arg(&vecs).arg(&rows);
+            unsafe { l.launch(blocks(n, 128)) }.w()?;
+        }
+        Ok(wrap(out, &dev, &[n, hidden]))
+    }
+
+    /// The bytes of a contiguous CPU table.
+    fn table_bytes(table: &Tensor) -> Result<Vec<u8>> {
+        fn bytes<T: WithDType>(v: &[T]) -> Vec<u8> {
+            // SAFETY: f32/f16/bf16 are plain bit patterns; the slice is read as bytes, not written.
+            unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }.to_vec()
+        }
+        let table = table.contiguous()?;
+        let (storage, layout) = table.storage_and_layout();
+        let range = layout.start_offset()..layout.start_offset() + table.elem_count();
+        Ok(match &*storage {
+            Storage::Cpu(CpuStorage::F32(v)) => bytes(&v[range]),
+            Storage::Cpu(CpuStorage::F16(v)) => bytes(&v[range]),
+            Storage::Cpu(CpuStorage::BF16(v)) => bytes(&v[range]),
+            _ => candle_core::bail!("a host embedding table is f32, f16 or bf16 on the CPU"),
+        })
+    }
+
+    /// The mapped gather equals index_select on the device, and an id past the table reads zeros.
+    #[cfg(test)]
+    #[test]
+    fn mapped_gather_equals_index_select() -> Result<()> {
+        let gpu = Device::new_cuda(0)?;
+        let table = Tensor::randn(0f32, 1.0, (50, 64), &Device::Cpu)?.to_dtype(DType::F16)?;
+        let mapped = MappedTable::for_table(&table, &gpu).expect("the table maps");
+        let ids = Tensor::new(&[3u32, 49, 0, 7, 7, 50], &gpu)?;
+        let got = mapped.gather(&ids, DType::F16)?.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
+        let want =
+            table.to_dtype(DType::F32)?.index_select(&ids.narrow(0, 0, 5)?.to_device(&Device::Cpu)?, 0)?;
+        let diff = (got.narrow(0, 0, 5)? - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert_eq!(diff, 0.0);
+        assert_eq!(got.get(5)?.abs()?.max_all()?.to_scalar::<f32>()?, 0.0);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

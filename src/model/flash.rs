@@ -14,23 +14,63 @@ use crate::kernels::{blocks, cuda_device, suffix, view, wrap};
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/flash_attention.ptx"));
 const MODULE: &str = "lora_ft_flash_attention";
 const THREADS: u32 = 128;
-/// Query rows per forward / dQ block and keys per dK/dV block (4 warps × 16).
-const BLOCK_ROWS: usize = 64;
-/// Keys per shared-memory stage of the forward and dQ kernels (`KV_TILE`), query rows per dK/dV
-/// step (`BWD_Q`), and the smem row padding (`PAD`) of the .cu file.
-const KV_TILE: usize = 64;
-const BWD_Q: usize = 32;
+/// Query rows per forward block (4 warps × 32).
+const BLOCK_ROWS: usize = 128;
+/// Keys per shared-memory stage of the forward (`KV_TILE`); the backward's threads and query
+/// rows per step (`BWD_THREADS`, `BWD_Q`); the smem row padding (`PAD`) of the .cu file.
+const KV_TILE: usize = 32;
+const BWD_THREADS: u32 = 256;
+const BWD_Q: usize = 64;
 const PAD: usize = 8;
 
-/// Dynamic shared memory of the forward and dQ kernels: two stages of a K and a V tile (16-bit).
-fn kv_stages_bytes(head_dim: usize) -> u32 {
-    (2 * 2 * KV_TILE * (head_dim + PAD) * 2) as u32
+/// The backward kernel's two shapes (flash_attention.cu): 128 keys a block with Q and dO
+/// double-buffered where a block may take ~180 KiB of shared memory (H100, A100), 64 keys
+/// single-buffered where it may take ~100 KiB (RTX 3090/4090, A6000, L40S).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackwardShape {
+    Keys128,
+    Keys64,
 }
 
-/// Dynamic shared memory of the dK/dV kernel: the block's K and V, two stages of Q and dO rows,
-/// and two stages of their lse and delta (f32).
-fn dkdv_bytes(head_dim: usize) -> u32 {
-    ((2 * BLOCK_ROWS + 2 * 2 * BWD_Q) * (head_dim + PAD) * 2 + 2 * 2 * BWD_Q * 4) as u32
+impl BackwardShape {
+    #[cfg(test)]
+    pub const ALL: [BackwardShape; 2] = [BackwardShape::Keys128, BackwardShape::Keys64];
+
+    fn keys(self) -> usize {
+        match self {
+            BackwardShape::Keys128 => 128,
+            BackwardShape::Keys64 => 64,
+        }
+    }
+
+    fn stages(self) -> usize {
+        match self {
+            BackwardShape::Keys128 => 2,
+            BackwardShape::Keys64 => 1,
+        }
+    }
+
+    /// Dynamic shared memory: the block's K and V, the stages of Q and dO rows, P^T and dS^T
+    /// (16-bit), then the stages' lse and delta (f32).
+    fn smem_bytes(self, head_dim: usize) -> u32 {
+        let (keys, stages) = (self.keys(), self.stages());
+        let tiles = (2 * keys + stages * 2 * BWD_Q) * (head_dim + PAD) + 2 * keys * (BWD_Q + PAD);
+        (tiles * 2 + stages * 2 * BWD_Q * 4) as u32
+    }
+
+    /// The larger shape where the device's per-block shared memory allows it.
+    fn for_device(dev: &candle_core::cuda_backend::CudaDevice, head_dim: usize) -> Result<Self> {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+        let limit = dev.cuda_stream().context().attribute(OPTIN).w()?;
+        let big = BackwardShape::Keys128;
+        Ok(if big.smem_bytes(head_dim) as i64 <= limit as i64 { big } else { BackwardShape::Keys64 })
+    }
+}
+
+/// Dynamic shared memory of the forward: the block's Q rows and two stages of a K and a V tile
+/// (16-bit).
+fn forward_bytes(head_dim: usize) -> u32 {
+    ((BLOCK_ROWS + 2 * 2 * KV_TILE) * (head_dim + PAD) * 2) as u32
 }
 
 /// Lets `func` take `bytes` of dynamic shared memory (past the 48 KiB default).
@@ -133,7 +173,7 @@ fn forward_typed<T: CudaDType + WithDType + DeviceRepr>(
     // The context is written as [b, t, h, d], the layout the output projection reads, and
     // returned as its [b, h, t, d] view: flattening it back costs no copy.
     let so = Strides { b: (t * h * hd) as i64, h: hd as i64, row: (h * hd) as i64 };
-    let smem = kv_stages_bytes(hd);
+    let smem = forward_bytes(hd);
     let func =
         dev.get_or_load_custom_func(&format!("flash_forward_{}_{hd}", suffix(T::DTYPE)?), MODULE, PTX)?;
     allow_smem(&func, smem)?;
@@ -158,13 +198,29 @@ pub fn backward(
     d_context: &Tensor,
     window: Option<usize>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    backward_shaped(q, k, v, context, lse, d_context, window, None)
+}
+
+/// `backward` with the kernel's shape chosen by the caller (the tests run both on one GPU).
+#[allow(clippy::too_many_arguments)]
+pub fn backward_shaped(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    context: &Tensor,
+    lse: &Tensor,
+    d_context: &Tensor,
+    window: Option<usize>,
+    shape: Option<BackwardShape>,
+) -> Result<(Tensor, Tensor, Tensor)> {
     match q.dtype() {
-        DType::F16 => backward_typed::<f16>(q, k, v, context, lse, d_context, window),
-        DType::BF16 => backward_typed::<bf16>(q, k, v, context, lse, d_context, window),
+        DType::F16 => backward_typed::<f16>(q, k, v, context, lse, d_context, window, shape),
+        DType::BF16 => backward_typed::<bf16>(q, k, v, context, lse, d_context, window, shape),
         dt => bail!("flash attention takes f16 or bf16, not {dt:?}"),
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
     q: &Tensor,
     k: &Tensor,
@@ -173,6 +229,7 @@ fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
     lse: &Tensor,
     d_context: &Tensor,
     window: Option<usize>,
+    shape: Option<BackwardShape>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (q, k, v, lse) = (q.contiguous()?, k.contiguous()?, v.contiguous()?, lse.contiguous()?);
     let d = dims(&q, &k, window)?;
@@ -183,6 +240,8 @@ fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
     let suffix = suffix(T::DTYPE)?;
     let delta = unsafe { dev.alloc::<f32>(b * h * t)? };
     let dq = unsafe { dev.alloc::<T>(b * h * t * hd)? };
+    // dQ gathers one contribution per key block, in any order: f32 atomics, zero to start.
+    let dq_acc = dev.alloc_zeros::<f32>(b * h * t * hd)?;
     let dk = unsafe { dev.alloc::<T>(b * kvh * s * hd)? };
     let dv = unsafe { dev.alloc::<T>(b * kvh * s * hd)? };
     let sdq = Strides { b: (h * t * hd) as i64, h: (t * hd) as i64, row: hd as i64 };
@@ -203,20 +262,28 @@ fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
         l.arg(&ov).arg(&dov).arg(&delta).arg(&d).arg(&hd_i).arg(&so).arg(&sdo);
         unsafe { l.launch(blocks(rows.div_ceil(THREADS as usize / 32), THREADS)) }.w()?;
 
-        let dkdv_fn =
-            dev.get_or_load_custom_func(&format!("flash_backward_dkdv_{suffix}_{hd}"), MODULE, PTX)?;
-        allow_smem(&dkdv_fn, dkdv_bytes(hd))?;
-        let mut l = dkdv_fn.builder();
-        l.arg(&qv).arg(&kv).arg(&vv).arg(&dov).arg(&lv).arg(&delta).arg(&dk).arg(&dv);
+        let shape = match shape {
+            Some(shape) => shape,
+            None => BackwardShape::for_device(&dev, hd)?,
+        };
+        let (keys, smem) = (shape.keys(), shape.smem_bytes(hd));
+        let name = format!("flash_backward_{suffix}_{hd}_k{keys}");
+        let bwd_fn = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
+        allow_smem(&bwd_fn, smem)?;
+        let mut l = bwd_fn.builder();
+        l.arg(&qv).arg(&kv).arg(&vv).arg(&dov).arg(&lv).arg(&delta).arg(&dk).arg(&dv).arg(&dq_acc);
         l.arg(&d).arg(&sq).arg(&sk).arg(&sdo).arg(&sdk);
-        unsafe { l.launch(grid(s, kvh, b, dkdv_bytes(hd))) }.w()?;
+        let cfg = LaunchConfig {
+            grid_dim: (s.div_ceil(keys) as u32, kvh as u32, b as u32),
+            block_dim: (BWD_THREADS, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        unsafe { l.launch(cfg) }.w()?;
 
-        let dq_fn = dev.get_or_load_custom_func(&format!("flash_backward_dq_{suffix}_{hd}"), MODULE, PTX)?;
-        allow_smem(&dq_fn, kv_stages_bytes(hd))?;
-        let mut l = dq_fn.builder();
-        l.arg(&qv).arg(&kv).arg(&vv).arg(&dov).arg(&lv).arg(&delta).arg(&dq);
-        l.arg(&d).arg(&sq).arg(&sk).arg(&sdo).arg(&sdq);
-        unsafe { l.launch(grid(t, h, b, kv_stages_bytes(hd))) }.w()?;
+        let finish_fn = dev.get_or_load_custom_func(&format!("attention_dq_finish_{suffix}"), MODULE, PTX)?;
+        let mut l = finish_fn.builder();
+        l.arg(&dq_acc).arg(&dq).arg(&d).arg(&hd_i).arg(&sdq);
+        unsafe { l.launch(blocks((rows * hd / 2).div_ceil(256), 256)) }.w()?;
     }
     Ok((wrap(dq, &dev, &[b, h, t, hd]), wrap(dk, &dev, &[b, kvh, s, hd]), wrap(dv, &dev, &[b, kvh, s, hd])))
 }

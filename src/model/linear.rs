@@ -54,13 +54,17 @@ impl BaseWeight {
         }
     }
 
-    /// Rows of the weight to dequantize at once when a GEMM's activation operand holds
-    /// `activation` values: all of them when the weight is no larger than max(activation, 2^24
-    /// values), else slices that are (starting on NF4 statistics blocks). At small batches the
-    /// f16 copy of a 14336 × 4096 weight (112 MiB) is otherwise a visible part of peak memory; at
-    /// large ones the activations dwarf it and the weight goes whole.
-    fn rows_per_slice(&self, activation: usize) -> usize {
+    /// Rows of the weight to dequantize at once when a GEMM's activation operand is `tokens` ×
+    /// `activation / tokens`: all of them from `WHOLE_WEIGHT_TOKENS` tokens on or when the weight
+    /// is no larger than max(activation, 2^24 values), else slices that are (starting on NF4
+    /// statistics blocks). At small batches the f16 copy of a 14336 × 4096 weight (112 MiB) is
+    /// otherwise a visible part of peak memory; at large ones the activations dwarf it, and the
+    /// slices' extra launches and narrower GEMMs cost more time than their memory is worth.
+    fn rows_per_slice(&self, tokens: usize, activation: usize) -> usize {
         let (out_dim, in_dim) = self.dims();
+        if tokens >= WHOLE_WEIGHT_TOKENS {
+            return out_dim;
+        }
         let budget = activation.max(MIN_SLICE_VALUES);
         let slices = (out_dim * in_dim).div_ceil(budget).max(1);
         if slices == 1 {
@@ -83,6 +87,10 @@ impl BaseWeight {
 /// The smallest dequantized slice (values) a GEMM reads a large weight in (the memory planner
 /// counts it as workspace).
 pub const MIN_SLICE_VALUES: usize = 1 << 24;
+
+/// From this many tokens a step's GEMMs read each weight whole (measured on the H100: slicing
+/// cost 4% of a 512 × 8 step, while 512 × 8 has memory to spare against the reference).
+pub const WHOLE_WEIGHT_TOKENS: usize = 4096;
 
 fn gcd(a: usize, b: usize) -> usize {
     if b == 0 {
@@ -168,12 +176,12 @@ impl LoraLinear {
 
     /// out += x·Wᵀ, the frozen part alone (a `LoraGroup` adds the low-rank part).
     pub fn base_forward_into(&self, x: &Tensor, out: &mut ProductSum) -> Result<()> {
-        self.base_forward_sliced(x, out, self.base.rows_per_slice(x.elem_count()))
+        self.base_forward_sliced(x, out, self.base.rows_per_slice(x.dim(0)?, x.elem_count()))
     }
 
     /// dx += dy·W, the frozen part's input gradient alone.
     pub fn base_backward_into(&self, dy: &Tensor, dx: &mut ProductSum) -> Result<()> {
-        self.base_backward_sliced(dy, dx, self.base.rows_per_slice(dy.elem_count()))
+        self.base_backward_sliced(dy, dx, self.base.rows_per_slice(dy.dim(0)?, dy.elem_count()))
     }
 
     /// `base_forward_into` reading W `rows` rows at a time: each slice of rows is a slice of
@@ -355,13 +363,15 @@ mod tests {
             assert!(diff < 1e-5, "{diff}");
         }
         // 14336 x 4096 at 1024 tokens: four slices of 3584 rows, each a whole number of
-        // 16384-value statistics blocks; at 16384 tokens the weight goes whole
+        // 16384-value statistics blocks; from 4096 tokens on the weight goes whole
         let big = BaseWeight::Dense(Tensor::zeros((14336, 4096), DType::F16, &dev)?);
-        assert_eq!(big.rows_per_slice(1024 * 4096), 3584);
+        assert_eq!(big.rows_per_slice(1024, 1024 * 4096), 3584);
         assert_eq!(3584 * 4096 % crate::quant::ROW_ALIGN_VALUES, 0);
-        assert_eq!(big.rows_per_slice(16384 * 4096), 14336);
+        assert_eq!(big.rows_per_slice(2048, 2048 * 4096), 3584);
+        assert_eq!(big.rows_per_slice(4096, 4096 * 4096), 14336);
+        assert_eq!(big.rows_per_slice(16384, 16384 * 4096), 14336);
         let down = BaseWeight::Dense(Tensor::zeros((4096, 14336), DType::F16, &dev)?);
-        assert_eq!(down.rows_per_slice(1024 * 4096) * 14336 % crate::quant::ROW_ALIGN_VALUES, 0);
+        assert_eq!(down.rows_per_slice(1024, 1024 * 4096) * 14336 % crate::quant::ROW_ALIGN_VALUES, 0);
         Ok(())
     }
 

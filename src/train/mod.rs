@@ -315,9 +315,11 @@ pub fn run(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummar
         s.trained_tokens
     );
     anyhow::ensure!(!train_set.examples.is_empty(), "{}: no usable rows", cfg.data.train.display());
+    check_token_ids(&train_set.examples, model.config().vocab_size, &cfg.data.train)?;
     let eval_loader = match &cfg.data.eval {
         Some(path) => {
             let set = TokenizedDataset::from_jsonl(path, &tokenizer, max_len, side)?;
+            check_token_ids(&set.examples, model.config().vocab_size, path)?;
             Some(BatchLoader::new(Arc::new(set.examples), cfg.train.batch_size, tokenizer.pad_id(), None))
         }
         None => None,
@@ -362,6 +364,19 @@ pub fn run(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummar
         spec: &spec,
     };
     train_loop(&run, &mut trainer, &mut stream, &mut log, trace)
+}
+
+/// Every token id of the data must be a row of the embedding table (the GPU lookup reads an id
+/// past it as zeros; a tokenizer with more tokens than the model's table produces one).
+fn check_token_ids(examples: &[crate::data::Example], vocab_size: usize, file: &Path) -> anyhow::Result<()> {
+    let max = examples.iter().flat_map(|e| e.input_ids.iter().copied()).max().unwrap_or(0);
+    anyhow::ensure!(
+        (max as usize) < vocab_size,
+        "{}: the tokenizer produced token id {max}, but the model's embedding table has {vocab_size} rows \
+         (tokenizer and model do not match)",
+        file.display()
+    );
+    Ok(())
 }
 
 /// Continues from checkpoint `dir`: the adapter into the model's own adapters (the optimizer
@@ -540,6 +555,18 @@ mod tests {
 
     /// A CUDA out-of-memory error becomes one message with the step, the phase, the planner's
     /// advice and the checkpoint to resume from; other errors are not taken for one.
+    #[test]
+    fn a_token_id_past_the_embedding_table_is_refused() {
+        let examples = vec![crate::data::Example { input_ids: vec![1, 2, 99], labels: vec![-100, 2, 99] }];
+        let file = Path::new("data/train.jsonl");
+        assert!(check_token_ids(&examples, 100, file).is_ok());
+        let err = check_token_ids(&examples, 99, file).unwrap_err().to_string();
+        assert!(
+            err.contains("data/train.jsonl") && err.contains("token id 99") && err.contains("99 rows"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn out_of_memory_is_reported_with_step_phase_and_advice() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
