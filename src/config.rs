@@ -9,8 +9,9 @@ use crate::quant::Quantization;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{file}: cannot read: {source}")]
-    Read { file: PathBuf, source: std::io::Error },
+    // not a `source`: the message already holds it, and `{:#}` would say it twice
+    #[error("{file}: cannot read: {error}")]
+    Read { file: PathBuf, error: std::io::Error },
     #[error("{file}: {key}: {message}")]
     Invalid { file: PathBuf, key: String, message: String },
 }
@@ -319,7 +320,7 @@ impl Config {
     /// directory (as users type them on the command line).
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { file: path.to_path_buf(), source })?;
+            .map_err(|error| ConfigError::Read { file: path.to_path_buf(), error })?;
         Self::from_toml(&text, path)
     }
 
@@ -449,6 +450,12 @@ train = "datasets/customer-service/train.jsonl"
         let err = parse(&format!("{MINIMAL}[train]\nlearning_rate = 1e-4\n")).unwrap_err().to_string();
         assert!(err.starts_with("run.toml: train"), "{err}");
         assert!(err.contains("learning_rate"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_config_file_is_named() {
+        let err = Config::from_file(Path::new("configs/no-such.toml")).unwrap_err().to_string();
+        assert!(err.starts_with("configs/no-such.toml: cannot read: No such file"), "{err}");
     }
 
     #[test]

@@ -10,6 +10,8 @@ use anyhow::{bail, Context};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
+use crate::config::ALL_TARGET_MODULES;
+use crate::durable::{self, write_dir_atomic};
 use crate::model::{CausalLm, LoraSpec};
 
 pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
@@ -84,6 +86,12 @@ impl PeftLoraConfig {
             TargetModules::List(l) => l.clone(),
             TargetModules::Pattern(p) => return Err(bad(&format!("target_modules pattern {p:?}"))),
         };
+        if let Some(m) = target_modules.iter().find(|m| !ALL_TARGET_MODULES.contains(&m.as_str())) {
+            return Err(bad(&format!("target module {m:?} (Llama/Mistral have {ALL_TARGET_MODULES:?})")));
+        }
+        if self.r == 0 {
+            return Err(bad("r = 0 (a rank of at least 1)"));
+        }
         Ok(LoraSpec {
             r: self.r,
             alpha: self.lora_alpha,
@@ -94,36 +102,25 @@ impl PeftLoraConfig {
     }
 }
 
-/// Writes the model's adapters to `dir` (created if needed); each file is written to a
-/// temporary name and renamed, so a crash never leaves a half-written adapter.
+/// Writes the model's adapters to `dir` (created if needed) whole or not at all: a crash or a
+/// full disk leaves the previous adapter there, never half of a new one.
 pub fn save_adapter(model: &CausalLm, spec: &LoraSpec, base_model: &str, dir: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    write_dir_atomic(dir, |tmp| write_adapter_files(model, spec, base_model, tmp))
+}
+
+/// The two files of a PEFT adapter, into an existing folder (a checkpoint's, or `save_adapter`'s
+/// temporary one, which fsyncs them).
+pub fn write_adapter_files(
+    model: &CausalLm,
+    spec: &LoraSpec,
+    base_model: &str,
+    dir: &Path,
+) -> anyhow::Result<()> {
     let tensors: HashMap<String, Tensor> =
         model.lora_params().into_iter().map(|(name, var)| (name, var.as_tensor().clone())).collect();
-    let weights = dir.join(ADAPTER_WEIGHTS);
-    let tmp = dir.join(format!(".{ADAPTER_WEIGHTS}.tmp"));
-    candle_core::safetensors::save(&tensors, &tmp).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &weights)?;
+    durable::write_safetensors(&tensors, &dir.join(ADAPTER_WEIGHTS))?;
     let config = serde_json::to_string_pretty(&PeftLoraConfig::from_spec(spec, base_model))?;
-    write_atomic(&dir.join(ADAPTER_CONFIG), config.as_bytes())
-}
-
-/// Writes `bytes` to a temporary file, fsyncs it and renames it over `path`: a crash or a full
-/// disk leaves the old file or the new one, never half of either.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    sync_path(&tmp)?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    path.parent().map_or(Ok(()), sync_path)
-}
-
-/// fsync of a file or a directory (a directory's entries: what a rename changed).
-pub fn sync_path(path: &Path) -> anyhow::Result<()> {
-    let file = std::fs::File::open(path).with_context(|| format!("opening {} to sync it", path.display()))?;
-    file.sync_all().with_context(|| format!("syncing {}", path.display()))
+    durable::write(&dir.join(ADAPTER_CONFIG), config.as_bytes())
 }
 
 pub fn read_adapter_config(dir: &Path) -> anyhow::Result<PeftLoraConfig> {
@@ -171,12 +168,14 @@ pub fn export_checkpoint(checkpoint: &Path, out_dir: &Path) -> anyhow::Result<()
     if !weights.exists() {
         bail!("{} has no {ADAPTER_WEIGHTS}: is it a lora-ft checkpoint?", checkpoint.display());
     }
-    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-    for name in [ADAPTER_WEIGHTS, ADAPTER_CONFIG] {
-        let bytes = std::fs::read(checkpoint.join(name))?;
-        write_atomic(&out_dir.join(name), &bytes)?;
-    }
-    Ok(())
+    write_dir_atomic(out_dir, |tmp| {
+        for name in [ADAPTER_WEIGHTS, ADAPTER_CONFIG] {
+            let from = checkpoint.join(name);
+            let bytes = std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
+            durable::write(&tmp.join(name), &bytes)?;
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -213,6 +212,18 @@ mod tests {
         std::fs::write(dir.join(ADAPTER_CONFIG), fewer).unwrap();
         let err = format!("{:#}", load_adapter(&mut tiny_llama(), &dir).unwrap_err());
         assert!(err.contains("unexpected tensor") && err.contains("v_proj"), "{err}");
+
+        // a GPT-2 adapter's module, a rank of 0: refused before any tensor is read
+        let config_file = dir.join(ADAPTER_CONFIG).display().to_string();
+        for (from, to, what) in
+            [("\"v_proj\"", "\"c_attn\"", "target module \"c_attn\""), ("\"r\": 4", "\"r\": 0", "r = 0")]
+        {
+            std::fs::write(dir.join(ADAPTER_CONFIG), config.replace(from, to)).unwrap();
+            let err = format!("{:#}", load_adapter(&mut tiny_llama(), &dir).unwrap_err());
+            assert!(err.starts_with(&format!("{config_file}: {what}")), "{err}");
+        }
         std::fs::remove_dir_all(&dir).ok();
+        let err = format!("{:#}", load_adapter(&mut tiny_llama(), &dir).unwrap_err());
+        assert!(err.contains(&format!("reading {config_file}: ")) && err.contains("No such file"), "{err}");
     }
 }

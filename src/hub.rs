@@ -35,7 +35,16 @@ pub fn resolve(source: &str, revision: &str) -> Result<ModelFiles> {
     if path.exists() {
         bail!("model source {source} is a file but not a .gguf file; give a folder, a .gguf file or a Hub repo id");
     }
+    if looks_like_a_path(source) {
+        bail!("model source {source} does not exist (and is not a Hub repo id, which reads org/name)");
+    }
     hub_repo(source, revision)
+}
+
+/// A source no Hub repo id could be (`org/name`): a missing folder is told as one, not as a
+/// failed download.
+fn looks_like_a_path(source: &str) -> bool {
+    source.starts_with(['/', '.', '~']) || source.contains('\\') || source.matches('/').count() > 1
 }
 
 /// config.json and the weights of `source`, no tokenizer needed: a local folder as it is,
@@ -61,6 +70,9 @@ pub fn config_json(source: &str, revision: &str) -> Result<PathBuf> {
             true => Ok(config),
             false => bail!("no config.json in model folder {}", path.display()),
         };
+    }
+    if looks_like_a_path(source) {
+        bail!("model source {source} does not exist (and is not a Hub repo id, which reads org/name)");
     }
     if let Ok(files) = cached_snapshot(&hub_cache_root(), source, revision) {
         return Ok(files.config);
@@ -330,6 +342,21 @@ mod tests {
         let err = cached_snapshot(&tmp.0, "org/tiny-model", "v2").unwrap_err().to_string();
         assert!(err.contains("org/tiny-model@v2 is not in the Hugging Face cache"), "{err}");
         assert!(cached_snapshot(&tmp.0, "org/other", "main").is_err());
+    }
+
+    #[test]
+    fn a_missing_folder_is_not_looked_up_on_the_hub() {
+        let tmp = TempDir::new("gone");
+        for source in [tmp.0.join("no-such-model"), PathBuf::from("./models/llama"), PathBuf::from("a/b/c")] {
+            let source = source.to_str().unwrap();
+            let err = resolve(source, "main").unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "model source {source} does not exist (and is not a Hub repo id, which reads org/name)"
+                )
+            );
+        }
     }
 
     #[test]

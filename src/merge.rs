@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use candle_core::{safetensors::MmapedSafetensors, DType, Device, Tensor};
 
-use crate::export::{read_adapter_config, write_atomic, ADAPTER_WEIGHTS};
+use crate::durable::write_atomic;
+use crate::export::{read_adapter_config, ADAPTER_WEIGHTS};
 
 /// Files of the base folder that the merged folder keeps as they are.
 const COPIED: [&str; 5] = [
@@ -108,6 +109,9 @@ impl AdapterDeltas {
                 _ => bail!("{}: {name} has only one of lora_A and lora_B", file.display()),
             };
         }
+        for (name, (a, _)) in &pairs {
+            agrees_with_config(name, a, &spec, dir)?;
+        }
         Ok(Self { pairs, used: HashSet::new(), scale: spec.scale() })
     }
 
@@ -138,6 +142,37 @@ impl AdapterDeltas {
             None => Ok(()),
         }
     }
+}
+
+/// The pair of base weight `name` has the config's rank and targets one of its modules: the scale
+/// comes from the config's r, so a mismatch would merge a wrongly scaled delta.
+fn agrees_with_config(
+    name: &str,
+    a: &Tensor,
+    spec: &crate::model::LoraSpec,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let config = dir.join(crate::export::ADAPTER_CONFIG);
+    let module = name.trim_end_matches(".weight").rsplit('.').next().unwrap_or(name);
+    if !spec.target_modules.iter().any(|m| m == module) {
+        bail!(
+            "{}: {name} is adapted but {} lists target_modules {:?}",
+            dir.join(ADAPTER_WEIGHTS).display(),
+            config.display(),
+            spec.target_modules
+        );
+    }
+    if a.dim(0)? != spec.r {
+        bail!(
+            "{}: lora_A of {name} has rank {} ({:?}) but {} says r = {}",
+            dir.join(ADAPTER_WEIGHTS).display(),
+            a.dim(0)?,
+            a.dims(),
+            config.display(),
+            spec.r
+        );
+    }
+    Ok(())
 }
 
 /// `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight` (or `.lora_A.default.weight`)
@@ -279,6 +314,17 @@ mod tests {
         let err =
             merge(fixture().to_str().unwrap(), "main", &adapter, &out, DType::F16).unwrap_err().to_string();
         assert!(err.contains("match no weight") && err.contains("layers.9"), "{err}");
+        // a config whose rank or targets are not the weights'
+        let config = std::fs::read_to_string(src.join("adapter_config.json")).unwrap();
+        let weights = adapter.join(ADAPTER_WEIGHTS).display().to_string();
+        for (from, to, what) in
+            [("\"r\": 4", "\"r\": 8", "has rank 4"), ("\"v_proj\"", "\"k_proj\"", "lists target_modules")]
+        {
+            std::fs::write(adapter.join("adapter_config.json"), config.replace(from, to)).unwrap();
+            let err = merge(fixture().to_str().unwrap(), "main", &adapter, &out, DType::F16).unwrap_err();
+            let err = err.to_string();
+            assert!(err.starts_with(&format!("{weights}: ")) && err.contains(what), "{err}");
+        }
         let _ = std::fs::remove_dir_all(&adapter);
         let _ = std::fs::remove_dir_all(&out);
     }

@@ -126,6 +126,12 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_data_file_is_named() {
+        let err = format!("{:#}", read_messages_jsonl(Path::new("datasets/no-such.jsonl")).unwrap_err());
+        assert!(err.starts_with("datasets/no-such.jsonl: cannot open: No such file"), "{err}");
+    }
+
+    #[test]
     fn malformed_rows_say_what_is_wrong() {
         assert!(error_of("{not json").starts_with("invalid JSON:"));
         assert_eq!(error_of(r#"{"conversation": []}"#), r#"expected a "messages" array"#);

@@ -1,7 +1,7 @@
 //! Checkpoints: `<run>/checkpoints/step-N/` with the adapter (PEFT layout, so any checkpoint can
 //! be exported or loaded by PEFT directly), the optimizer state and the data position. The
-//! folder is written under a temporary name, fsynced and renamed, so a crash never leaves half of
-//! one; `newest_complete` finds where a run resumes.
+//! folder is written under a temporary name, fsynced and renamed, so a crash or a full disk never
+//! leaves half of one; `newest_complete` finds where a run resumes.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -10,7 +10,8 @@ use anyhow::Context;
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
-use crate::export::{save_adapter, write_atomic};
+use crate::durable;
+use crate::export::write_adapter_files;
 use crate::model::{CausalLm, LoraSpec};
 
 pub const OPTIMIZER_STATE: &str = "optimizer.safetensors";
@@ -35,6 +36,8 @@ pub fn checkpoint_dir(run_dir: &Path, step: usize) -> PathBuf {
     run_dir.join("checkpoints").join(format!("step-{step}"))
 }
 
+/// Writes checkpoint `state.step` whole or not at all (`durable::write_dir_atomic`): a failed
+/// save (a full disk) leaves no trace and every older checkpoint as it was.
 pub fn save(
     run_dir: &Path,
     model: &CausalLm,
@@ -44,28 +47,17 @@ pub fn save(
     state: &TrainerState,
 ) -> anyhow::Result<PathBuf> {
     let dir = checkpoint_dir(run_dir, state.step);
-    let tmp = dir.with_file_name(format!(".step-{}.tmp", state.step));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
-    }
-    save_adapter(model, spec, base_model, &tmp)?;
-    let opt: HashMap<String, Tensor> = optimizer_state.into_iter().collect();
-    candle_core::safetensors::save(&opt, tmp.join(OPTIMIZER_STATE)).context("writing optimizer state")?;
-    write_atomic(&tmp.join(TRAINER_STATE), serde_json::to_string_pretty(state)?.as_bytes())?;
-    for name in [crate::export::ADAPTER_WEIGHTS, OPTIMIZER_STATE] {
-        crate::export::sync_path(&tmp.join(name))?;
-    }
-    crate::export::sync_path(&tmp)?;
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
-    }
-    std::fs::rename(&tmp, &dir)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
-    dir.parent().map_or(Ok(()), crate::export::sync_path)?;
+    durable::write_dir_atomic(&dir, |tmp| {
+        write_adapter_files(model, spec, base_model, tmp)?;
+        let opt: HashMap<String, Tensor> = optimizer_state.into_iter().collect();
+        durable::write_safetensors(&opt, &tmp.join(OPTIMIZER_STATE))?;
+        durable::write(&tmp.join(TRAINER_STATE), serde_json::to_string_pretty(state)?.as_bytes())
+    })?;
     Ok(dir)
 }
 
-/// Keeps the newest `keep` checkpoints (0 keeps all).
+/// Keeps the newest `keep` checkpoints (0 keeps all). Called after a save succeeded, so a
+/// failed save never costs an older checkpoint.
 pub fn prune(run_dir: &Path, keep: usize) -> anyhow::Result<()> {
     if keep == 0 {
         return Ok(());
@@ -73,7 +65,9 @@ pub fn prune(run_dir: &Path, keep: usize) -> anyhow::Result<()> {
     let mut steps: Vec<usize> = list(run_dir)?;
     steps.sort_unstable();
     for step in steps.iter().take(steps.len().saturating_sub(keep)) {
-        std::fs::remove_dir_all(checkpoint_dir(run_dir, *step))?;
+        let dir = checkpoint_dir(run_dir, *step);
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("removing old checkpoint {}", dir.display()))?;
     }
     Ok(())
 }

@@ -3,11 +3,13 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
+
+use crate::durable::Writing;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct StepRecord {
@@ -42,6 +44,7 @@ pub struct EvalRecord {
 
 pub struct MetricsLog {
     out: BufWriter<File>,
+    path: PathBuf,
     bar: ProgressBar,
 }
 
@@ -61,7 +64,7 @@ impl MetricsLog {
             .expect("static template"),
         );
         bar.set_position(start_step as u64);
-        Ok(Self { out: BufWriter::new(file), bar })
+        Ok(Self { out: BufWriter::new(file), path: path.to_path_buf(), bar })
     }
 
     pub fn step(&mut self, r: &StepRecord) -> anyhow::Result<()> {
@@ -84,10 +87,9 @@ impl MetricsLog {
     }
 
     fn write(&mut self, record: &impl Serialize) -> anyhow::Result<()> {
-        serde_json::to_writer(&mut self.out, record)?;
-        self.out.write_all(b"\n")?;
-        self.out.flush()?;
-        Ok(())
+        let mut line = serde_json::to_vec(record)?;
+        line.push(b'\n');
+        self.out.write_all(&line).and_then(|()| self.out.flush()).with_context(|| Writing(self.path.clone()))
     }
 
     pub fn finish(&self) {

@@ -16,6 +16,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::config::{ComputeDtype, Config};
 use crate::data::{Batch, BatchLoader, ChatTokenizer, EpochBatches, TokenizedDataset};
+use crate::durable::{self, Saving};
 use crate::export::save_adapter;
 use crate::model::loss::{shift_labels, IGNORE_INDEX};
 use crate::model::{CausalLm, LoraSpec};
@@ -263,13 +264,23 @@ pub fn oom_report(e: &anyhow::Error, step: usize, cfg: &Config, model: &CausalLm
         }
         None => format!("the planner predicts {:.2} GiB for batch {batch} x {seq}", gib(predicted)),
     };
-    let last = match checkpoint::newest_complete(&cfg.output.dir) {
-        Ok(Some((dir, _))) => {
-            format!("the last checkpoint, {}, is intact: the same command resumes from it", dir.display())
-        }
-        _ => "no checkpoint was written yet".into(),
+    format!("out of GPU memory at step {step}, {phase} phase: {memory}; {advice}; {}", resume_point(cfg))
+}
+
+/// The newest complete checkpoint, for a message about a run that stopped.
+fn resume_point(cfg: &Config) -> String {
+    let resumes = match cfg.checkpoint.resume {
+        crate::config::ResumeMode::Auto => "the same command resumes from it",
+        crate::config::ResumeMode::Never => "checkpoint.resume = \"auto\" resumes from it",
     };
-    format!("out of GPU memory at step {step}, {phase} phase: {memory}; {advice}; {last}")
+    match checkpoint::newest_complete(&cfg.output.dir) {
+        Ok(Some((dir, state))) => format!(
+            "the newest complete checkpoint, step {} ({}), is intact: {resumes}",
+            state.step,
+            dir.display()
+        ),
+        _ => "no checkpoint was written yet".into(),
+    }
 }
 
 fn total_steps(cfg: &Config, batches_per_epoch: usize) -> usize {
@@ -278,8 +289,16 @@ fn total_steps(cfg: &Config, batches_per_epoch: usize) -> usize {
     })
 }
 
-/// `lora-ft train CONFIG [--trace DIR]`.
+/// `lora-ft train CONFIG [--trace DIR]`. A write that runs out of space ends the run with one
+/// message: the file, where to free space, and the checkpoint that is intact.
 pub fn run(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummary> {
+    train(cfg, trace_dir).map_err(|e| match durable::disk_full_message(&e) {
+        Some(text) => anyhow::anyhow!("{text}; {}", resume_point(cfg)),
+        None => e,
+    })
+}
+
+fn train(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummary> {
     let device = parse_device(&cfg.train.device)?;
     let source = cfg.model.expanded_source();
     let files = crate::hub::resolve(&source, &cfg.model.revision)?;
@@ -334,7 +353,7 @@ pub fn run(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummar
 
     let run_dir = cfg.output.dir.clone();
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
-    std::fs::write(run_dir.join("config.json"), serde_json::to_string_pretty(cfg)?)?;
+    durable::write_atomic(&run_dir.join("config.json"), serde_json::to_string_pretty(cfg)?.as_bytes())?;
     let schedule = LrSchedule::new(cfg.train.schedule, cfg.train.lr, cfg.train.warmup_steps, total);
     let (max_grad_norm, seed) = (cfg.train.max_grad_norm, cfg.train.seed);
     let mut trainer = Trainer::new(model, &cfg.optim, cfg.train.weight_decay, schedule, max_grad_norm, seed)?;
@@ -518,7 +537,8 @@ fn train_loop(
             };
             let opt_state = trainer.optimizer.state_tensors();
             let dir = checkpoint::save(&cfg.output.dir, &trainer.model, spec, base_model, opt_state, &state)
-                .context(Phase("save"))?;
+                .context(Phase("save"))
+                .with_context(|| Saving(format!("checkpoint step {done}")))?;
             checkpoint::prune(&cfg.output.dir, cfg.checkpoint.keep_last)?;
             if stop && done < total {
                 log.println(format!("stopped at step {done}: {} (the same command resumes)", dir.display()));
@@ -530,7 +550,8 @@ fn train_loop(
     log.finish();
     trace.map(Trace::finish).transpose()?;
     let adapter_dir = cfg.output.adapters_dir.join(&cfg.output.adapter_name);
-    save_adapter(&trainer.model, spec, base_model, &adapter_dir)?;
+    save_adapter(&trainer.model, spec, base_model, &adapter_dir)
+        .with_context(|| Saving(format!("the final adapter {}", adapter_dir.display())))?;
     let tokens_per_s = all_tokens as f64 / started.elapsed().as_secs_f64();
     Ok(TrainSummary { steps: total, first_loss, last_loss, first_eval, last_eval, adapter_dir, tokens_per_s })
 }
