@@ -5,6 +5,7 @@
 pub mod checkpoint;
 pub mod loss_scale;
 pub mod metrics;
+pub mod plot;
 pub mod trace;
 
 use std::path::{Path, PathBuf};
@@ -516,6 +517,11 @@ fn train_loop(
     trace.map(Trace::finish).transpose()?;
     let adapter_dir = cfg.output.adapters_dir.join(&cfg.output.adapter_name);
     save_adapter(&trainer.model, spec, base_model, &adapter_dir)?;
+    // the adapter is the result: a plot that fails is only worth a warning
+    match plot::plot_run(&cfg.output.dir, None) {
+        Ok(png) => tracing::info!("metrics plot: {}", png.display()),
+        Err(e) => tracing::warn!("no metrics plot: {e:#}"),
+    }
     let tokens_per_s = all_tokens as f64 / started.elapsed().as_secs_f64();
     Ok(TrainSummary { steps: total, first_loss, last_loss, first_eval, last_eval, adapter_dir, tokens_per_s })
 }
