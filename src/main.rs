@@ -61,6 +61,15 @@ enum Command {
         #[arg(long, default_value = "24GiB")]
         gpu_mem: String,
     },
+    /// Draw a run's metrics.jsonl as a PNG: loss and eval loss, learning rate and GPU memory over
+    /// steps (`lora-ft train` writes RUN_DIR/metrics.png itself at the end).
+    Plot {
+        /// The run's output.dir, holding metrics.jsonl.
+        run_dir: PathBuf,
+        /// Where to write the PNG [default: RUN_DIR/metrics.png].
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
     /// Measurements (JSON lines) to compare with the reference stack.
     Bench {
         #[command(subcommand)]
@@ -286,6 +295,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let budget = lora_ft::memory::VramBudget::new(total, cfg.train.max_vram_fraction).bytes();
             let shape = (cfg.data.max_seq_len, cfg.train.batch_size);
             print!("{}", lora_ft::plan::report(&model, &lora_ft::plan::run_shape(&cfg), shape, budget));
+            Ok(())
+        }
+        Command::Plot { run_dir, out } => {
+            let png = lora_ft::train::plot::plot_run(&run_dir, out.as_deref())?;
+            println!("wrote {}", png.display());
             Ok(())
         }
         Command::Data { command: DataCommand::Check { file, config } } => {

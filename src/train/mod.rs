@@ -5,6 +5,7 @@
 pub mod checkpoint;
 pub mod loss_scale;
 pub mod metrics;
+pub mod plot;
 pub mod trace;
 
 use std::path::{Path, PathBuf};
@@ -552,6 +553,11 @@ fn train_loop(
     let adapter_dir = cfg.output.adapters_dir.join(&cfg.output.adapter_name);
     save_adapter(&trainer.model, spec, base_model, &adapter_dir)
         .with_context(|| Saving(format!("the final adapter {}", adapter_dir.display())))?;
+    // the adapter is the result: a plot that fails is only worth a warning
+    match plot::plot_run(&cfg.output.dir, None) {
+        Ok(png) => tracing::info!("metrics plot: {}", png.display()),
+        Err(e) => tracing::warn!("no metrics plot: {e:#}"),
+    }
     let tokens_per_s = all_tokens as f64 / started.elapsed().as_secs_f64();
     Ok(TrainSummary { steps: total, first_loss, last_loss, first_eval, last_eval, adapter_dir, tokens_per_s })
 }
@@ -574,8 +580,6 @@ mod tests {
     use super::*;
     use crate::quant::Quantization;
 
-    /// A CUDA out-of-memory error becomes one message with the step, the phase, the planner's
-    /// advice and the checkpoint to resume from; other errors are not taken for one.
     #[test]
     fn a_token_id_past_the_embedding_table_is_refused() {
         let examples = vec![crate::data::Example { input_ids: vec![1, 2, 99], labels: vec![-100, 2, 99] }];
@@ -588,6 +592,8 @@ mod tests {
         );
     }
 
+    /// A CUDA out-of-memory error becomes one message with the step, the phase, the planner's
+    /// advice and the checkpoint to resume from; other errors are not taken for one.
     #[test]
     fn out_of_memory_is_reported_with_step_phase_and_advice() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
