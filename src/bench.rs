@@ -159,6 +159,16 @@ fn oom_or(e: anyhow::Error) -> String {
     }
 }
 
+/// `bs` rows of `seq` random token ids below `vocab`, each its own label (every position is
+/// trained): a full-length step at a given shape.
+pub fn random_batch(vocab: u32, (seq, bs): (usize, usize), seed: u64) -> crate::data::Batch {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let ids: Vec<u32> = (0..seq * bs).map(|_| rng.random_range(0..vocab)).collect();
+    let labels = ids.iter().map(|&i| i as i64).collect();
+    crate::data::Batch { input_ids: ids, labels, batch_size: bs, seq_len: seq }
+}
+
 /// `first`: the run's first shape, whose first step `first_step_s` times.
 fn time_shape(
     trainer: &mut crate::train::Trainer,
@@ -167,12 +177,8 @@ fn time_shape(
     steps: usize,
     first: bool,
 ) -> anyhow::Result<TrainRow> {
-    use rand::{Rng, SeedableRng};
     let device = trainer.model.device().clone();
-    let mut rng = rand::rngs::StdRng::seed_from_u64((seq * 1000 + bs) as u64);
-    let ids: Vec<u32> = (0..seq * bs).map(|_| rng.random_range(0..vocab)).collect();
-    let labels = ids.iter().map(|&i| i as i64).collect();
-    let batch = [crate::data::Batch { input_ids: ids, labels, batch_size: bs, seq_len: seq }];
+    let batch = [random_batch(vocab, (seq, bs), (seq * 1000 + bs) as u64)];
     reset_peak(&device);
     let mut first_step_s = None;
     for step in 0..2 {

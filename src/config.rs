@@ -117,7 +117,8 @@ pub enum ComputeDtype {
 // `default` lets a section name only the keys it changes; unknown keys are still errors.
 #[serde(deny_unknown_fields, default)]
 pub struct TrainSection {
-    pub batch_size: usize,
+    /// Rows per micro-batch, or "auto": the largest that fits, probed on the GPU before training.
+    pub batch_size: BatchSize,
     pub grad_accum: usize,
     /// Passes over the training set; ignored when `max_steps` is set.
     pub epochs: f64,
@@ -144,6 +145,58 @@ pub struct TrainSection {
     /// Cap on eval batches per evaluation (0: the whole eval set).
     pub eval_batches: usize,
     pub log_every: usize,
+}
+
+/// `train.batch_size`: a number of rows (at least 1, checked as it is read), or "auto".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchSize {
+    Fixed(usize),
+    /// The largest batch of `data.max_seq_len` tokens that fits the GPU budget, probed before
+    /// training (`train::auto_batch`).
+    Auto,
+}
+
+impl Serialize for BatchSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            BatchSize::Fixed(n) => s.serialize_u64(*n as u64),
+            BatchSize::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for BatchSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(BatchSizeVisitor)
+    }
+}
+
+struct BatchSizeVisitor;
+
+impl serde::de::Visitor<'_> for BatchSizeVisitor {
+    type Value = BatchSize;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a positive integer or \"auto\"")
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<BatchSize, E> {
+        match usize::try_from(n) {
+            Ok(n) if n > 0 => Ok(BatchSize::Fixed(n)),
+            _ => Err(E::custom("must be at least 1 (or \"auto\")")),
+        }
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<BatchSize, E> {
+        self.visit_i64(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<BatchSize, E> {
+        match s {
+            "auto" => Ok(BatchSize::Auto),
+            _ => Err(E::invalid_value(serde::de::Unexpected::Str(s), &self)),
+        }
+    }
 }
 
 /// Adafactor. `flavor = "torch"` follows `torch.optim.Adafactor`, `"hf"` follows
@@ -242,7 +295,7 @@ impl Default for LoraSection {
 impl Default for TrainSection {
     fn default() -> Self {
         Self {
-            batch_size: 4,
+            batch_size: BatchSize::Fixed(4),
             grad_accum: 1,
             epochs: 1.0,
             max_steps: None,
@@ -365,7 +418,6 @@ impl Config {
         }
         check(self.data.max_seq_len >= 2, "data.max_seq_len", "must be at least 2")?;
         let t = &self.train;
-        check(t.batch_size > 0, "train.batch_size", "must be at least 1")?;
         check(t.grad_accum > 0, "train.grad_accum", "must be at least 1")?;
         check(t.lr > 0.0 && t.lr.is_finite(), "train.lr", "must be a positive number")?;
         check(t.max_steps != Some(0), "train.max_steps", "must be at least 1")?;
@@ -501,6 +553,35 @@ train = "datasets/customer-service/train.jsonl"
         );
         let err = parse(&format!("{MINIMAL}[train]\ndevice = \"gpu0\"\n")).unwrap_err().to_string();
         assert!(err.contains("train.device"), "{err}");
+    }
+
+    #[test]
+    fn batch_size_is_a_positive_integer_or_auto() {
+        let batch =
+            |v: &str| parse(&format!("{MINIMAL}[train]\nbatch_size = {v}\n")).map(|c| c.train.batch_size);
+        assert_eq!(parse(MINIMAL).unwrap().train.batch_size, BatchSize::Fixed(4));
+        assert_eq!(batch("12").unwrap(), BatchSize::Fixed(12));
+        assert_eq!(batch("\"auto\"").unwrap(), BatchSize::Auto);
+        for (value, message) in [
+            ("\"big\"", "expected a positive integer or \"auto\""),
+            ("4.5", "expected a positive integer or \"auto\""),
+            ("0", "must be at least 1"),
+            ("-2", "must be at least 1"),
+        ] {
+            let err = batch(value).unwrap_err().to_string();
+            assert!(
+                err.starts_with("run.toml: train.batch_size:") && err.contains(message),
+                "{value}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn batch_size_is_written_back_as_it_is_read() {
+        for (size, json) in [(BatchSize::Fixed(8), "8"), (BatchSize::Auto, "\"auto\"")] {
+            assert_eq!(serde_json::to_string(&size).unwrap(), json);
+            assert_eq!(serde_json::from_str::<BatchSize>(json).unwrap(), size);
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use lora_ft::config::Config;
+use lora_ft::config::{BatchSize, Config};
 use lora_ft::data::{ChatTokenizer, Message};
 use lora_ft::generate::{reply, stop_ids, GenerationSettings};
 use lora_ft::model::CausalLm;
@@ -293,8 +293,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let model = lora_ft::model::ModelConfig::from_file(&config_json)?;
             let total = parse_gib(&gpu_mem)?;
             let budget = lora_ft::memory::VramBudget::new(total, cfg.train.max_vram_fraction).bytes();
-            let shape = (cfg.data.max_seq_len, cfg.train.batch_size);
-            print!("{}", lora_ft::plan::report(&model, &lora_ft::plan::run_shape(&cfg), shape, budget));
+            let run = lora_ft::plan::run_shape(&cfg);
+            let shape = (cfg.data.max_seq_len, estimated_batch(&cfg, &model, &run, budget));
+            print!("{}", lora_ft::plan::report(&model, &run, shape, budget));
             Ok(())
         }
         Command::Plot { run_dir, out } => {
@@ -307,6 +308,29 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let files = lora_ft::hub::resolve(&cfg.model.expanded_source(), &cfg.model.revision)?;
             print!("{}", lora_ft::data::data_check(&file, &cfg, &files.dir)?);
             Ok(())
+        }
+    }
+}
+
+/// The config's batch size; for "auto", the planner's largest within `budget`, where training
+/// starts probing (said on a line of its own).
+fn estimated_batch(
+    cfg: &Config,
+    model: &lora_ft::model::ModelConfig,
+    run: &lora_ft::plan::RunShape,
+    budget: u64,
+) -> usize {
+    match cfg.train.batch_size {
+        BatchSize::Fixed(batch) => batch,
+        BatchSize::Auto => {
+            let seq = cfg.data.max_seq_len;
+            let batch = lora_ft::plan::largest_batch(model, run, seq, budget);
+            println!(
+                "batch_size = \"auto\": training probes the GPU from batch {batch} x {seq}, the planner's \
+                 largest within the budget{}\n",
+                if batch == 0 { " (none: it tries batch 1)" } else { "" }
+            );
+            batch.max(1)
         }
     }
 }

@@ -30,6 +30,11 @@ pub struct TrainerState {
     /// The f16 loss scaler (absent in checkpoints of f32/bf16 runs written before it existed).
     #[serde(default)]
     pub loss_scaler: Option<crate::train::loss_scale::LossScaler>,
+    /// Rows per micro-batch (absent in checkpoints written before it was recorded): a run with
+    /// `batch_size = "auto"` resumes with it rather than probing again, as `batch_in_epoch`
+    /// counts batches of this size.
+    #[serde(default)]
+    pub batch_size: Option<usize>,
 }
 
 pub fn checkpoint_dir(run_dir: &Path, step: usize) -> PathBuf {

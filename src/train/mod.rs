@@ -2,6 +2,7 @@
 //! global-norm clipping → Adafactor with a warmup schedule; evaluation, metrics, checkpoints and
 //! the final PEFT adapter export.
 
+pub mod auto_batch;
 pub mod checkpoint;
 pub mod loss_scale;
 pub mod metrics;
@@ -15,7 +16,7 @@ use std::time::Instant;
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::{ComputeDtype, Config};
+use crate::config::{BatchSize, ComputeDtype, Config, TrainSection};
 use crate::data::{Batch, BatchLoader, ChatTokenizer, EpochBatches, TokenizedDataset};
 use crate::durable::{self, Saving};
 use crate::export::save_adapter;
@@ -245,8 +246,13 @@ pub fn is_out_of_memory(e: &anyhow::Error) -> bool {
 }
 
 /// An out-of-memory error as users need it: the step and phase, memory in use, what the planner
-/// says fits, and the checkpoint to resume from.
-pub fn oom_report(e: &anyhow::Error, step: usize, cfg: &Config, model: &CausalLm) -> String {
+/// says fits, and the checkpoint to resume from. `batch`: the run's rows per micro-batch.
+pub fn oom_report(
+    e: &anyhow::Error,
+    (step, batch): (usize, usize),
+    cfg: &Config,
+    model: &CausalLm,
+) -> String {
     let phase = e.downcast_ref::<Phase>().map_or("a", |p| p.0);
     let gib = |b: u64| b as f64 / crate::memory::GIB;
     let memory = match crate::memory::pool_memory(model.device()) {
@@ -255,7 +261,7 @@ pub fn oom_report(e: &anyhow::Error, step: usize, cfg: &Config, model: &CausalLm
         }
         None => "memory in use unknown".into(),
     };
-    let (seq, batch) = (cfg.data.max_seq_len, cfg.train.batch_size);
+    let seq = cfg.data.max_seq_len;
     let run = crate::plan::run_shape(cfg);
     let predicted = crate::plan::estimate(model.config(), &run, seq * batch).peak();
     let advice = match crate::memory::VramBudget::of(model.device(), cfg.train.max_vram_fraction) {
@@ -301,14 +307,18 @@ pub fn run(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummar
 
 fn train(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummary> {
     let device = parse_device(&cfg.train.device)?;
+    let budget = crate::memory::VramBudget::of(&device, cfg.train.max_vram_fraction);
+    if cfg.train.batch_size == BatchSize::Auto && budget.is_none() {
+        anyhow::bail!(auto_batch::refused_on(&device));
+    }
     let source = cfg.model.expanded_source();
     let files = crate::hub::resolve(&source, &cfg.model.revision)?;
     // PEFT needs a base it can load: the imported folder rather than the .gguf file.
     let base_model = if source.ends_with(".gguf") { files.dir.display().to_string() } else { source };
-    // before the load: a run the planner says cannot fit is refused with settings that do
-    if let Some(budget) = crate::memory::VramBudget::of(&device, cfg.train.max_vram_fraction) {
+    // before the load: a batch the planner says cannot fit is refused with settings that do
+    if let (BatchSize::Fixed(batch), Some(budget)) = (cfg.train.batch_size, budget) {
         let m = crate::model::ModelConfig::from_file(&files.config)?;
-        let shape = (cfg.data.max_seq_len, cfg.train.batch_size);
+        let shape = (cfg.data.max_seq_len, batch);
         crate::plan::check_fits(&m, &crate::plan::run_shape(cfg), shape, budget.bytes())
             .map_err(anyhow::Error::msg)?;
     }
@@ -336,32 +346,35 @@ fn train(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummary>
     );
     anyhow::ensure!(!train_set.examples.is_empty(), "{}: no usable rows", cfg.data.train.display());
     check_token_ids(&train_set.examples, model.config().vocab_size, &cfg.data.train)?;
-    let eval_loader = match &cfg.data.eval {
-        Some(path) => {
-            let set = TokenizedDataset::from_jsonl(path, &tokenizer, max_len, side)?;
-            check_token_ids(&set.examples, model.config().vocab_size, path)?;
-            Some(BatchLoader::new(Arc::new(set.examples), cfg.train.batch_size, tokenizer.pad_id(), None))
-        }
-        None => None,
-    };
-    let loader = BatchLoader::new(
-        Arc::new(train_set.examples),
-        cfg.train.batch_size,
-        tokenizer.pad_id(),
-        Some(cfg.train.seed),
-    );
-    let total = total_steps(cfg, loader.num_batches());
-
     let run_dir = cfg.output.dir.clone();
-    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
-    durable::write_atomic(&run_dir.join("config.json"), serde_json::to_string_pretty(cfg)?.as_bytes())?;
-    let schedule = LrSchedule::new(cfg.train.schedule, cfg.train.lr, cfg.train.warmup_steps, total);
-    let (max_grad_norm, seed) = (cfg.train.max_grad_norm, cfg.train.seed);
-    let mut trainer = Trainer::new(model, &cfg.optim, cfg.train.weight_decay, schedule, max_grad_norm, seed)?;
     let start = match cfg.checkpoint.resume {
         crate::config::ResumeMode::Auto => checkpoint::newest_complete(&run_dir)?,
         crate::config::ResumeMode::Never => None,
     };
+    let resumed = start.as_ref().map(|(_, state)| state);
+    let batch_size = batch_size(cfg, &model, train_set.examples.len(), resumed)?;
+    let eval_loader = match &cfg.data.eval {
+        Some(path) => {
+            let set = TokenizedDataset::from_jsonl(path, &tokenizer, max_len, side)?;
+            check_token_ids(&set.examples, model.config().vocab_size, path)?;
+            Some(BatchLoader::new(Arc::new(set.examples), batch_size, tokenizer.pad_id(), None))
+        }
+        None => None,
+    };
+    let loader =
+        BatchLoader::new(Arc::new(train_set.examples), batch_size, tokenizer.pad_id(), Some(cfg.train.seed));
+    let total = total_steps(cfg, loader.num_batches());
+
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    // the batch size the run trains with, "auto" resolved
+    let ran = Config {
+        train: TrainSection { batch_size: BatchSize::Fixed(batch_size), ..cfg.train.clone() },
+        ..cfg.clone()
+    };
+    durable::write_atomic(&run_dir.join("config.json"), serde_json::to_string_pretty(&ran)?.as_bytes())?;
+    let schedule = LrSchedule::new(cfg.train.schedule, cfg.train.lr, cfg.train.warmup_steps, total);
+    let (max_grad_norm, seed) = (cfg.train.max_grad_norm, cfg.train.seed);
+    let mut trainer = Trainer::new(model, &cfg.optim, cfg.train.weight_decay, schedule, max_grad_norm, seed)?;
     let (start, epoch, index) = match start {
         Some((dir, state)) => {
             resume(&mut trainer, &dir, &state, total)?;
@@ -380,6 +393,7 @@ fn train(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummary>
         eval_loader: eval_loader.as_ref(),
         start,
         total,
+        batch_size,
         base_model: &base_model,
         spec: &spec,
     };
@@ -397,6 +411,24 @@ fn check_token_ids(examples: &[crate::data::Example], vocab_size: usize, file: &
         file.display()
     );
     Ok(())
+}
+
+/// The rows per micro-batch: the config's number; for "auto", the one of the checkpoint the run
+/// resumes from (its data position counts batches of that size), else probed on the GPU.
+fn batch_size(
+    cfg: &Config,
+    model: &CausalLm,
+    examples: usize,
+    resumed: Option<&TrainerState>,
+) -> anyhow::Result<usize> {
+    match (cfg.train.batch_size, resumed.and_then(|s| s.batch_size)) {
+        (BatchSize::Fixed(batch), _) => Ok(batch),
+        (BatchSize::Auto, Some(batch)) => {
+            tracing::info!("batch_size = \"auto\": batch {batch}, as the checkpoint resumed from");
+            Ok(batch)
+        }
+        (BatchSize::Auto, None) => auto_batch::probe_batch_size(cfg, model, examples),
+    }
 }
 
 /// Continues from checkpoint `dir`: the adapter into the model's own adapters (the optimizer
@@ -446,6 +478,8 @@ struct RunContext<'a> {
     /// The first step to run (a resumed run's checkpoint step).
     start: usize,
     total: usize,
+    /// Rows per micro-batch (`batch_size = "auto"` resolved).
+    batch_size: usize,
     base_model: &'a str,
     spec: &'a LoraSpec,
 }
@@ -457,7 +491,7 @@ fn train_loop(
     log: &mut MetricsLog,
     mut trace: Option<Trace>,
 ) -> anyhow::Result<TrainSummary> {
-    let RunContext { cfg, eval_loader, start, total, base_model, spec } = *run;
+    let RunContext { cfg, eval_loader, start, total, batch_size, base_model, spec } = *run;
     let started = Instant::now();
     let (mut first_loss, mut last_loss, mut all_tokens) = (f64::NAN, f64::NAN, 0usize);
     // The untrained model's eval loss first, so the log shows what training changed.
@@ -472,7 +506,10 @@ fn train_loop(
         }
         let result = trainer.step(step, &micro);
         let result = result.map_err(|e| match is_out_of_memory(&e) {
-            true => anyhow::anyhow!("{}\n  caused by: {e:#}", oom_report(&e, step + 1, cfg, &trainer.model)),
+            true => anyhow::anyhow!(
+                "{}\n  caused by: {e:#}",
+                oom_report(&e, (step + 1, batch_size), cfg, &trainer.model)
+            ),
             false => e,
         });
         let Some(r) = result? else {
@@ -493,7 +530,7 @@ fn train_loop(
                 anyhow::anyhow!(
                     "step {done}: {over}; lower train.batch_size ({}) or data.max_seq_len ({}), or raise \
                      train.max_vram_fraction",
-                    cfg.train.batch_size,
+                    batch_size,
                     cfg.data.max_seq_len
                 )
             })?;
@@ -535,6 +572,7 @@ fn train_loop(
                 batch_in_epoch: stream.index,
                 seed: cfg.train.seed,
                 loss_scaler: Some(trainer.scaler.clone()),
+                batch_size: Some(batch_size),
             };
             let opt_state = trainer.optimizer.state_tensors();
             let dir = checkpoint::save(&cfg.output.dir, &trainer.model, spec, base_model, opt_state, &state)
@@ -592,29 +630,67 @@ mod tests {
         );
     }
 
+    fn tiny_llama() -> (PathBuf, CausalLm) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
+        let (config, weights) = crate::hub::local_weights(&dir).unwrap();
+        let model = CausalLm::load(&config, &weights, DType::F32, Quantization::None, &Device::Cpu).unwrap();
+        (dir, model)
+    }
+
+    /// A config of the tiny Llama with `train` (TOML lines), its run directory under a temp dir.
+    fn tiny_config(model_dir: &Path, train: &str, name: &str) -> Config {
+        let run = std::env::temp_dir().join(format!("lora-ft-{name}-{}", std::process::id()));
+        let toml = format!(
+            "[model]\nsource = \"{}\"\n[data]\ntrain = \"t.jsonl\"\nmax_seq_len = 64\n[train]\n\
+             {train}\n[output]\ndir = \"{}\"\n",
+            model_dir.display(),
+            run.display()
+        );
+        Config::from_toml(&toml, Path::new("run.toml")).unwrap()
+    }
+
     /// A CUDA out-of-memory error becomes one message with the step, the phase, the planner's
     /// advice and the checkpoint to resume from; other errors are not taken for one.
     #[test]
     fn out_of_memory_is_reported_with_step_phase_and_advice() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
-        let (config, weights) = crate::hub::local_weights(&dir).unwrap();
-        let model = CausalLm::load(&config, &weights, DType::F32, Quantization::None, &Device::Cpu).unwrap();
-        let run = std::env::temp_dir().join(format!("lora-ft-oom-{}", std::process::id()));
-        let toml = format!(
-            "[model]\nsource = \"{}\"\n[data]\ntrain = \"t.jsonl\"\nmax_seq_len = 64\n[train]\nbatch_size = 4\n\
-             [output]\ndir = \"{}\"\n",
-            dir.display(),
-            run.display()
-        );
-        let cfg = Config::from_toml(&toml, Path::new("oom.toml")).unwrap();
+        let (dir, model) = tiny_llama();
+        let cfg = tiny_config(&dir, "batch_size = 4", "oom");
         let oom = Err::<(), _>(anyhow::anyhow!("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"))
             .context(Phase("optimizer"))
             .unwrap_err();
         assert!(is_out_of_memory(&oom));
-        let text = oom_report(&oom, 7, &cfg, &model);
+        let text = oom_report(&oom, (7, 4), &cfg, &model);
         assert!(text.starts_with("out of GPU memory at step 7, optimizer phase"), "{text}");
         assert!(text.contains("the planner predicts") && text.contains("batch 4 x 64"), "{text}");
         assert!(text.contains("no checkpoint was written yet"), "{text}");
         assert!(!is_out_of_memory(&anyhow::anyhow!("shape mismatch")));
+    }
+
+    /// "auto" is refused on the CPU before anything is read; a resumed "auto" run keeps its
+    /// checkpoint's batch size, a fixed one its own.
+    #[test]
+    fn auto_batch_size_is_refused_on_the_cpu_and_kept_from_a_checkpoint() {
+        let (dir, model) = tiny_llama();
+        let auto = tiny_config(&dir, "batch_size = \"auto\"\ndevice = \"cpu\"", "auto");
+        let err = match run(&auto, None) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("\"auto\" trained on the CPU"),
+        };
+        assert!(err.contains("\"auto\" probes GPU memory") && err.contains("set a number"), "{err}");
+        assert!(!auto.output.dir.exists());
+        let err = batch_size(&auto, &model, 100, None).unwrap_err().to_string();
+        assert!(err.contains("\"auto\" probes GPU memory"), "{err}");
+        let state = TrainerState {
+            step: 3,
+            total_steps: 10,
+            epoch: 0,
+            batch_in_epoch: 3,
+            seed: 42,
+            loss_scaler: None,
+            batch_size: Some(6),
+        };
+        assert_eq!(batch_size(&auto, &model, 100, Some(&state)).unwrap(), 6);
+        let fixed = tiny_config(&dir, "batch_size = 4", "fixed");
+        assert_eq!(batch_size(&fixed, &model, 100, Some(&state)).unwrap(), 4);
     }
 }
