@@ -1,5 +1,6 @@
 //! `batch_size = "auto"` on a GPU: on the tiny Llama fixture, with a budget set at the measured
-//! peak of batch 6, the probe search lands on 6 from any start, batch 6 fits and 7 does not.
+//! peak of batch 6, the probe search lands on 6 from any start, batch 6 fits and 7 does not; a
+//! batch past the card's memory is an out-of-memory probe, and the device works after it.
 //! Its own test binary, so no other test allocates from the device's memory pool meanwhile.
 #![cfg(feature = "cuda")]
 
@@ -45,6 +46,10 @@ fn probes_find_the_last_batch_within_the_budget() {
     }
     assert_eq!(probe_step(&model, (SEQ, 6), &budget, 0).unwrap(), Probe::Fits { peak: Some(peaks[5]) });
     assert_eq!(probe_step(&model, (SEQ, 7), &budget, 0).unwrap(), Probe::OverBudget { peak: peaks[6] });
+    // a batch far past the card's memory is a real CUDA out-of-memory, reported as such, and the
+    // device is usable after it
+    assert_eq!(probe_step(&model, (SEQ, 1 << 20), &unlimited, 0).unwrap(), Probe::OutOfMemory);
+    assert_eq!(probe_step(&model, (SEQ, 6), &budget, 0).unwrap(), Probe::Fits { peak: Some(peaks[5]) });
     // nothing of the probes stays allocated
     let after = lora_ft::memory::pool_memory(&device).unwrap();
     assert!(after.allocated < peaks[0], "{} bytes still allocated", after.allocated);
