@@ -154,12 +154,13 @@ impl DecoderLayer {
         let x2 = x.reshape((b * t, hidden))?;
         let n1 = rms_norm(&x2, &self.input_layernorm, self.rms_norm_eps)?;
         let qkv = self.lora_group(&[Q, K, V], &n1, input)?;
-        let q = self.project(Q, &n1, input, qkv.as_ref().map(|g| (g, 0)))?;
-        let k = self.project(K, &n1, input, qkv.as_ref().map(|g| (g, 1)))?;
-        let v = self.project(V, &n1, input, qkv.as_ref().map(|g| (g, 2)))?;
-        let q = input.rope.apply(&self.heads(&q, b, t, self.n_heads)?, input.offset)?;
-        let mut k = input.rope.apply(&self.heads(&k, b, t, self.n_kv_heads)?, input.offset)?;
-        let mut v = self.heads(&v, b, t, self.n_kv_heads)?;
+        // each projection's [n, out] output is a temporary of its statement: dropped once its
+        // heads are laid out, not kept to the end of `run`
+        let group = |i| qkv.as_ref().map(|g| (g, i));
+        let rope = |x: Tensor| input.rope.apply(&x, input.offset);
+        let q = rope(self.heads(&self.project(Q, &n1, input, group(0))?, b, t, self.n_heads)?)?;
+        let mut k = rope(self.heads(&self.project(K, &n1, input, group(1))?, b, t, self.n_kv_heads)?)?;
+        let mut v = self.heads(&self.project(V, &n1, input, group(2))?, b, t, self.n_kv_heads)?;
         if let Some(cache) = cache {
             if let (Some(pk), Some(pv)) = (&cache.k, &cache.v) {
                 k = Tensor::cat(&[pk, &k], 2)?;
