@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use candle_core::{safetensors::MmapedSafetensors, DType, Device, Tensor};
 
-use crate::durable::write_atomic;
+use crate::durable::{self, write_atomic};
 use crate::export::{read_adapter_config, ADAPTER_WEIGHTS};
 
 /// Files of the base folder that the merged folder keeps as they are.
@@ -41,9 +41,31 @@ pub fn merge(
 ) -> anyhow::Result<MergeSummary> {
     let (config, weights) = crate::hub::config_and_weights(source, revision)?;
     let mut deltas = AdapterDeltas::load(adapter_dir)?;
-    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let mut summary = None;
+    // the folder appears whole or not at all: a full disk leaves no half-merged model behind
+    durable::write_dir_atomic(out_dir, |dir| {
+        summary = Some(write_merged_shards(&weights, &mut deltas, dir, dtype)?);
+        deltas.ensure_all_used(adapter_dir)?;
+        write_config(&config, dir, dtype)?;
+        copy_side_files(&config, dir, weights.len() > 1)
+    })
+    .map_err(|e| match durable::disk_full_message(&e) {
+        Some(text) => anyhow::anyhow!("{text}; {} was not created", out_dir.display()),
+        None => e,
+    })?;
+    summary.context("the merge wrote no shards")
+}
+
+/// Each shard of the base with its adapted weights replaced by W + scale·B·A, in `dtype`, into
+/// `dir` under the shard's own name.
+fn write_merged_shards(
+    weights: &[PathBuf],
+    deltas: &mut AdapterDeltas,
+    dir: &Path,
+    dtype: DType,
+) -> anyhow::Result<MergeSummary> {
     let (mut merged, mut tensors) = (0, 0);
-    for shard in &weights {
+    for shard in weights {
         // SAFETY: read-only maps of files nobody writes while we read them.
         let st = unsafe { MmapedSafetensors::new(shard) }
             .with_context(|| format!("opening {}", shard.display()))?;
@@ -58,21 +80,16 @@ pub fn merge(
             out.insert(name, w.to_dtype(dtype)?);
         }
         tensors += out.len();
-        let file = out_dir.join(shard.file_name().context("a shard without a file name")?);
-        let tmp = file.with_extension("safetensors.tmp");
+        let file = dir.join(shard.file_name().context("a shard without a file name")?);
         // the "format": "pt" metadata torch's own writer adds (transformers checks it)
         let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
         safetensors::tensor::serialize_to_file(
             out.iter().map(|(k, v)| (k.as_str(), v)),
             Some(metadata),
-            &tmp,
+            &file,
         )
-        .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &file).with_context(|| format!("renaming {}", tmp.display()))?;
+        .with_context(|| durable::Writing(file.clone()))?;
     }
-    deltas.ensure_all_used(adapter_dir)?;
-    write_config(&config, out_dir, dtype)?;
-    copy_side_files(&config, out_dir, weights.len() > 1)?;
     Ok(MergeSummary { merged_projections: merged, tensors, shards: weights.len() })
 }
 

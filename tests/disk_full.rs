@@ -132,3 +132,43 @@ fn a_full_disk_during_a_checkpoint_stops_with_one_message_and_keeps_the_last_one
     assert!(!root.join("adapters").exists());
     std::fs::remove_dir_all(&root).ok();
 }
+
+/// A disk that fills up during `lora-ft merge`: one message naming the shard being written and
+/// where to free space, and no output folder (not a half-merged model) left behind. The limit is
+/// set in the child before it starts: 4 KiB, past config.json's size, short of any shard.
+#[test]
+fn a_full_disk_during_a_merge_leaves_no_half_merged_model() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
+    let root = std::env::temp_dir().join(format!("lora-ft-merge-full-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let out = root.join("merged");
+    let mut merge = Command::new(env!("CARGO_BIN_EXE_lora-ft"));
+    merge.arg("merge").arg("--model").arg(&fixture).arg("--adapter").arg(fixture.join("adapter")).arg(&out);
+    merge.stdout(Stdio::null()).stderr(Stdio::piped());
+    // SAFETY: signal() and setrlimit() are async-signal-safe.
+    unsafe {
+        merge.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 4096, rlim_max: libc::RLIM_INFINITY };
+            let ok = libc::signal(libc::SIGXFSZ, libc::SIG_IGN) != libc::SIG_ERR
+                && libc::setrlimit(libc::RLIMIT_FSIZE, &limit) == 0;
+            ok.then_some(()).ok_or_else(std::io::Error::last_os_error)
+        })
+    };
+    let output = merge.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    let shard = root.join(".merged.tmp").join("model.safetensors");
+    let head = format!("error: disk full while writing {}: ", shard.display());
+    assert!(errors[0].starts_with(&head), "{stderr}");
+    assert!(
+        errors[0].contains("File too large") && errors[0].contains(&root.display().to_string()),
+        "{stderr}"
+    );
+    assert!(errors[0].contains(&format!("{} was not created", out.display())), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let _ = std::fs::remove_dir_all(&root);
+}
