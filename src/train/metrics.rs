@@ -42,6 +42,19 @@ pub struct EvalRecord {
     pub eval_tokens: usize,
 }
 
+/// Whether a non-empty file's last byte is not a newline.
+fn ends_torn(path: &Path) -> std::io::Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = File::open(path)?;
+    if file.metadata()?.len() == 0 {
+        return Ok(false);
+    }
+    file.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8];
+    file.read_exact(&mut last)?;
+    Ok(last[0] != b'\n')
+}
+
 pub struct MetricsLog {
     out: BufWriter<File>,
     path: PathBuf,
@@ -64,7 +77,13 @@ impl MetricsLog {
             .expect("static template"),
         );
         bar.set_position(start_step as u64);
-        Ok(Self { out: BufWriter::new(file), path: path.to_path_buf(), bar })
+        let mut out = BufWriter::new(file);
+        // a run killed mid-write leaves a torn last line: end it, so the resumed run's first
+        // record starts a line of its own instead of being lost with the torn one
+        if ends_torn(path).with_context(|| format!("reading {}", path.display()))? {
+            out.write_all(b"\n").with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(Self { out, path: path.to_path_buf(), bar })
     }
 
     pub fn step(&mut self, r: &StepRecord) -> anyhow::Result<()> {
@@ -94,5 +113,37 @@ impl MetricsLog {
 
     pub fn finish(&self) {
         self.bar.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eval(step: usize) -> EvalRecord {
+        EvalRecord { step, eval_loss: 1.0, eval_ppl: 1.0_f64.exp(), eval_tokens: 10 }
+    }
+
+    /// A resumed run appends after a torn last line on a line of its own; a whole file and an
+    /// empty one get nothing extra.
+    #[test]
+    fn a_resumed_log_starts_its_first_record_on_a_new_line() {
+        let dir = std::env::temp_dir().join(format!("lora-ft-metrics-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (before, want_prefix) in
+            [("{\"step\":3,\"lo", "{\"step\":3,\"lo\n"), ("{\"step\":3}\n", "{\"step\":3}\n"), ("", "")]
+        {
+            let path = dir.join("metrics.jsonl");
+            std::fs::write(&path, before).unwrap();
+            let mut log = MetricsLog::open(&path, 10, 3).unwrap();
+            log.eval(&eval(4)).unwrap();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let rest = text.strip_prefix(want_prefix).unwrap_or_else(|| panic!("{text:?}"));
+            assert!(
+                rest.starts_with("{\"step\":4,") && rest.ends_with("}\n") && rest.lines().count() == 1,
+                "{text:?}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
