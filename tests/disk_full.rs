@@ -14,39 +14,15 @@ use std::time::{Duration, Instant};
 
 use lora_ft::train::checkpoint;
 
+mod common;
+
 fn config(root: &Path) -> PathBuf {
-    let toml = format!(
-        r#"
-[model]
-source = "{model}"
-quantization = "none"
-[lora]
-r = 4
-alpha = 8
-target_modules = ["q_proj", "v_proj"]
-[data]
-train = "datasets/customer-service/train.jsonl"
-max_seq_len = 96
-[train]
-batch_size = 1
-max_steps = 4
-compute_dtype = "f32"
-device = "cpu"
-[checkpoint]
-every = 1
-keep_last = 1
-[output]
-dir = "{root}/run"
-adapter_name = "a"
-adapters_dir = "{root}/adapters"
-"#,
-        model = lora_ft::fixtures::smollm2_dir().display(),
-        root = root.display()
-    );
-    std::fs::create_dir_all(root).unwrap();
-    let file = root.join("train.toml");
-    std::fs::write(&file, toml).unwrap();
-    file
+    common::smollm2_cpu_config(
+        root,
+        "r = 4\nalpha = 8\ntarget_modules = [\"q_proj\", \"v_proj\"]",
+        "batch_size = 1\nmax_steps = 4",
+        "every = 1\nkeep_last = 1",
+    )
 }
 
 /// Every file of a folder with its bytes.

@@ -7,42 +7,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 fn config(run: &Path) -> PathBuf {
-    let toml = format!(
-        r#"
-[model]
-source = "{model}"
-quantization = "none"
-[lora]
-r = 4
-alpha = 8
-dropout = 0.1
-[data]
-train = "datasets/customer-service/train.jsonl"
-max_seq_len = 96
-[train]
-batch_size = 2
-max_steps = 8
-lr = 1e-3
-warmup_steps = 2
-compute_dtype = "f32"
-device = "cpu"
-log_every = 1
-[checkpoint]
-every = 2
-keep_last = 0
-[output]
-dir = "{run}/run"
-adapter_name = "a"
-adapters_dir = "{run}/adapters"
-"#,
-        model = lora_ft::fixtures::smollm2_dir().display(),
-        run = run.display()
-    );
-    std::fs::create_dir_all(run).unwrap();
-    let file = run.join("train.toml");
-    std::fs::write(&file, toml).unwrap();
-    file
+    common::smollm2_cpu_config(
+        run,
+        "r = 4\nalpha = 8\ndropout = 0.1",
+        "batch_size = 2\nmax_steps = 8\nlr = 1e-3\nwarmup_steps = 2\nlog_every = 1",
+        "every = 2\nkeep_last = 0",
+    )
 }
 
 fn train(config: &Path) -> Command {

@@ -149,7 +149,7 @@ pub fn attention_backward(
 ) -> Result<(Tensor, Tensor, Tensor)> {
     #[cfg(feature = "cuda")]
     if let Some((context, lse)) = &saved.flash {
-        return super::flash::backward(q, k, v, context, lse, d_context, window);
+        return super::flash::backward(q, k, v, context, lse, d_context, window, None);
     }
     let _ = saved;
     let n_rep = q.dim(1)? / k.dim(1)?;
@@ -279,7 +279,7 @@ mod tests {
                 if let Some((context, lse)) = &saved.flash {
                     let dc = on_gpu(&dc);
                     for shape in super::super::flash::BackwardShape::ALL {
-                        let (dq, dk, dv) = super::super::flash::backward_shaped(
+                        let (dq, dk, dv) = super::super::flash::backward(
                             &gq,
                             &gk,
                             &gv,

@@ -188,22 +188,10 @@ fn forward_typed<T: CudaDType + WithDType + DeviceRepr>(
 }
 
 /// Given the forward's inputs, its context and lse, and d(context), returns (dq, dk, dv) with dk
-/// and dv already summed over the query heads of each kv head.
-pub fn backward(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    context: &Tensor,
-    lse: &Tensor,
-    d_context: &Tensor,
-    window: Option<usize>,
-) -> Result<(Tensor, Tensor, Tensor)> {
-    backward_shaped(q, k, v, context, lse, d_context, window, None)
-}
-
-/// `backward` with the kernel's shape chosen by the caller (the tests run both on one GPU).
+/// and dv already summed over the query heads of each kv head. `shape`: the backward kernel's,
+/// or `None` for the larger one the device's shared memory allows (the tests run both).
 #[allow(clippy::too_many_arguments)]
-pub fn backward_shaped(
+pub fn backward(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
