@@ -418,6 +418,7 @@ impl Config {
         }
         check(self.data.max_seq_len >= 2, "data.max_seq_len", "must be at least 2")?;
         let t = &self.train;
+        check(t.batch_size != BatchSize::Fixed(0), "train.batch_size", "must be at least 1")?;
         check(t.grad_accum > 0, "train.grad_accum", "must be at least 1")?;
         check(t.lr > 0.0 && t.lr.is_finite(), "train.lr", "must be a positive number")?;
         check(t.max_steps != Some(0), "train.max_steps", "must be at least 1")?;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use candle_core::{safetensors::MmapedSafetensors, DType, Device, Tensor};
 
-use crate::durable::{self, write_atomic};
+use crate::durable;
 use crate::export::{read_adapter_config, ADAPTER_WEIGHTS};
 
 /// Files of the base folder that the merged folder keeps as they are.
@@ -223,7 +223,7 @@ fn write_config(config: &Path, out_dir: &Path, dtype: DType) -> anyhow::Result<(
         obj.insert("torch_dtype".into(), name.into());
         obj.insert("dtype".into(), name.into());
     }
-    write_atomic(&out_dir.join("config.json"), serde_json::to_string_pretty(&json)?.as_bytes())
+    durable::write(&out_dir.join("config.json"), serde_json::to_string_pretty(&json)?.as_bytes())
 }
 
 /// Tokenizer and generation files, and the shard index when there are shards.
@@ -234,7 +234,7 @@ fn copy_side_files(config: &Path, out_dir: &Path, sharded: bool) -> anyhow::Resu
         let from = dir.join(name);
         if from.is_file() {
             let bytes = std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
-            write_atomic(&out_dir.join(name), &bytes)?;
+            durable::write(&out_dir.join(name), &bytes)?;
         }
     }
     Ok(())

@@ -192,7 +192,7 @@ impl CausalLm {
     /// Bytes of the frozen model as held on its device (a tied lm_head counted once).
     pub fn base_size_in_bytes(&self) -> usize {
         let dense = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
-        let tied = self.lm_head.id() == self.embed_tokens.table().id();
+        let tied = self.embed_tokens.is_table(&self.lm_head);
         let head = if tied { 0 } else { dense(&self.lm_head) };
         let layers: usize = self
             .layers

@@ -11,52 +11,69 @@ use rayon::prelude::*;
 /// `[vocab, hidden]` rows looked up by token id, output on `device`.
 #[derive(Debug, Clone)]
 pub struct Embedding {
-    table: Tensor,
+    lookup: Lookup,
     device: Device,
-    /// The host table mapped into the GPU's address space (CUDA, untied tables).
+}
+
+/// Where the table is, which decides how a step's rows are read; one copy of it either way.
+#[derive(Debug, Clone)]
+enum Lookup {
+    /// On the compute device (a tied table, or a CPU run): index_select.
+    OnDevice(Tensor),
+    /// In pageable host memory: gathered on the host and uploaded (where pinning failed).
+    HostGather(Tensor),
+    /// In mapped page-locked host memory the GPU reads itself.
     #[cfg(feature = "cuda")]
-    mapped: Option<std::sync::Arc<mapped::MappedTable>>,
+    Mapped(std::sync::Arc<mapped::MappedTable>),
 }
 
 impl Embedding {
     pub fn new(table: Tensor, device: &Device) -> Self {
-        #[cfg(feature = "cuda")]
-        let mapped = mapped::MappedTable::for_table(&table, device);
-        Self {
-            table,
-            device: device.clone(),
+        let lookup = if table.device().same_device(device) {
+            Lookup::OnDevice(table)
+        } else {
             #[cfg(feature = "cuda")]
-            mapped,
-        }
+            let lookup = match mapped::MappedTable::for_table(&table, device) {
+                Some(mapped) => Lookup::Mapped(mapped),
+                None => Lookup::HostGather(table),
+            };
+            #[cfg(not(feature = "cuda"))]
+            let lookup = Lookup::HostGather(table);
+            lookup
+        };
+        Self { lookup, device: device.clone() }
     }
 
-    pub fn table(&self) -> &Tensor {
-        &self.table
+    /// Whether `t` is this table (a tied lm_head).
+    pub fn is_table(&self, t: &Tensor) -> bool {
+        matches!(&self.lookup, Lookup::OnDevice(table) if table.id() == t.id())
     }
 
     /// Bytes of the table on the compute device (0 when it is held on the host).
     pub fn device_bytes(&self) -> usize {
-        if self.table.device().same_device(&self.device) {
-            self.table.elem_count() * self.table.dtype().size_in_bytes()
-        } else {
-            0
+        match &self.lookup {
+            Lookup::OnDevice(t) => t.elem_count() * t.dtype().size_in_bytes(),
+            _ => 0,
         }
     }
 
     /// ids `[b, t]` (u32, any device) → `[b, t, hidden]` on the compute device.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
-        let hidden = self.table.dim(1)?;
-        if self.table.device().same_device(&self.device) {
-            return self.table.index_select(&ids.flatten_all()?, 0)?.reshape((b, t, hidden));
-        }
-        #[cfg(feature = "cuda")]
-        if let Some(mapped) = &self.mapped {
-            let ids = ids.flatten_all()?.to_dtype(DType::U32)?.to_device(&self.device)?;
-            return mapped.gather(&ids, self.table.dtype())?.reshape((b, t, hidden));
-        }
-        let ids = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
-        gather_host_rows(&self.table, &ids, &self.device)?.reshape((b, t, hidden))
+        let rows = match &self.lookup {
+            Lookup::OnDevice(table) => table.index_select(&ids.flatten_all()?, 0)?,
+            Lookup::HostGather(table) => {
+                let ids = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
+                let hidden = table.dim(1)?;
+                gather_host_rows(table, &ids, &self.device)?.reshape(((), hidden))?
+            }
+            #[cfg(feature = "cuda")]
+            Lookup::Mapped(mapped) => {
+                mapped.gather(&ids.flatten_all()?.to_dtype(DType::U32)?.to_device(&self.device)?)?
+            }
+        };
+        let hidden = rows.dim(1)?;
+        rows.reshape((b, t, hidden))
     }
 }
 
@@ -111,6 +128,7 @@ mod mapped {
         device_ptr: sys::CUdeviceptr,
         rows: usize,
         row_bytes: usize,
+        dtype: DType,
     }
 
     impl std::fmt::Debug for MappedTable {
@@ -145,24 +163,24 @@ mod mapped {
             if !row_bytes.is_multiple_of(16) {
                 return Ok(None);
             }
-            let bytes = table_bytes(table)?;
             let Device::Cuda(dev) = device else { return Ok(None) };
             let ctx = dev.cuda_stream().context().clone();
             let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_WRITECOMBINED;
+            let bytes = rows * row_bytes;
             // SAFETY: every byte is written just below, before any read.
-            let mut host = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes.len(), flags) }.w()?;
-            host.as_mut_slice().w()?.copy_from_slice(&bytes);
+            let mut host = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, flags) }.w()?;
+            copy_table(table, host.as_mut_slice().w()?)?;
             let mut device_ptr: sys::CUdeviceptr = 0;
             let ptr = host.as_mut_ptr().w()? as *mut std::ffi::c_void;
             // SAFETY: `ptr` is a live allocation made with DEVICEMAP in this context; `host` keeps
             // it alive as long as `device_ptr` is used.
             unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, ptr, 0) }.result().w()?;
-            Ok(Some(Self { _pinned: host, device_ptr, rows, row_bytes }))
+            Ok(Some(Self { _pinned: host, device_ptr, rows, row_bytes, dtype: table.dtype() }))
         }
 
-        /// Rows `ids` (u32 on the GPU) as a `[n, hidden]` tensor of `dtype` (the table's) there.
-        pub fn gather(&self, ids: &Tensor, dtype: DType) -> Result<Tensor> {
-            crate::kernels::by_dtype!(dtype, gather_typed(self, ids))
+        /// Rows `ids` (u32 on the GPU) as a `[n, hidden]` tensor of the table's dtype there.
+        pub fn gather(&self, ids: &Tensor) -> Result<Tensor> {
+            crate::kernels::by_dtype!(self.dtype, gather_typed(self, ids))
         }
     }
 
@@ -186,21 +204,27 @@ mod mapped {
         Ok(wrap(out, &dev, &[n, hidden]))
     }
 
-    /// The bytes of a contiguous CPU table.
-    fn table_bytes(table: &Tensor) -> Result<Vec<u8>> {
-        fn bytes<T: WithDType>(v: &[T]) -> Vec<u8> {
+    /// The bytes of a CPU table, copied into `dst` (its size).
+    fn copy_table(table: &Tensor, dst: &mut [u8]) -> Result<()> {
+        fn copy<T: WithDType>(v: &[T], dst: &mut [u8]) -> Result<()> {
             // SAFETY: f32/f16/bf16 are plain bit patterns; the slice is read as bytes, not written.
-            unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }.to_vec()
+            let bytes =
+                unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) };
+            if bytes.len() != dst.len() {
+                candle_core::bail!("embedding table of {} bytes, {} mapped", bytes.len(), dst.len());
+            }
+            dst.copy_from_slice(bytes);
+            Ok(())
         }
         let table = table.contiguous()?;
         let (storage, layout) = table.storage_and_layout();
         let range = layout.start_offset()..layout.start_offset() + table.elem_count();
-        Ok(match &*storage {
-            Storage::Cpu(CpuStorage::F32(v)) => bytes(&v[range]),
-            Storage::Cpu(CpuStorage::F16(v)) => bytes(&v[range]),
-            Storage::Cpu(CpuStorage::BF16(v)) => bytes(&v[range]),
+        match &*storage {
+            Storage::Cpu(CpuStorage::F32(v)) => copy(&v[range], dst),
+            Storage::Cpu(CpuStorage::F16(v)) => copy(&v[range], dst),
+            Storage::Cpu(CpuStorage::BF16(v)) => copy(&v[range], dst),
             _ => candle_core::bail!("a host embedding table is f32, f16 or bf16 on the CPU"),
-        })
+        }
     }
 
     /// The mapped gather equals index_select on the device, and an id past the table reads zeros.
@@ -211,7 +235,7 @@ mod mapped {
         let table = Tensor::randn(0f32, 1.0, (50, 64), &Device::Cpu)?.to_dtype(DType::F16)?;
         let mapped = MappedTable::for_table(&table, &gpu).expect("the table maps");
         let ids = Tensor::new(&[3u32, 49, 0, 7, 7, 50], &gpu)?;
-        let got = mapped.gather(&ids, DType::F16)?.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
+        let got = mapped.gather(&ids)?.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
         let want =
             table.to_dtype(DType::F32)?.index_select(&ids.narrow(0, 0, 5)?.to_device(&Device::Cpu)?, 0)?;
         let diff = (got.narrow(0, 0, 5)? - want)?.abs()?.max_all()?.to_scalar::<f32>()?;

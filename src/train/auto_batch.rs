@@ -110,7 +110,7 @@ pub fn probe_step(
         Err(e) if super::is_out_of_memory(&e) => Ok(Probe::OutOfMemory),
         Err(e) => Err(e.context(format!("batch_size = \"auto\": probing batch {batch} x {seq}"))),
         Ok(()) => Ok(match pool_memory(device).map(|p| p.peak_allocated) {
-            Some(peak) if budget.check(peak).is_err() => Probe::OverBudget { peak },
+            Some(peak) if peak > budget.bytes() => Probe::OverBudget { peak },
             peak => Probe::Fits { peak },
         }),
     }
@@ -120,9 +120,15 @@ pub fn probe_step(
 /// at `data.max_seq_len` up to twice that, and at most the training set's `examples`. The
 /// optimizer's state, and with accumulation the gradient sum, are held through the probes as
 /// through every training step.
-pub fn probe_batch_size(cfg: &Config, model: &CausalLm, examples: usize) -> anyhow::Result<usize> {
+/// `budget`: the run's (`None` off a GPU, which refuses "auto").
+pub fn probe_batch_size(
+    cfg: &Config,
+    model: &CausalLm,
+    examples: usize,
+    budget: Option<VramBudget>,
+) -> anyhow::Result<usize> {
     let device = model.device();
-    let budget = VramBudget::of(device, cfg.train.max_vram_fraction).with_context(|| refused_on(device))?;
+    let budget = budget.with_context(|| refused_on(device))?;
     let (seq, run) = (cfg.data.max_seq_len, crate::plan::run_shape(cfg));
     let planned = crate::plan::largest_batch(model.config(), &run, seq, budget.bytes());
     let limit = (2 * planned).min(examples).max(1);

@@ -95,8 +95,10 @@ pub fn newest_complete(run_dir: &Path) -> anyhow::Result<Option<(PathBuf, Traine
 fn read_complete(dir: &Path, step: usize) -> anyhow::Result<TrainerState> {
     for name in [crate::export::ADAPTER_WEIGHTS, OPTIMIZER_STATE] {
         let file = dir.join(name);
-        let bytes = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
-        safetensors::SafeTensors::deserialize(&bytes)
+        // the header and every tensor's bounds against the file's length, without reading the
+        // data: resume reads it once, after this check
+        // SAFETY: a read-only map of a file this process does not write while it is mapped.
+        unsafe { candle_core::safetensors::MmapedSafetensors::new(&file) }
             .with_context(|| format!("{}: not safetensors", file.display()))?;
     }
     crate::export::read_adapter_config(dir)?;

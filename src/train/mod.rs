@@ -352,7 +352,7 @@ fn train(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummary>
         crate::config::ResumeMode::Never => None,
     };
     let resumed = start.as_ref().map(|(_, state)| state);
-    let batch_size = batch_size(cfg, &model, train_set.examples.len(), resumed)?;
+    let batch_size = batch_size(cfg, &model, train_set.examples.len(), resumed, budget)?;
     let eval_loader = match &cfg.data.eval {
         Some(path) => {
             let set = TokenizedDataset::from_jsonl(path, &tokenizer, max_len, side)?;
@@ -420,6 +420,7 @@ fn batch_size(
     model: &CausalLm,
     examples: usize,
     resumed: Option<&TrainerState>,
+    budget: Option<crate::memory::VramBudget>,
 ) -> anyhow::Result<usize> {
     match (cfg.train.batch_size, resumed.and_then(|s| s.batch_size)) {
         (BatchSize::Fixed(batch), _) => Ok(batch),
@@ -427,7 +428,7 @@ fn batch_size(
             tracing::info!("batch_size = \"auto\": batch {batch}, as the checkpoint resumed from");
             Ok(batch)
         }
-        (BatchSize::Auto, None) => auto_batch::probe_batch_size(cfg, model, examples),
+        (BatchSize::Auto, None) => auto_batch::probe_batch_size(cfg, model, examples, budget),
     }
 }
 
@@ -678,7 +679,7 @@ mod tests {
         };
         assert!(err.contains("\"auto\" probes GPU memory") && err.contains("set a number"), "{err}");
         assert!(!auto.output.dir.exists());
-        let err = batch_size(&auto, &model, 100, None).unwrap_err().to_string();
+        let err = batch_size(&auto, &model, 100, None, None).unwrap_err().to_string();
         assert!(err.contains("\"auto\" probes GPU memory"), "{err}");
         let state = TrainerState {
             step: 3,
@@ -689,8 +690,8 @@ mod tests {
             loss_scaler: None,
             batch_size: Some(6),
         };
-        assert_eq!(batch_size(&auto, &model, 100, Some(&state)).unwrap(), 6);
+        assert_eq!(batch_size(&auto, &model, 100, Some(&state), None).unwrap(), 6);
         let fixed = tiny_config(&dir, "batch_size = 4", "fixed");
-        assert_eq!(batch_size(&fixed, &model, 100, Some(&state)).unwrap(), 4);
+        assert_eq!(batch_size(&fixed, &model, 100, Some(&state), None).unwrap(), 4);
     }
 }

@@ -67,13 +67,16 @@ impl RunMetrics {
     /// after step s, so it keeps step s itself.
     fn push(&mut self, line: Line) {
         let s = line.step;
-        if line.eval_tokens.is_some() {
-            self.steps.retain(|p| p.step <= s);
-            self.evals.retain(|&(step, _)| step < s);
+        // both lists are in step order: dropping what is at or past s is a truncation
+        let (is_eval, is_step) = (line.eval_tokens.is_some(), line.trained_tokens.is_some());
+        if is_eval || is_step {
+            self.evals.truncate(self.evals.partition_point(|&(step, _)| step < s));
+        }
+        if is_eval {
+            self.steps.truncate(self.steps.partition_point(|p| p.step <= s));
             self.evals.extend(line.eval_loss.map(|loss| (s, loss)));
-        } else if line.trained_tokens.is_some() {
-            self.steps.retain(|p| p.step < s);
-            self.evals.retain(|&(step, _)| step < s);
+        } else if is_step {
+            self.steps.truncate(self.steps.partition_point(|p| p.step < s));
             self.steps.push(StepPoint {
                 step: s,
                 loss: line.loss,
