@@ -3,6 +3,11 @@
 //! Ampere and newer, including the 24 GB RTX 3090/4090 cards); the driver JIT-compiles it once
 //! and caches it. The NF4 kernels get `--use_fast_math`, as bitsandbytes' build does, which NF4
 //! bit-exactness needs.
+//!
+//! With the cuDNN and cudnn-frontend headers (`CUDNN_INCLUDE`: a `:`-separated list of include
+//! folders, as scripts/cuda-toolchain.sh exports it) it also compiles src/model/cudnn_sdpa.cpp and
+//! sets `cfg(lora_ft_cudnn)`; cuDNN itself is opened when the program runs. Without them the
+//! build has the flash kernels only.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -12,6 +17,9 @@ fn main() {
     println!("cargo:rerun-if-changed=src/kernels");
     println!("cargo:rerun-if-changed=src/optim/kernels");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    println!("cargo:rerun-if-env-changed=CUDNN_INCLUDE");
+    println!("cargo:rerun-if-changed=src/model/cudnn_sdpa.cpp");
+    println!("cargo:rustc-check-cfg=cfg(lora_ft_cudnn)");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
@@ -27,6 +35,27 @@ fn main() {
         compile_ptx(&nvcc, &cap, &src, &out.join(format!("{kernel}.ptx")), false);
     }
     compile_ptx(&nvcc, &cap, "src/optim/kernels/adafactor.cu", &out.join("adafactor.ptx"), false);
+    compile_cudnn_shim();
+}
+
+/// The cuDNN attention shim, where the headers are given; dynamic loading keeps cuDNN, cudart and
+/// NVRTC out of the link.
+fn compile_cudnn_shim() {
+    let Ok(includes) = std::env::var("CUDNN_INCLUDE") else {
+        println!("cargo:warning=CUDNN_INCLUDE unset: building without cuDNN attention (see scripts/cuda-toolchain.sh)");
+        return;
+    };
+    let mut build = cc::Build::new();
+    build.cpp(true).std("c++17").opt_level(2).file("src/model/cudnn_sdpa.cpp").warnings(false);
+    for dir in includes.split(':').filter(|d| !d.is_empty()) {
+        build.include(dir);
+    }
+    if let Ok(root) = std::env::var("CUDA_ROOT") {
+        build.include(format!("{root}/include"));
+    }
+    build.compile("lora_ft_cudnn_sdpa");
+    println!("cargo:rustc-link-lib=dylib=dl");
+    println!("cargo:rustc-cfg=lora_ft_cudnn");
 }
 
 /// `fast_math`: only for the NF4 kernels, to match bitsandbytes' build.

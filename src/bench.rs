@@ -227,6 +227,8 @@ pub struct AttentionRow {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// The implementation that ran: "cudnn", "flash" (LORA_FT_ATTENTION picks) or "composed".
+    pub kernel: &'static str,
     pub fwd_ms: f64,
     pub bwd_ms: f64,
     /// Causal FLOPs (the visible half of the scores): forward 2 matmuls, backward 5, over the time.
@@ -272,6 +274,7 @@ pub fn attention(
         heads,
         kv_heads,
         head_dim,
+        kernel: saved.kernel_name(),
         fwd_ms: fwd_s * 1e3,
         bwd_ms: bwd_s * 1e3,
         fwd_tflops: fwd_flops / fwd_s / 1e12,

@@ -4,7 +4,8 @@
 set -euo pipefail
 if ls .gpu/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl; fi
 export PYTHONPATH=/tmp/site
-export LD_LIBRARY_PATH=$(python3 -c "import nvidia,os;print(os.path.join(nvidia.__path__[0],'cu13','lib'))")
+# CUDA 13 libraries, and cuDNN's for the cuDNN attention path (model/cudnn_sdpa.rs)
+export LD_LIBRARY_PATH=$(python3 -c "import nvidia,os;print(':'.join(os.path.join(nvidia.__path__[0],d,'lib') for d in ('cu13','cudnn')))")
 mkdir -p /tmp/bin
 for f in .gpu/*.xz; do n=$(basename "$f" .xz); xz -dc "$f" > /tmp/bin/$n; chmod +x /tmp/bin/$n; done
 export PATH=/tmp/bin:$PATH

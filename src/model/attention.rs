@@ -101,11 +101,30 @@ fn softmax_grad(probs: &Tensor, dp: &Tensor, dtype: DType) -> Result<Tensor> {
     (probs * dp.broadcast_sub(&row)?)?.to_dtype(dtype)
 }
 
-/// What the backward needs beyond q, k, v: with the flash kernels, the context and the row
-/// log-sum-exp of the forward; the composed path recomputes everything and keeps nothing.
+/// What the backward needs beyond q, k, v: on CUDA, the forward's context and row log-sum-exp;
+/// the composed path recomputes everything and keeps nothing.
 pub struct AttentionSaved {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    flash: Option<(Tensor, Tensor)>,
+    kernel: Option<KernelSaved>,
+}
+
+impl AttentionSaved {
+    /// Which implementation ran the forward: "cudnn", "flash" or "composed".
+    pub fn kernel_name(&self) -> &'static str {
+        match self.kernel {
+            Some(KernelSaved::Cudnn { .. }) => "cudnn",
+            Some(KernelSaved::Flash { .. }) => "flash",
+            None => "composed",
+        }
+    }
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+enum KernelSaved {
+    /// flash.rs: lse in log2 units.
+    Flash { context: Tensor, lse: Tensor },
+    /// cudnn_sdpa.rs: the same statistic in natural-log units.
+    Cudnn { context: Tensor, stats: Tensor },
 }
 
 /// q `[b, h, t, d]`, k/v `[b, kv, s, d]` (already rotated), mask `[t, s]` or `None` (causal: query
@@ -120,8 +139,11 @@ pub fn attention(
 ) -> Result<(Tensor, AttentionSaved)> {
     #[cfg(feature = "cuda")]
     if super::flash::supported(q) {
+        if let Some((context, stats)) = super::cudnn_sdpa::forward(q, k, v, window)? {
+            return Ok((context.clone(), AttentionSaved { kernel: Some(KernelSaved::Cudnn { context, stats }) }));
+        }
         let (context, lse) = super::flash::forward(q, k, v, window)?;
-        return Ok((context.clone(), AttentionSaved { flash: Some((context, lse)) }));
+        return Ok((context.clone(), AttentionSaved { kernel: Some(KernelSaved::Flash { context, lse }) }));
     }
     let n_rep = q.dim(1)? / k.dim(1)?;
     let scale = 1.0 / (q.dim(D::Minus1)? as f64).sqrt();
@@ -131,7 +153,7 @@ pub fn attention(
         .iter()
         .map(|c| chunk_probs(c, &k, mask, window)?.to_dtype(v.dtype())?.matmul(&v.narrow(2, 0, c.kv)?))
         .collect::<Result<Vec<_>>>()?;
-    Ok((Tensor::cat(&contexts, 2)?, AttentionSaved { flash: None }))
+    Ok((Tensor::cat(&contexts, 2)?, AttentionSaved { kernel: None }))
 }
 
 /// Backward of `attention`: given d(context), returns (dq, dk, dv) with dk/dv summed back to
@@ -148,8 +170,19 @@ pub fn attention_backward(
     d_context: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     #[cfg(feature = "cuda")]
-    if let Some((context, lse)) = &saved.flash {
-        return super::flash::backward(q, k, v, context, lse, d_context, window, None);
+    match &saved.kernel {
+        Some(KernelSaved::Flash { context, lse }) => {
+            return super::flash::backward(q, k, v, context, lse, d_context, window, None);
+        }
+        Some(KernelSaved::Cudnn { context, stats }) => {
+            if let Some(grads) = super::cudnn_sdpa::backward(q, k, v, context, stats, d_context)? {
+                return Ok(grads);
+            }
+            // cuDNN refused the backward graph: the flash kernel takes the statistic in log2 units
+            let lse = (stats * std::f64::consts::LOG2_E)?;
+            return super::flash::backward(q, k, v, context, &lse, d_context, window, None);
+        }
+        None => {}
     }
     let _ = saved;
     let n_rep = q.dim(1)? / k.dim(1)?;
@@ -238,18 +271,32 @@ mod tests {
         assert_eq!(seen, vec![4, 5]);
     }
 
-    /// The CUDA paths against the composed ops on the CPU: the flash kernels (f16, bf16; head_dim
-    /// 64 and 128) and the fused softmax (f32), forward and backward, over rows that are not a
-    /// multiple of the tiles, GQA, a sliding window, and fewer queries than keys (a KV cache).
+    /// The CUDA paths against the composed ops on the CPU: the flash kernels and cuDNN's SDPA
+    /// (f16, bf16; head_dim 64 and 128) and the fused softmax (f32), forward and backward, over
+    /// rows that are not a multiple of the tiles, GQA, a sliding window that cuts and one that
+    /// does not, and fewer queries than keys (a KV cache). With `LORA_FT_TEST_NEEDS_CUDNN=1` (the
+    /// device scripts) cuDNN must have loaded and taken the training-shaped cases.
     #[cfg(feature = "cuda")]
     #[test]
     fn cuda_attention_matches_the_composed_cpu_path() {
+        use super::super::cudnn_sdpa::{self, Mode};
+        let needs_cudnn = std::env::var("LORA_FT_TEST_NEEDS_CUDNN").is_ok_and(|v| v == "1");
+        for mode in [Mode::Flash, Mode::Auto] {
+            cudnn_sdpa::set_mode(mode);
+            cuda_attention_cases(mode == Mode::Auto && needs_cudnn);
+        }
+        cudnn_sdpa::set_mode(Mode::Auto);
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_attention_cases(needs_cudnn: bool) {
         let gpu = Device::new_cuda(0).unwrap();
         let cpu = Device::Cpu;
         let rand = |shape: (usize, usize, usize, usize)| Tensor::randn(0f32, 1.0, shape, &cpu).unwrap();
         let cases = [
             (64, QUERY_CHUNK + 300, QUERY_CHUNK + 300, Some(400)),
             (128, 300, 300, None),
+            (64, 200, 200, Some(1000)),
             (128, 37, 300, Some(100)),
         ];
         for (d, t, s, window) in cases {
@@ -262,12 +309,17 @@ mod tests {
                 let on_gpu = |x: &Tensor| x.to_dtype(dtype).unwrap().to_device(&gpu).unwrap();
                 let (gq, gk, gv) = (on_gpu(&q), on_gpu(&k), on_gpu(&v));
                 let (ctx, saved) = attention(&gq, &gk, &gv, None, window).unwrap();
+                let on_cudnn = matches!(saved.kernel, Some(KernelSaved::Cudnn { .. }));
+                let training_shape = t == s && window.is_none_or(|w| w >= s);
+                if dtype != DType::F32 && needs_cudnn {
+                    assert_eq!(on_cudnn, training_shape, "d {d} t {t} s {s} {window:?}: cuDNN taken {on_cudnn}");
+                }
                 let (dq, dk, dv) =
                     attention_backward(&gq, &gk, &gv, None, window, &saved, &on_gpu(&dc)).unwrap();
                 let check = |name: &str, ours: &Tensor, reference: &Tensor| {
                     let ours = ours.to_dtype(DType::F32).unwrap().to_device(&cpu).unwrap();
                     let err = max_rel(&ours, reference);
-                    println!("d {d} t {t} s {s} {dtype:?} {name}: {err:.2e}");
+                    println!("d {d} t {t} s {s} {dtype:?} cudnn {on_cudnn} {name}: {err:.2e}");
                     assert!(err < tol, "d {d} t {t} s {s} {dtype:?} {name}: {err}");
                 };
                 for (name, ours, reference) in
@@ -276,7 +328,7 @@ mod tests {
                     check(name, &ours, reference);
                 }
                 // both shapes of the backward kernel, whichever this GPU picks by default
-                if let Some((context, lse)) = &saved.flash {
+                if let Some(KernelSaved::Flash { context, lse }) = &saved.kernel {
                     let dc = on_gpu(&dc);
                     for shape in super::super::flash::BackwardShape::ALL {
                         let (dq, dk, dv) = super::super::flash::backward(

@@ -3,6 +3,8 @@
 
 pub mod attention;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cudnn_sdpa;
 pub mod decoder;
 pub mod dropout;
 pub mod embedding;

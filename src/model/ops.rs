@@ -195,14 +195,23 @@ mod tests {
     }
 
     /// The fused CUDA kernels against the composed CPU ops: f32 tight, f16/bf16 within rounding.
+    /// 1000 columns take the 16-byte path throughout; 1001 the one-value path of RMSNorm and the
+    /// scalar tail of SwiGLU.
     #[cfg(feature = "cuda")]
     #[test]
     fn fused_cuda_norm_and_swiglu_match_the_composed_cpu_ops() {
+        for cols in [1000, 1001] {
+            fused_cuda_ops_at(cols);
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn fused_cuda_ops_at(cols: usize) {
         let gpu = Device::new_cuda(0).unwrap();
-        let (x, dy) = (randn(&[37, 1000], 11), randn(&[37, 1000], 12));
-        let w = (randn(&[1000], 13) + 1.0).unwrap();
+        let (x, dy) = (randn(&[37, cols], 11), randn(&[37, cols], 12));
+        let w = (randn(&[cols], 13) + 1.0).unwrap();
         let (g, u, da) =
-            ((randn(&[37, 1000], 14) * 4.0).unwrap(), randn(&[37, 1000], 15), randn(&[37, 1000], 16));
+            ((randn(&[37, cols], 14) * 4.0).unwrap(), randn(&[37, cols], 15), randn(&[37, cols], 16));
         let want = [
             rms_norm(&x, &w, 1e-5).unwrap(),
             rms_norm_backward(&x, &w, 1e-5, &dy).unwrap(),
@@ -223,8 +232,8 @@ mod tests {
             for (i, (got, want)) in got.iter().zip(want.iter()).enumerate() {
                 let got = got.to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap();
                 let err = max_rel(&got, want);
-                println!("{dtype:?} op {i}: {err:.2e}");
-                assert!(err < tol, "{dtype:?} op {i}: {err}");
+                println!("{cols} columns {dtype:?} op {i}: {err:.2e}");
+                assert!(err < tol, "{cols} columns {dtype:?} op {i}: {err}");
             }
         }
     }

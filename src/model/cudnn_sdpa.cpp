@@ -1,0 +1,219 @@
+// Causal attention forward and backward through cuDNN's fused SDPA (the "flash" engine that
+// PyTorch's SDPBackend.CUDNN_ATTENTION runs), built with cudnn-frontend's graph API. cuDNN is
+// loaded when the program runs (lft_cudnn_load), never linked: without it the project's own
+// kernels (kernels/flash_attention.cu) do the work. model/cudnn_sdpa.rs is the Rust side.
+//
+// Each call names its shape, dtype and strides in a SdpaDesc; the graph built for a desc is kept,
+// so a training run builds two graphs per sequence shape (forward, backward) and reuses them.
+// Every entry point returns 0 or writes one line into `err` and returns -1: no exception leaves.
+#define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
+#define CUDNN_FRONTEND_SKIP_JSON_LIB
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <cudnn_frontend.h>
+
+namespace cudnn_frontend {
+void *cudnn_dlhandle = nullptr;  // the library the front end's calls go to
+}
+
+namespace fe = cudnn_frontend;
+
+extern "C" {
+// One attention call: q [b, h, s, d], k/v [b, kv_heads, s, d], element strides in (b, h, s, d)
+// order with unit stride along d. Forward: o like q. Backward: do like o, dq like q, dk/dv like k.
+struct SdpaDesc {
+    int64_t batch, heads, kv_heads, seq, head_dim;
+    int32_t bf16;  // 0: f16, 1: bf16
+    float scale;
+    int64_t q[4], k[4], v[4], o[4], d_o[4], dq[4], dk[4], dv[4];
+};
+}
+
+namespace {
+
+enum Uid : int64_t { Q = 1, K, V, O, STATS, DO, DQ, DK, DV };
+
+void set_error(char *err, size_t len, const std::string &what) {
+    if (len > 0) std::snprintf(err, len, "%s", what.c_str());
+}
+
+// Graphs are keyed by the whole desc and the direction.
+using Key = std::tuple<bool, std::vector<int64_t>, float>;
+
+Key key_of(const SdpaDesc &d, bool backward) {
+    std::vector<int64_t> v{d.batch, d.heads, d.kv_heads, d.seq, d.head_dim, d.bf16};
+    for (const int64_t *s : {d.q, d.k, d.v, d.o, d.d_o, d.dq, d.dk, d.dv}) v.insert(v.end(), s, s + 4);
+    return {backward, v, d.scale};
+}
+
+struct State {
+    std::mutex lock;
+    std::map<void *, cudnnHandle_t> handles;  // one per stream (one stream per device in this program)
+    std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;
+};
+
+State &state() {
+    static State s;
+    return s;
+}
+
+std::vector<int64_t> dims(int64_t b, int64_t h, int64_t s, int64_t d) { return {b, h, s, d}; }
+std::vector<int64_t> strides(const int64_t s[4]) { return {s[0], s[1], s[2], s[3]}; }
+
+std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph &g, const char *name, Uid uid,
+                                                    std::vector<int64_t> dim, const int64_t s[4]) {
+    return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(strides(s)));
+}
+
+std::shared_ptr<fe::graph::Graph> new_graph(const SdpaDesc &d) {
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(d.bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    return g;
+}
+
+// Stats: the row log-sum-exp (natural log) of the scaled scores, [b, h, s, 1] f32.
+fe::graph::Tensor_attributes stats_tensor(const SdpaDesc &d) {
+    return fe::graph::Tensor_attributes()
+        .set_name("stats")
+        .set_uid(STATS)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim({d.batch, d.heads, d.seq, 1})
+        .set_stride({d.heads * d.seq, d.seq, 1, 1});
+}
+
+std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaDesc &d) {
+    auto g = new_graph(d);
+    auto q = input(*g, "q", Q, dims(d.batch, d.heads, d.seq, d.head_dim), d.q);
+    auto k = input(*g, "k", K, dims(d.batch, d.kv_heads, d.seq, d.head_dim), d.k);
+    auto v = input(*g, "v", V, dims(d.batch, d.kv_heads, d.seq, d.head_dim), d.v);
+    auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_causal_mask(true).set_attn_scale(
+        d.scale);
+    auto [o, stats] = g->sdpa(q, k, v, options);
+    o->set_output(true).set_uid(O).set_dim(dims(d.batch, d.heads, d.seq, d.head_dim)).set_stride(strides(d.o));
+    stats->set_output(true).set_uid(STATS).set_data_type(fe::DataType_t::FLOAT);
+    stats->set_dim({d.batch, d.heads, d.seq, 1}).set_stride(stats_tensor(d).get_stride());
+    return g;
+}
+
+std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaDesc &d) {
+    auto g = new_graph(d);
+    auto q = input(*g, "q", Q, dims(d.batch, d.heads, d.seq, d.head_dim), d.q);
+    auto k = input(*g, "k", K, dims(d.batch, d.kv_heads, d.seq, d.head_dim), d.k);
+    auto v = input(*g, "v", V, dims(d.batch, d.kv_heads, d.seq, d.head_dim), d.v);
+    auto o = input(*g, "o", O, dims(d.batch, d.heads, d.seq, d.head_dim), d.o);
+    auto d_o = input(*g, "do", DO, dims(d.batch, d.heads, d.seq, d.head_dim), d.d_o);
+    auto stats = g->tensor(stats_tensor(d));
+    auto options = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_causal_mask(true).set_attn_scale(
+        d.scale);
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
+    dq->set_output(true).set_uid(DQ).set_dim(dims(d.batch, d.heads, d.seq, d.head_dim)).set_stride(strides(d.dq));
+    dk->set_output(true).set_uid(DK).set_dim(dims(d.batch, d.kv_heads, d.seq, d.head_dim)).set_stride(strides(d.dk));
+    dv->set_output(true).set_uid(DV).set_dim(dims(d.batch, d.kv_heads, d.seq, d.head_dim)).set_stride(strides(d.dv));
+    return g;
+}
+
+#define CHECK(call)                                                          \
+    do {                                                                     \
+        auto status_ = (call);                                               \
+        if (!status_.is_good()) throw std::runtime_error(status_.get_message()); \
+    } while (0)
+
+cudnnHandle_t handle_for(State &s, void *stream) {
+    auto it = s.handles.find(stream);
+    if (it != s.handles.end()) return it->second;
+    cudnnHandle_t h = nullptr;
+    if (fe::detail::create_handle(&h) != CUDNN_STATUS_SUCCESS) throw std::runtime_error("cudnnCreate failed");
+    if (fe::detail::set_stream(h, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
+        throw std::runtime_error("cudnnSetStream failed");
+    s.handles.emplace(stream, h);
+    return h;
+}
+
+// The built graph of (desc, direction) on the stream's handle, and that handle.
+std::pair<std::shared_ptr<fe::graph::Graph>, cudnnHandle_t> graph_for(const SdpaDesc &d, bool backward, void *stream) {
+    auto &s = state();
+    std::lock_guard<std::mutex> guard(s.lock);
+    cudnnHandle_t h = handle_for(s, stream);
+    const Key key = key_of(d, backward);
+    auto it = s.graphs.find(key);
+    if (it != s.graphs.end()) return {it->second, h};
+    auto g = backward ? backward_graph(d) : forward_graph(d);
+    CHECK(g->validate());
+    CHECK(g->build_operation_graph(h));
+    CHECK(g->create_execution_plans({fe::HeurMode_t::A}));
+    CHECK(g->check_support(h));
+    CHECK(g->build_plans(h));
+    s.graphs.emplace(key, g);
+    return {g, h};
+}
+
+template <typename F>
+int guarded(char *err, size_t len, F body) {
+    try {
+        body();
+        return 0;
+    } catch (const std::exception &e) {
+        set_error(err, len, e.what());
+    } catch (...) {
+        set_error(err, len, "unknown C++ exception");
+    }
+    return -1;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Opens cuDNN (`path`, or libcudnn.so.9 on the loader's search path) and returns its version
+// (e.g. 91900), or 0 with the reason in `err`.
+int64_t lft_cudnn_load(const char *path, char *err, size_t len) {
+    if (fe::cudnn_dlhandle == nullptr) {
+        void *lib = dlopen(path && *path ? path : "libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
+        if (lib == nullptr) {
+            const char *why = dlerror();
+            set_error(err, len, why ? why : "dlopen failed");
+            return 0;
+        }
+        fe::cudnn_dlhandle = lib;
+    }
+    int64_t version = 0;
+    if (guarded(err, len, [&] { version = static_cast<int64_t>(fe::detail::get_backend_version()); }) != 0) return 0;
+    return version;
+}
+
+// Builds (once per desc) the forward or backward graph and writes its workspace size in bytes.
+int lft_cudnn_sdpa_workspace(const SdpaDesc *d, int32_t backward, void *stream, int64_t *bytes, char *err,
+                             size_t len) {
+    return guarded(err, len, [&] { *bytes = graph_for(*d, backward != 0, stream).first->get_workspace_size(); });
+}
+
+int lft_cudnn_sdpa_forward(const SdpaDesc *d, void *stream, void *q, void *k, void *v, void *o, void *stats,
+                           void *workspace, char *err, size_t len) {
+    return guarded(err, len, [&] {
+        auto [g, h] = graph_for(*d, false, stream);
+        std::unordered_map<int64_t, void *> pack{{Q, q}, {K, k}, {V, v}, {O, o}, {STATS, stats}};
+        CHECK(g->execute(h, pack, workspace));
+    });
+}
+
+int lft_cudnn_sdpa_backward(const SdpaDesc *d, void *stream, void *q, void *k, void *v, void *o, void *d_o,
+                            void *stats, void *dq, void *dk, void *dv, void *workspace, char *err, size_t len) {
+    return guarded(err, len, [&] {
+        auto [g, h] = graph_for(*d, true, stream);
+        std::unordered_map<int64_t, void *> pack{{Q, q},   {K, k},   {V, v},   {O, o},  {DO, d_o},
+                                                 {STATS, stats}, {DQ, dq}, {DK, dk}, {DV, dv}};
+        CHECK(g->execute(h, pack, workspace));
+    });
+}
+}
