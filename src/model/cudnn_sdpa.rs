@@ -94,7 +94,8 @@ pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>) -> Res
     }
 }
 
-/// The backward of `forward`'s output: (dq, dk, dv) with dk/dv summed to the kv heads, or `None`
+/// The backward of `forward`'s output: (dq, dk, dv) with dk/dv summed to the kv heads (`[b, h,
+/// t, d]` views of `[b, t, h, d]` memory, the projections' layout), or `None`
 /// where cuDNN refuses the graph (the caller then runs the flash backward on `stats` × log2 e).
 pub fn backward(
     q: &Tensor,
@@ -230,8 +231,9 @@ mod ffi {
         Ok([s[0] as i64, s[1] as i64, s[2] as i64, 1])
     }
 
-    fn contiguous_strides(h: usize, t: usize, d: usize) -> [i64; 4] {
-        [(h * t * d) as i64, (t * d) as i64, d as i64, 1]
+    /// (b, h, t, d) strides of `[b, t, h, d]` memory.
+    fn thd_strides(h: usize, t: usize, d: usize) -> [i64; 4] {
+        [(t * h * d) as i64, d as i64, (h * d) as i64, 1]
     }
 
     fn desc(q: &Tensor, k: &Tensor) -> Result<SdpaDesc> {
@@ -248,7 +250,7 @@ mod ffi {
             q: strides(q)?,
             k: strides(k)?,
             // the context is written as [b, t, h, d], the layout the output projection reads
-            o: [(t * h * d) as i64, d as i64, (h * d) as i64, 1],
+            o: thd_strides(h, t, d),
             ..Default::default()
         })
     }
@@ -302,8 +304,16 @@ mod ffi {
         }
     }
 
+    /// `x` itself where cuDNN can read its strides (a `[b, t, h, d]` view included), else a copy.
+    fn readable(x: &Tensor) -> Result<Tensor> {
+        if strides(x).is_ok() {
+            return Ok(x.clone());
+        }
+        x.contiguous()
+    }
+
     fn forward_typed<T: CudaDType + WithDType + DeviceRepr>(q: &Tensor, k: &Tensor, v: &Tensor) -> Outcome<(Tensor, Tensor)> {
-        let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+        let (q, k, v) = (readable(q)?, readable(k)?, readable(v)?);
         let mut d = desc(&q, &k)?;
         d.v = strides(&v)?;
         let dev = cuda_device(&q)?;
@@ -358,15 +368,17 @@ mod ffi {
         stats: &Tensor,
         d_context: &Tensor,
     ) -> Outcome<(Tensor, Tensor, Tensor)> {
-        let (q, k, v, stats) = (q.contiguous()?, k.contiguous()?, v.contiguous()?, stats.contiguous()?);
+        let (q, k, v, stats) = (readable(q)?, readable(k)?, readable(v)?, stats.contiguous()?);
+        let (context, d_context) = (readable(context)?, readable(d_context)?);
         let (b, h, t, hd) = q.dims4()?;
         let kvh = k.dim(1)?;
         let mut d = desc(&q, &k)?;
         d.v = strides(&v)?;
-        d.o = strides(context)?;
-        d.d_o = strides(d_context)?;
-        d.dq = contiguous_strides(h, t, hd);
-        d.dk = contiguous_strides(kvh, t, hd);
+        d.o = strides(&context)?;
+        d.d_o = strides(&d_context)?;
+        // gradients in the projections' [b, t, h, d] layout, returned as [b, h, t, d] views
+        d.dq = thd_strides(h, t, hd);
+        d.dk = thd_strides(kvh, t, hd);
         d.dv = d.dk;
         let dev = cuda_device(&q)?;
         let ws = match workspace(&dev, &d, true)? {
@@ -379,10 +391,10 @@ mod ffi {
         let dv = unsafe { dev.alloc::<T>(b * kvh * t * hd)? };
         let mut err = [0u8; ERR_LEN];
         {
-            let guards = [&q, &k, &v, context, &stats, d_context].map(|x| x.storage_and_layout().0);
+            let guards = [&q, &k, &v, &context, &stats, &d_context].map(|x| x.storage_and_layout().0);
             let (qv, kv, vv) = (view::<T>(&guards[0], &q)?, view::<T>(&guards[1], &k)?, view::<T>(&guards[2], &v)?);
             let (ov, sv, dov) =
-                (view::<T>(&guards[3], context)?, view::<f32>(&guards[4], &stats)?, view::<T>(&guards[5], d_context)?);
+                (view::<T>(&guards[3], &context)?, view::<f32>(&guards[4], &stats)?, view::<T>(&guards[5], &d_context)?);
             let (qp, _q) = raw(&qv, &stream);
             let (kp, _k) = raw(&kv, &stream);
             let (vp, _v) = raw(&vv, &stream);
@@ -399,7 +411,8 @@ mod ffi {
             check(rc, &err, "backward")?;
         }
         drop(ws);
-        Ok(Ok((wrap(dq, &dev, &[b, h, t, hd]), wrap(dk, &dev, &[b, kvh, t, hd]), wrap(dv, &dev, &[b, kvh, t, hd]))))
+        let heads = |x, n| wrap(x, &dev, &[b, t, n, hd]).transpose(1, 2);
+        Ok(Ok((heads(dq, h)?, heads(dk, kvh)?, heads(dv, kvh)?)))
     }
 }
 

@@ -139,8 +139,15 @@ impl DecoderLayer {
         }
     }
 
+    /// x `[b·t, n·d]` as `[b, n, t, d]`: on CUDA a view of the projection's memory (RoPE and the
+    /// attention kernels read it strided), on the CPU a copy (the composed attention's matmuls
+    /// take contiguous heads).
     fn heads(&self, x: &Tensor, b: usize, t: usize, n: usize) -> Result<Tensor> {
-        x.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?.contiguous()
+        let view = x.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?;
+        if x.device().is_cuda() {
+            return Ok(view);
+        }
+        view.contiguous()
     }
 
     fn run(

@@ -84,14 +84,25 @@ impl Rope {
     /// x `[b, heads, t, head_dim]` at positions offset..offset+t.
     pub fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         let (cos, sin) = self.tables(offset, x.dim(2)?)?;
-        section("rope", x.device(), || candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin))
+        section("rope", x.device(), || rotate(x, &cos, &sin))
     }
 
     /// RoPE is a rotation, so its backward is the rotation by the opposite angle.
     pub fn backward(&self, dy: &Tensor, offset: usize) -> Result<Tensor> {
         let (cos, sin) = self.tables(offset, dy.dim(2)?)?;
-        section("rope", dy.device(), || candle_nn::rotary_emb::rope(&dy.contiguous()?, &cos, &sin.neg()?))
+        section("rope", dy.device(), || rotate(dy, &cos, &sin.neg()?))
     }
+}
+
+/// x `[b, h, t, d]` rotated. A view of `[b, t, h, d]` memory (the projections' own layout, which
+/// the CUDA attention reads strided) is rotated in that layout and returned as the same kind of
+/// view, so no transpose is ever copied; anything else is made `[b, h, t, d]`-contiguous.
+fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let thd = x.transpose(1, 2)?;
+    if thd.is_contiguous() && !x.is_contiguous() {
+        return candle_nn::rotary_emb::rope_thd(&thd, cos, sin)?.transpose(1, 2);
+    }
+    candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin)
 }
 
 /// SwiGLU: a = silu(g) ⊙ u.
@@ -192,6 +203,23 @@ mod tests {
         let du_ref = autograd_grad(&u, |u| slow(&g, u), &da);
         assert!(max_rel(&dg, &dg_ref) < 1e-5);
         assert!(max_rel(&du, &du_ref) < 1e-6);
+    }
+
+    /// RoPE on a `[b, h, t, d]` view of `[b, t, h, d]` memory (rotated in place of layout) equals
+    /// RoPE on the contiguous heads, forward and backward, and stays a view.
+    #[test]
+    fn rope_on_a_head_view_equals_rope_on_contiguous_heads() {
+        let rope = Rope::new(16, 10_000.0, 64, DType::F32, &Device::Cpu).unwrap();
+        let thd = randn(&[2, 7, 3, 16], 21);
+        let view = thd.transpose(1, 2).unwrap();
+        let contiguous = view.contiguous().unwrap();
+        for offset in [0, 5] {
+            let (a, b) = (rope.apply(&view, offset).unwrap(), rope.apply(&contiguous, offset).unwrap());
+            assert!(!a.is_contiguous() && a.transpose(1, 2).unwrap().is_contiguous());
+            assert_eq!(max_rel(&a.contiguous().unwrap(), &b), 0.0);
+            let (a, b) = (rope.backward(&view, offset).unwrap(), rope.backward(&contiguous, offset).unwrap());
+            assert!(max_rel(&a.contiguous().unwrap(), &b) < 1e-6);
+        }
     }
 
     /// The fused CUDA kernels against the composed CPU ops: f32 tight, f16/bf16 within rounding.
