@@ -140,7 +140,10 @@ pub fn attention(
     #[cfg(feature = "cuda")]
     if super::flash::supported(q) {
         if let Some((context, stats)) = super::cudnn_sdpa::forward(q, k, v, window)? {
-            return Ok((context.clone(), AttentionSaved { kernel: Some(KernelSaved::Cudnn { context, stats }) }));
+            return Ok((
+                context.clone(),
+                AttentionSaved { kernel: Some(KernelSaved::Cudnn { context, stats }) },
+            ));
         }
         let (context, lse) = super::flash::forward(q, k, v, window)?;
         return Ok((context.clone(), AttentionSaved { kernel: Some(KernelSaved::Flash { context, lse }) }));
@@ -312,7 +315,10 @@ mod tests {
                 let on_cudnn = matches!(saved.kernel, Some(KernelSaved::Cudnn { .. }));
                 let training_shape = t == s && window.is_none_or(|w| w >= s);
                 if dtype != DType::F32 && needs_cudnn {
-                    assert_eq!(on_cudnn, training_shape, "d {d} t {t} s {s} {window:?}: cuDNN taken {on_cudnn}");
+                    assert_eq!(
+                        on_cudnn, training_shape,
+                        "d {d} t {t} s {s} {window:?}: cuDNN taken {on_cudnn}"
+                    );
                 }
                 let (dq, dk, dv) =
                     attention_backward(&gq, &gk, &gv, None, window, &saved, &on_gpu(&dc)).unwrap();

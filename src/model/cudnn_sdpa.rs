@@ -81,7 +81,12 @@ fn refused(what: &str) -> Result<()> {
 /// q `[b, h, t, d]`, k/v `[b, kv, t, d]` → (context `[b, h, t, d]` (a view of `[b, t, h, d]`,
 /// as `flash::forward`), stats `[b, h, t]` f32: the row log-sum-exp in natural-log units), or
 /// `None` where cuDNN does not take the call.
-pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>) -> Result<Option<(Tensor, Tensor)>> {
+pub fn forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<usize>,
+) -> Result<Option<(Tensor, Tensor)>> {
     if !applies(q, k, window)? {
         if mode() == Mode::Cudnn {
             refused(&format!("cuDNN does not take this call ({})", ffi::why_not()))?;
@@ -201,7 +206,8 @@ mod ffi {
             let mut err = [0u8; ERR_LEN];
             let version = unsafe { lft_cudnn_load(c_path.as_ptr(), err.as_mut_ptr().cast(), ERR_LEN) };
             if version < 90000 {
-                let why = if version == 0 { message(&err) } else { format!("cuDNN {version} is older than 9.0") };
+                let why =
+                    if version == 0 { message(&err) } else { format!("cuDNN {version} is older than 9.0") };
                 tracing::info!("cuDNN not loaded ({why}): attention runs on the flash kernels");
                 return Err(why);
             }
@@ -291,7 +297,10 @@ mod ffi {
     pub type Outcome<T> = Result<std::result::Result<T, String>>;
 
     /// A device pointer as the C side takes it; the guard keeps the stream's ordering for the view.
-    fn raw<'a, P: DevicePtr<U>, U>(x: &'a P, stream: &'a Arc<CudaStream>) -> (Ptr, impl Drop + use<'a, P, U>) {
+    fn raw<'a, P: DevicePtr<U>, U>(
+        x: &'a P,
+        stream: &'a Arc<CudaStream>,
+    ) -> (Ptr, impl Drop + use<'a, P, U>) {
         let (p, sync) = x.device_ptr(stream);
         (p as Ptr, sync)
     }
@@ -312,7 +321,11 @@ mod ffi {
         x.contiguous()
     }
 
-    fn forward_typed<T: CudaDType + WithDType + DeviceRepr>(q: &Tensor, k: &Tensor, v: &Tensor) -> Outcome<(Tensor, Tensor)> {
+    fn forward_typed<T: CudaDType + WithDType + DeviceRepr>(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Outcome<(Tensor, Tensor)> {
         let (q, k, v) = (readable(q)?, readable(k)?, readable(v)?);
         let mut d = desc(&q, &k)?;
         d.v = strides(&v)?;
@@ -328,7 +341,8 @@ mod ffi {
         let mut err = [0u8; ERR_LEN];
         {
             let guards = [&q, &k, &v].map(|x| x.storage_and_layout().0);
-            let (qv, kv, vv) = (view::<T>(&guards[0], &q)?, view::<T>(&guards[1], &k)?, view::<T>(&guards[2], &v)?);
+            let (qv, kv, vv) =
+                (view::<T>(&guards[0], &q)?, view::<T>(&guards[1], &k)?, view::<T>(&guards[2], &v)?);
             let (qp, _q) = raw(&qv, &stream);
             let (kp, _k) = raw(&kv, &stream);
             let (vp, _v) = raw(&vv, &stream);
@@ -392,9 +406,13 @@ mod ffi {
         let mut err = [0u8; ERR_LEN];
         {
             let guards = [&q, &k, &v, &context, &stats, &d_context].map(|x| x.storage_and_layout().0);
-            let (qv, kv, vv) = (view::<T>(&guards[0], &q)?, view::<T>(&guards[1], &k)?, view::<T>(&guards[2], &v)?);
-            let (ov, sv, dov) =
-                (view::<T>(&guards[3], &context)?, view::<f32>(&guards[4], &stats)?, view::<T>(&guards[5], &d_context)?);
+            let (qv, kv, vv) =
+                (view::<T>(&guards[0], &q)?, view::<T>(&guards[1], &k)?, view::<T>(&guards[2], &v)?);
+            let (ov, sv, dov) = (
+                view::<T>(&guards[3], &context)?,
+                view::<f32>(&guards[4], &stats)?,
+                view::<T>(&guards[5], &d_context)?,
+            );
             let (qp, _q) = raw(&qv, &stream);
             let (kp, _k) = raw(&kv, &stream);
             let (vp, _v) = raw(&vv, &stream);
@@ -407,7 +425,9 @@ mod ffi {
             let wp = ws.as_ref().map_or(std::ptr::null_mut(), |w| w.device_ptr(&stream).0 as Ptr);
             let s = stream.cu_stream() as Ptr;
             let e = err.as_mut_ptr().cast();
-            let rc = unsafe { lft_cudnn_sdpa_backward(&d, s, qp, kp, vp, op, dop, sp, dqp, dkp, dvp, wp, e, ERR_LEN) };
+            let rc = unsafe {
+                lft_cudnn_sdpa_backward(&d, s, qp, kp, vp, op, dop, sp, dqp, dkp, dvp, wp, e, ERR_LEN)
+            };
             check(rc, &err, "backward")?;
         }
         drop(ws);
@@ -435,7 +455,14 @@ mod ffi {
         Ok(Err(why_not()))
     }
 
-    pub fn backward(_: &Tensor, _: &Tensor, _: &Tensor, _: &Tensor, _: &Tensor, _: &Tensor) -> Outcome<(Tensor, Tensor, Tensor)> {
+    pub fn backward(
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+    ) -> Outcome<(Tensor, Tensor, Tensor)> {
         Ok(Err(why_not()))
     }
 }
