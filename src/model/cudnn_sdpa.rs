@@ -296,13 +296,17 @@ mod ffi {
 
     pub type Outcome<T> = Result<std::result::Result<T, String>>;
 
-    /// A device pointer as the C side takes it; the guard keeps the stream's ordering for the view.
-    fn raw<'a, P: DevicePtr<U>, U>(
-        x: &'a P,
-        stream: &'a Arc<CudaStream>,
-    ) -> (Ptr, impl Drop + use<'a, P, U>) {
-        let (p, sync) = x.device_ptr(stream);
-        (p as Ptr, sync)
+    /// The device address of `t`'s first element. The caller holds `t` (and so its memory) across
+    /// the call, and everything runs on the device's one stream, so no guard outlives this.
+    fn address<T: CudaDType>(t: &Tensor, stream: &Arc<CudaStream>) -> Result<Ptr> {
+        let (storage, _) = t.storage_and_layout();
+        let v = view::<T>(&storage, t)?;
+        let (p, _sync) = v.device_ptr(stream);
+        Ok(p as Ptr)
+    }
+
+    fn slice_address<T>(x: &CudaSlice<T>, stream: &Arc<CudaStream>) -> Ptr {
+        x.device_ptr(stream).0 as Ptr
     }
 
     pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor) -> Outcome<(Tensor, Tensor)> {
@@ -339,21 +343,13 @@ mod ffi {
         let out = unsafe { dev.alloc::<T>(b * h * t * hd)? };
         let stats = unsafe { dev.alloc::<f32>(b * h * t)? };
         let mut err = [0u8; ERR_LEN];
-        {
-            let guards = [&q, &k, &v].map(|x| x.storage_and_layout().0);
-            let (qv, kv, vv) =
-                (view::<T>(&guards[0], &q)?, view::<T>(&guards[1], &k)?, view::<T>(&guards[2], &v)?);
-            let (qp, _q) = raw(&qv, &stream);
-            let (kp, _k) = raw(&kv, &stream);
-            let (vp, _v) = raw(&vv, &stream);
-            let (op, _o) = raw(&out, &stream);
-            let (sp, _s) = raw(&stats, &stream);
-            let wp = ws.as_ref().map_or(std::ptr::null_mut(), |w| w.device_ptr(&stream).0 as Ptr);
-            let s = stream.cu_stream() as Ptr;
-            let e = err.as_mut_ptr().cast();
-            let rc = unsafe { lft_cudnn_sdpa_forward(&d, s, qp, kp, vp, op, sp, wp, e, ERR_LEN) };
-            check(rc, &err, "forward")?;
-        }
+        let (qp, kp, vp) =
+            (address::<T>(&q, &stream)?, address::<T>(&k, &stream)?, address::<T>(&v, &stream)?);
+        let (op, sp) = (slice_address(&out, &stream), slice_address(&stats, &stream));
+        let wp = ws.as_ref().map_or(std::ptr::null_mut(), |w| slice_address(w, &stream));
+        let (s, e) = (stream.cu_stream() as Ptr, err.as_mut_ptr().cast());
+        let rc = unsafe { lft_cudnn_sdpa_forward(&d, s, qp, kp, vp, op, sp, wp, e, ERR_LEN) };
+        check(rc, &err, "forward")?;
         drop(ws);
         let context = wrap(out, &dev, &[b, t, h, hd]).transpose(1, 2)?;
         Ok(Ok((context, wrap(stats, &dev, &[b, h, t]))))
@@ -404,32 +400,16 @@ mod ffi {
         let dk = unsafe { dev.alloc::<T>(b * kvh * t * hd)? };
         let dv = unsafe { dev.alloc::<T>(b * kvh * t * hd)? };
         let mut err = [0u8; ERR_LEN];
-        {
-            let guards = [&q, &k, &v, &context, &stats, &d_context].map(|x| x.storage_and_layout().0);
-            let (qv, kv, vv) =
-                (view::<T>(&guards[0], &q)?, view::<T>(&guards[1], &k)?, view::<T>(&guards[2], &v)?);
-            let (ov, sv, dov) = (
-                view::<T>(&guards[3], &context)?,
-                view::<f32>(&guards[4], &stats)?,
-                view::<T>(&guards[5], &d_context)?,
-            );
-            let (qp, _q) = raw(&qv, &stream);
-            let (kp, _k) = raw(&kv, &stream);
-            let (vp, _v) = raw(&vv, &stream);
-            let (op, _o) = raw(&ov, &stream);
-            let (sp, _s) = raw(&sv, &stream);
-            let (dop, _do) = raw(&dov, &stream);
-            let (dqp, _dq) = raw(&dq, &stream);
-            let (dkp, _dk) = raw(&dk, &stream);
-            let (dvp, _dv) = raw(&dv, &stream);
-            let wp = ws.as_ref().map_or(std::ptr::null_mut(), |w| w.device_ptr(&stream).0 as Ptr);
-            let s = stream.cu_stream() as Ptr;
-            let e = err.as_mut_ptr().cast();
-            let rc = unsafe {
-                lft_cudnn_sdpa_backward(&d, s, qp, kp, vp, op, dop, sp, dqp, dkp, dvp, wp, e, ERR_LEN)
-            };
-            check(rc, &err, "backward")?;
-        }
+        let (qp, kp, vp) =
+            (address::<T>(&q, &stream)?, address::<T>(&k, &stream)?, address::<T>(&v, &stream)?);
+        let (op, dop) = (address::<T>(&context, &stream)?, address::<T>(&d_context, &stream)?);
+        let sp = address::<f32>(&stats, &stream)?;
+        let [dqp, dkp, dvp] = [&dq, &dk, &dv].map(|x| slice_address(x, &stream));
+        let wp = ws.as_ref().map_or(std::ptr::null_mut(), |w| slice_address(w, &stream));
+        let (s, e) = (stream.cu_stream() as Ptr, err.as_mut_ptr().cast());
+        let rc =
+            unsafe { lft_cudnn_sdpa_backward(&d, s, qp, kp, vp, op, dop, sp, dqp, dkp, dvp, wp, e, ERR_LEN) };
+        check(rc, &err, "backward")?;
         drop(ws);
         let heads = |x, n| wrap(x, &dev, &[b, t, n, hd]).transpose(1, 2);
         Ok(Ok((heads(dq, h)?, heads(dk, kvh)?, heads(dv, kvh)?)))
