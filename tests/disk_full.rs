@@ -148,3 +148,30 @@ fn a_full_disk_during_a_merge_leaves_no_half_merged_model() {
     assert!(left.is_empty(), "left behind: {left:?}");
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A disk that fills up during `lora-ft import`: an error naming the file, and no half-written
+/// `model.safetensors.partial` left in the output folder (1 MiB limit, set before the child starts).
+#[test]
+fn a_full_disk_during_an_import_leaves_no_partial_weights() {
+    let root = std::env::temp_dir().join(format!("lora-ft-import-full-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let mut import = Command::new(env!("CARGO_BIN_EXE_lora-ft"));
+    import.arg("import").arg(lora_ft::fixtures::smollm2_gguf()).arg(&root);
+    import.stdout(Stdio::null()).stderr(Stdio::piped());
+    // SAFETY: signal() and setrlimit() are async-signal-safe.
+    unsafe {
+        import.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 1 << 20, rlim_max: libc::RLIM_INFINITY };
+            let ok = libc::signal(libc::SIGXFSZ, libc::SIG_IGN) != libc::SIG_ERR
+                && libc::setrlimit(libc::RLIMIT_FSIZE, &limit) == 0;
+            ok.then_some(()).ok_or_else(std::io::Error::last_os_error)
+        })
+    };
+    let output = import.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("model.safetensors.partial") && stderr.contains("File too large"), "{stderr}");
+    assert!(!root.join("model.safetensors.partial").exists(), "{stderr}");
+    assert!(!root.join("model.safetensors").exists(), "{stderr}");
+    let _ = std::fs::remove_dir_all(&root);
+}

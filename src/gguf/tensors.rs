@@ -84,9 +84,27 @@ pub(super) fn write_safetensors<R: Read + Seek>(
     let entries = plan(file, content, heads)?;
     let target = out_dir.join("model.safetensors");
     let partial = out_dir.join("model.safetensors.partial");
+    // a full disk or a bad tensor leaves no half-written file behind
+    let parameters = write_entries(file, reader, content, &entries, &partial).inspect_err(|_| {
+        let _ = std::fs::remove_file(&partial);
+    })?;
+    std::fs::rename(&partial, &target)
+        .with_context(|| format!("renaming {} to {}", partial.display(), target.display()))?;
+    let bytes = std::fs::metadata(&target)?.len();
+    Ok(Written { tensors: entries.len(), parameters, bytes })
+}
+
+/// Writes the safetensors file of `entries` to `partial`; returns the number of parameters.
+fn write_entries<R: Read + Seek>(
+    file: &Path,
+    reader: &mut R,
+    content: &Content,
+    entries: &BTreeMap<String, Entry<'_>>,
+    partial: &Path,
+) -> Result<u64> {
     let io = |e: std::io::Error| anyhow::Error::from(e).context(format!("writing {}", partial.display()));
-    let mut out = BufWriter::new(std::fs::File::create(&partial).map_err(io)?);
-    let header = header(&entries)?;
+    let mut out = BufWriter::new(std::fs::File::create(partial).map_err(io)?);
+    let header = header(entries)?;
     out.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
     out.write_all(&header).map_err(io)?;
     let mut parameters = 0u64;
@@ -108,11 +126,7 @@ pub(super) fn write_safetensors<R: Read + Seek>(
         out.write_all(&bytes).map_err(io)?;
     }
     out.flush().map_err(io)?;
-    drop(out);
-    std::fs::rename(&partial, &target)
-        .with_context(|| format!("renaming {} to {}", partial.display(), target.display()))?;
-    let bytes = std::fs::metadata(&target)?.len();
-    Ok(Written { tensors: entries.len(), parameters, bytes })
+    Ok(parameters)
 }
 
 /// Every tensor of the file with its HF name (sorted, as safetensors files usually are); an

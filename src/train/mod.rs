@@ -239,10 +239,12 @@ impl std::fmt::Display for Phase {
     }
 }
 
-/// Whether `e` is the device running out of memory (CUDA's or candle's words for it).
+/// Whether `e` is the device running out of memory, in the words of CUDA or candle
+/// (`CUDA_ERROR_OUT_OF_MEMORY`, "out of memory"), cuBLAS (`CUBLAS_STATUS_ALLOC_FAILED`: its
+/// workspace or a batched GEMM's pointer arrays) or cuDNN (`CUDNN_STATUS_ALLOC_FAILED`).
 pub fn is_out_of_memory(e: &anyhow::Error) -> bool {
     let text = format!("{e:#}");
-    text.contains("OUT_OF_MEMORY") || text.contains("out of memory")
+    ["OUT_OF_MEMORY", "out of memory", "ALLOC_FAILED"].iter().any(|words| text.contains(words))
 }
 
 /// An out-of-memory error as users need it: the step and phase, memory in use, what the planner
@@ -665,6 +667,8 @@ mod tests {
         assert!(text.contains("the planner predicts") && text.contains("batch 4 x 64"), "{text}");
         assert!(text.contains("no checkpoint was written yet"), "{text}");
         assert!(!is_out_of_memory(&anyhow::anyhow!("shape mismatch")));
+        let cublas = anyhow::anyhow!("cublas error: CUBLAS_STATUS_ALLOC_FAILED").context(Phase("backward"));
+        assert!(is_out_of_memory(&cublas));
     }
 
     /// "auto" is refused on the CPU before anything is read; a resumed "auto" run keeps its
