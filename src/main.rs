@@ -408,7 +408,12 @@ fn estimated_batch(
     }
 }
 
-fn train(config: &Path, device: Option<String>, trace: Option<&Path>, launch: &LaunchArgs) -> anyhow::Result<()> {
+fn train(
+    config: &Path,
+    device: Option<String>,
+    trace: Option<&Path>,
+    launch: &LaunchArgs,
+) -> anyhow::Result<()> {
     let mut cfg = Config::from_file(config)?;
     if let Some(device) = device {
         cfg.train.device = device;
@@ -465,25 +470,54 @@ fn launch_ranks(
         "auto" | "cuda" => anyhow::bail!(
             "--gpus {gpus} needs a build with --features cuda; --device cpu starts {gpus} CPU workers instead"
         ),
-        other => anyhow::bail!("--gpus {gpus} puts rank k on cuda:k; --device {other:?} names one GPU (use cuda, or cpu)"),
+        other => anyhow::bail!(
+            "--gpus {gpus} puts rank k on cuda:k; --device {other:?} names one GPU (use cuda, or cpu)"
+        ),
     };
-    anyhow::ensure!(launch.node_rank < launch.nnodes, "--node-rank {} with --nnodes {}: node ranks count from 0", launch.node_rank, launch.nnodes);
+    anyhow::ensure!(
+        launch.node_rank < launch.nnodes,
+        "--node-rank {} with --nnodes {}: node ranks count from 0",
+        launch.node_rank,
+        launch.nnodes
+    );
     let plan = if launch.nnodes == 1 && std::env::var_os("MASTER_PORT").is_none() {
         LaunchPlan::one_machine(gpus)?
     } else {
         let var = |name: &str| {
-            std::env::var(name).map_err(|_| anyhow::anyhow!("--nnodes {}: set {name} (where rank 0 listens) on every machine", launch.nnodes))
+            std::env::var(name).map_err(|_| {
+                anyhow::anyhow!(
+                    "--nnodes {}: set {name} (where rank 0 listens) on every machine",
+                    launch.nnodes
+                )
+            })
         };
         let master_port = var("MASTER_PORT")?.parse().context("MASTER_PORT: a TCP port")?;
-        let master_addr = var("MASTER_ADDR").or_else(|e| if launch.nnodes == 1 { Ok("127.0.0.1".into()) } else { Err(e) })?;
-        LaunchPlan { nproc: gpus, nnodes: launch.nnodes, node_rank: launch.node_rank, master_addr, master_port }
+        let master_addr =
+            var("MASTER_ADDR")
+                .or_else(|e| if launch.nnodes == 1 { Ok("127.0.0.1".into()) } else { Err(e) })?;
+        LaunchPlan {
+            nproc: gpus,
+            nnodes: launch.nnodes,
+            node_rank: launch.node_rank,
+            master_addr,
+            master_port,
+        }
     };
-    let mut args: Vec<std::ffi::OsString> = vec!["train".into(), config.into(), "--device".into(), device.into()];
+    let mut args: Vec<std::ffi::OsString> =
+        vec!["train".into(), config.into(), "--device".into(), device.into()];
     if let Some(dir) = trace {
         args.extend(["--trace".into(), dir.into()]);
     }
     let exe = std::env::current_exe().context("finding this program to start the ranks")?;
-    tracing::info!("starting {gpus} ranks on {} ({} in all)", if device == "cpu" { "the CPU" } else { "the GPUs" }, gpus * launch.nnodes);
+    let on = if device == "cpu" { "CPU workers" } else { "ranks, one per GPU" };
+    match launch.nnodes {
+        1 => tracing::info!("starting {gpus} {on}"),
+        n => tracing::info!(
+            "starting {gpus} {on} on machine {} of {n} ({} ranks in all)",
+            launch.node_rank,
+            gpus * n
+        ),
+    }
     lora_ft::distributed::launcher::launch(&exe, &args, &plan).map_err(|e| match e {
         LaunchError::Failed { .. } => anyhow::anyhow!("{e}\n{}", lora_ft::train::resume_point(cfg)),
         other => anyhow::Error::new(other),

@@ -60,6 +60,7 @@ alpha = 8
 dropout = 0.0
 [data]
 train = "{data}"
+eval = "datasets/customer-service/eval.jsonl"
 max_seq_len = 96
 [train]
 batch_size = {batch_size}
@@ -70,6 +71,8 @@ warmup_steps = 2
 compute_dtype = "f32"
 device = "cpu"
 seed = 3
+eval_every = 6
+eval_batches = 2
 [checkpoint]
 every = 2
 keep_last = 0
@@ -130,6 +133,15 @@ fn steps(dir: &Path) -> BTreeMap<u64, Step> {
     out
 }
 
+/// step → (eval loss, eval tokens) as logged.
+fn evals(dir: &Path) -> BTreeMap<u64, (f64, u64)> {
+    let text = std::fs::read_to_string(dir.join("run/metrics.jsonl")).unwrap();
+    let records = text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+    records
+        .filter_map(|v| Some((v["step"].as_u64()?, (v["eval_loss"].as_f64()?, v["eval_tokens"].as_u64()?))))
+        .collect()
+}
+
 fn adapter(dir: &Path) -> BTreeMap<String, Vec<f32>> {
     let file = dir.join("adapters/a/adapter_model.safetensors");
     let tensors = candle_core::safetensors::load(&file, &candle_core::Device::Cpu).unwrap();
@@ -157,6 +169,18 @@ fn same_curve(a: &BTreeMap<u64, Step>, b: &BTreeMap<u64, Step>, from: u64) -> f6
     worst
 }
 
+/// Evaluations at steps 0, 6 and 12 on the same rows, with the same loss within `RTOL` (a
+/// resumed run also evaluates where it resumed).
+fn same_evals(a: &Path, b: &Path) {
+    let (x, y) = (evals(a), evals(b));
+    assert_eq!(x.keys().collect::<Vec<_>>(), [&0, &6, &12]);
+    for (step, (loss, tokens)) in &x {
+        assert!(y.contains_key(step), "no evaluation at {step}: {y:?}");
+        assert_eq!(y[step].1, *tokens, "evaluation at {step}: the same rows");
+        assert!(rel(y[step].0, *loss) < RTOL, "evaluation at {step}: {} vs {loss}", y[step].0);
+    }
+}
+
 fn same_adapter(a: &Path, b: &Path) -> f32 {
     let (x, y) = (adapter(a), adapter(b));
     assert_eq!(x.keys().collect::<Vec<_>>(), y.keys().collect::<Vec<_>>());
@@ -182,7 +206,10 @@ fn finished_run(ranks: usize, batch: usize, accum: usize) -> PathBuf {
             let dir = root().join(format!("{ranks}x{batch}x{accum}"));
             let started = Instant::now();
             train(&config(&dir, batch, accum), ranks);
-            eprintln!("{ranks} rank(s) x batch {batch} x accum {accum}: {:.1} s", started.elapsed().as_secs_f64());
+            eprintln!(
+                "{ranks} rank(s) x batch {batch} x accum {accum}: {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
             dir
         })
         .clone()
@@ -198,11 +225,15 @@ fn two_ranks_of_batch_4_train_as_one_rank_of_batch_8() {
     assert_eq!(curve.len(), STEPS);
     assert!(curve[&(STEPS as u64)].loss < curve[&1].loss * 0.9, "training moves the loss: {curve:?}");
     assert!(curve[&8].epoch == 1.0 && curve[&9].epoch > 1.0, "the run crosses an epoch: {curve:?}");
-    assert!(curve[&8].trained_tokens < curve[&7].trained_tokens / 3, "step 8 is the one-row batch: {curve:?}");
+    assert!(
+        curve[&8].trained_tokens < curve[&7].trained_tokens / 3,
+        "step 8 is the one-row batch: {curve:?}"
+    );
     for (two, one) in [((2, 4, 1), (1, 8, 1)), ((2, 2, 2), (1, 4, 2))] {
         let (dir, reference) = (finished_run(two.0, two.1, two.2), finished_run(one.0, one.1, one.2));
         let lines = std::fs::read_to_string(dir.join("run/metrics.jsonl")).unwrap().lines().count();
-        assert_eq!(lines, STEPS, "one metrics line per step: only rank 0 writes");
+        assert_eq!(lines, STEPS + 3, "a line per step and evaluation: only rank 0 writes");
+        same_evals(&reference, &dir);
         let worst = same_curve(&steps(&reference), &steps(&dir), 1);
         let adapter = same_adapter(&reference, &dir);
         eprintln!("{two:?} against {one:?}: worst relative loss/grad-norm difference {worst:.2e}, adapter {adapter:.2e}");
@@ -296,7 +327,8 @@ fn a_killed_rank_stops_the_run_and_its_checkpoint_resumes_on_one_or_two_ranks() 
         "rank 0 says why it stopped: {lines:#?}"
     );
     let (newest, state) = lora_ft::train::checkpoint::newest_complete(&dir.join("run")).unwrap().unwrap();
-    let intact = format!("the newest complete checkpoint, step {} ({}), is intact", state.step, newest.display());
+    let intact =
+        format!("the newest complete checkpoint, step {} ({}), is intact", state.step, newest.display());
     assert!(lines.iter().any(|l| l.contains(&intact)), "{intact}: {lines:#?}");
     assert!(state.step >= 2 && state.step < STEPS, "{state:?}");
     assert_eq!((state.world_size, state.rows_per_step, state.batch_size), (Some(2), Some(8), Some(4)));
@@ -308,6 +340,7 @@ fn a_killed_rank_stops_the_run_and_its_checkpoint_resumes_on_one_or_two_ranks() 
         copy_dir(&dir.join("run"), &resumed.join("run"));
         train(&config(&resumed, batch, 1), ranks);
         let worst = same_curve(&steps(&reference), &steps(&resumed), 1);
+        same_evals(&reference, &resumed);
         same_adapter(&reference, &resumed);
         eprintln!("killed at step {}, resumed on {ranks} rank(s): worst difference {worst:.2e}", state.step);
     }
@@ -324,11 +357,16 @@ fn a_one_rank_checkpoint_resumes_on_two_ranks() {
         std::fs::remove_dir_all(dir.join(format!("run/checkpoints/step-{step}"))).unwrap();
     }
     let metrics = dir.join("run/metrics.jsonl");
-    let head: Vec<String> = std::fs::read_to_string(&metrics).unwrap().lines().take(6).map(String::from).collect();
+    // what the run had logged when its step-6 checkpoint was written: evaluations 0 and 6, steps 1-6
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let step = |l: &str| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap();
+    let head: Vec<&str> = text.lines().filter(|l| step(l) <= 6).collect();
+    assert_eq!(head.len(), 8);
     std::fs::write(&metrics, head.join("\n") + "\n").unwrap();
     train(&config(&dir, 4, 1), 2);
     let lines = std::fs::read_to_string(&metrics).unwrap().lines().count();
-    assert_eq!(lines, STEPS, "steps 7-12 were trained again");
+    assert_eq!(lines, 8 + 8, "evaluation 6 again (on resuming), steps 7-12 and evaluation 12");
+    same_evals(&reference, &dir);
     same_curve(&steps(&reference), &steps(&dir), 1);
     same_adapter(&reference, &dir);
 }
@@ -345,7 +383,8 @@ fn a_signal_to_the_launcher_stops_every_rank_after_one_checkpoint() {
     assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
     let (status, _, lines) = run.finish();
     assert_eq!(status.code(), Some(130), "{lines:#?}");
-    let stops: Vec<&String> = lines.iter().filter(|l| l.contains("error: stopped by a signal at step")).collect();
+    let stops: Vec<&String> =
+        lines.iter().filter(|l| l.contains("error: stopped by a signal at step")).collect();
     assert_eq!(stops.len(), 2, "both ranks stop: {lines:#?}");
     let at = |l: &str| l.split("at step ").nth(1).unwrap().split(' ').next().unwrap().to_string();
     assert_eq!(at(stops[0]), at(stops[1]), "at the same step");

@@ -97,7 +97,11 @@ pub fn buckets(sizes: &[usize], cap: usize) -> Vec<Range<usize>> {
 /// The sum over the ranks of every gradient (f32), bucket by bucket: each bucket's tensors
 /// flattened into one buffer, all-reduced, and cut back into tensors of the same shapes. One rank:
 /// the gradients as they are.
-pub fn all_reduce_grads(c: &dyn Collective, grads: Vec<Tensor>, bucket_bytes: usize) -> anyhow::Result<Vec<Tensor>> {
+pub fn all_reduce_grads(
+    c: &dyn Collective,
+    grads: Vec<Tensor>,
+    bucket_bytes: usize,
+) -> anyhow::Result<Vec<Tensor>> {
     if c.world_size() == 1 {
         return Ok(grads);
     }
@@ -173,14 +177,20 @@ impl TcpCollective {
         Ok(acc)
     }
 
-    fn payload_of<'a>(&self, message: &'a [u8], want: Header, peer: usize) -> Result<&'a [u8], DistributedError> {
+    fn payload_of<'a>(
+        &self,
+        message: &'a [u8],
+        want: Header,
+        peer: usize,
+    ) -> Result<&'a [u8], DistributedError> {
         let got = (message.len() >= 10).then(|| Header {
             kind: message[0],
             op: message[1],
             count: u64::from_le_bytes(message[2..10].try_into().expect("8 bytes")),
         });
         if got != Some(want) {
-            let message = format!("out of step: it sent {got:?} where rank {} expected {want:?}", self.group.rank());
+            let message =
+                format!("out of step: it sent {got:?} where rank {} expected {want:?}", self.group.rank());
             return Err(DistributedError::Protocol { peer, message });
         }
         Ok(&message[10..])
@@ -217,7 +227,8 @@ impl Collective for TcpCollective {
     fn all_reduce_scalars(&self, values: &mut [f64], op: ReduceOp) -> anyhow::Result<()> {
         let header = Header { kind: F64, op: op as u8, count: values.len() as u64 };
         let reduced = self.round(header, f64_bytes(values), |acc, theirs| {
-            let r: Vec<f64> = bytes_f64(acc).iter().zip(bytes_f64(theirs)).map(|(a, b)| op.apply(*a, b)).collect();
+            let r: Vec<f64> =
+                bytes_f64(acc).iter().zip(bytes_f64(theirs)).map(|(a, b)| op.apply(*a, b)).collect();
             acc.copy_from_slice(&f64_bytes(&r));
         })?;
         values.copy_from_slice(&bytes_f64(&reduced));
@@ -292,7 +303,10 @@ mod tests {
             let out = h.join().unwrap();
             for (got, want) in out.iter().zip(&expected) {
                 assert_eq!(got.dims(), want.dims());
-                let (a, b) = (got.flatten_all().unwrap().to_vec1::<f32>().unwrap(), want.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+                let (a, b) = (
+                    got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                    want.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                );
                 assert_eq!(a, b);
             }
         }

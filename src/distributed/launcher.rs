@@ -68,7 +68,12 @@ impl LaunchPlan {
 #[derive(Debug)]
 pub enum LaunchError {
     /// The rank that failed first, how, and its last lines.
-    Failed { rank: usize, pid: u32, how: String, last_lines: Vec<String> },
+    Failed {
+        rank: usize,
+        pid: u32,
+        how: String,
+        last_lines: Vec<String>,
+    },
     /// Every rank stopped on SIGINT/SIGTERM after writing a checkpoint.
     Stopped,
     Spawn(String),
@@ -114,7 +119,10 @@ pub fn launch(exe: &Path, args: &[OsString], plan: &LaunchPlan) -> Result<(), La
             Ok(r) => ranks.push(r),
             Err(e) => {
                 kill_all(&mut ranks);
-                return Err(LaunchError::Spawn(format!("starting rank {}: {e}", plan.node_rank * plan.nproc + local)));
+                return Err(LaunchError::Spawn(format!(
+                    "starting rank {}: {e}",
+                    plan.node_rank * plan.nproc + local
+                )));
             }
         }
     }
@@ -130,7 +138,11 @@ pub fn launch(exe: &Path, args: &[OsString], plan: &LaunchPlan) -> Result<(), La
 
 fn spawn(exe: &Path, args: &[OsString], plan: &LaunchPlan, local: usize) -> std::io::Result<Rank> {
     let mut cmd = Command::new(exe);
-    cmd.args(args).envs(plan.env(local)).stdin(Stdio::piped()).stdout(Stdio::inherit()).stderr(Stdio::piped());
+    cmd.args(args)
+        .envs(plan.env(local))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::piped());
     // a group of its own: Ctrl-C in the terminal reaches the launcher only, which passes one
     // signal on to each rank (two would kill them before their checkpoint)
     cmd.process_group(0);
@@ -140,7 +152,9 @@ fn spawn(exe: &Path, args: &[OsString], plan: &LaunchPlan, local: usize) -> std:
     let stderr = child.stderr.take().expect("piped");
     let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
     let keep = Arc::clone(&tail);
-    let forward = std::thread::Builder::new().name(format!("rank-{rank}-stderr")).spawn(move || pass_on(stderr, &keep))?;
+    let forward = std::thread::Builder::new()
+        .name(format!("rank-{rank}-stderr"))
+        .spawn(move || pass_on(stderr, &keep))?;
     Ok(Rank {
         rank,
         _stdin: child.stdin.take(),
@@ -231,7 +245,12 @@ fn outcome(ranks: &[Rank], order: &[usize]) -> Result<(), LaunchError> {
         .unwrap_or(bad[0]);
     let r = &ranks[first_cause];
     let last_lines = r.tail.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
-    Err(LaunchError::Failed { rank: r.rank, pid: r.child.id(), how: describe(status(first_cause)), last_lines })
+    Err(LaunchError::Failed {
+        rank: r.rank,
+        pid: r.child.id(),
+        how: describe(status(first_cause)),
+        last_lines,
+    })
 }
 
 /// "exited with status 1", "was killed by signal 9 (SIGKILL)".
@@ -276,7 +295,13 @@ mod tests {
 
     #[test]
     fn ranks_get_the_launcher_variables() {
-        let plan = LaunchPlan { nproc: 2, nnodes: 2, node_rank: 1, master_addr: "10.0.0.1".into(), master_port: 29500 };
+        let plan = LaunchPlan {
+            nproc: 2,
+            nnodes: 2,
+            node_rank: 1,
+            master_addr: "10.0.0.1".into(),
+            master_port: 29500,
+        };
         let env = plan.env(1);
         let get = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());
         assert_eq!(get("RANK"), Some("3"));

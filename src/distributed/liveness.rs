@@ -96,7 +96,12 @@ pub struct Group {
 
 impl Group {
     /// Starts the reader and heartbeat threads on the rendezvous connections.
-    pub fn start(rank: usize, world_size: usize, links: Vec<(usize, TcpStream)>, timing: Timing) -> io::Result<Self> {
+    pub fn start(
+        rank: usize,
+        world_size: usize,
+        links: Vec<(usize, TcpStream)>,
+        timing: Timing,
+    ) -> io::Result<Self> {
         let mut writers = Vec::new();
         let mut readers = Vec::new();
         for (peer, stream) in links {
@@ -123,7 +128,9 @@ impl Group {
             group_links.push(Link { peer, data: Mutex::new(rx) });
         }
         let beat = Arc::clone(&shared);
-        std::thread::Builder::new().name("heartbeat".into()).spawn(move || heartbeat_loop(&beat, timing.heartbeat))?;
+        std::thread::Builder::new()
+            .name("heartbeat".into())
+            .spawn(move || heartbeat_loop(&beat, timing.heartbeat))?;
         Ok(Self { shared, links: group_links, world_size })
     }
 
@@ -249,7 +256,9 @@ fn read_loop(peer: usize, mut stream: TcpStream, data: Sender<Vec<u8>>, shared: 
                 lock(&shared.byes).insert(peer);
             }
             Ok(Frame::Failed(f)) => shared.fail(Failure { rank: f.rank, what: f.what }),
-            Ok(other) => shared.fail(Failure { rank: peer, what: format!("sent {other:?} in the middle of the run") }),
+            Ok(other) => {
+                shared.fail(Failure { rank: peer, what: format!("sent {other:?} in the middle of the run") })
+            }
             Err(_) if said_bye || shared.done() => return,
             Err(e) => return shared.fail(Failure { rank: peer, what: lost_peer(&e, timeout) }),
         }
@@ -333,8 +342,10 @@ pub(crate) mod tests {
         let handles: Vec<_> = (0..world_size)
             .map(|rank| {
                 std::thread::spawn(move || {
-                    let w = WorldInfo { rank, world_size, local_rank: rank, master: format!("127.0.0.1:{port}") };
-                    let spec = Spec { world: &w, backend: "cpu", run: serde_json::json!({}), timing: timing() };
+                    let w =
+                        WorldInfo { rank, world_size, local_rank: rank, master: format!("127.0.0.1:{port}") };
+                    let spec =
+                        Spec { world: &w, backend: "cpu", run: serde_json::json!({}), timing: timing() };
                     let joined = join(&spec, || Ok(vec![])).unwrap();
                     Group::start(rank, world_size, joined.links, timing()).unwrap()
                 })
@@ -380,7 +391,10 @@ pub(crate) mod tests {
         let g = groups(3);
         g[1].fail_self("out of GPU memory at step 7");
         for group in [&g[0], &g[2]] {
-            assert_eq!(wait_for_failure(group), Failure { rank: 1, what: "out of GPU memory at step 7".into() });
+            assert_eq!(
+                wait_for_failure(group),
+                Failure { rank: 1, what: "out of GPU memory at step 7".into() }
+            );
         }
     }
 

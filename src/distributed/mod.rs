@@ -88,7 +88,8 @@ impl WorldInfo {
         if world_size == 1 {
             return Ok(None);
         }
-        let required = |name: &'static str| var(name).ok_or(DistributedError::MissingVariable { name, world_size });
+        let required =
+            |name: &'static str| var(name).ok_or(DistributedError::MissingVariable { name, world_size });
         let rank_text = required("RANK")?;
         let rank = parse_var("RANK", &rank_text, "this process's rank")?;
         if rank >= world_size {
@@ -127,23 +128,44 @@ pub fn shard_rows(rows: usize, rank: usize, world_size: usize) -> Range<usize> {
     rows * rank / world_size..rows * (rank + 1) / world_size
 }
 
-/// Joins the run `world` describes and opens its collective on `device`: NCCL for a GPU, the
-/// CPU collective for the CPU. `run` is what every rank must agree on (the config). From here
-/// on, a failure of another rank ends this process within a few seconds even if its main thread
-/// is stuck in a device call (`liveness::exit_after`).
-pub fn connect(world: &WorldInfo, device: &Device, run: serde_json::Value) -> anyhow::Result<Arc<dyn Collective>> {
+/// A rank that joined its run: connected to the others, not yet on its device.
+pub struct Member {
+    group: liveness::Group,
+    /// Rank 0's payload: NCCL's unique id for a GPU run.
+    payload: Vec<u8>,
+}
+
+/// Joins the run `world` describes, on GPUs (`gpu`: NCCL) or the CPU; `run` is what every rank
+/// must agree on (the config). From here on, a failure of another rank ends this process within
+/// a few seconds even if its main thread is stuck in a device call (`liveness::exit_after`).
+/// The rendezvous comes before the device opens, so that a rank whose GPU will not open tells
+/// the others at once.
+pub fn join(world: &WorldInfo, gpu: bool, run: serde_json::Value) -> anyhow::Result<Member> {
     let timing = rendezvous::Timing::from_env();
-    let backend = if device.is_cuda() { "nccl" } else { "cpu" };
+    let backend = if gpu { "nccl" } else { "cpu" };
     let spec = rendezvous::Spec { world, backend, run, timing };
     tracing::info!("rank {} of {}: joining the run at {}", world.rank, world.world_size, world.master);
-    let joined = rendezvous::join(&spec, || root_payload(device))?;
+    let joined = rendezvous::join(&spec, || root_payload(gpu))?;
     let group = liveness::Group::start(world.rank, world.world_size, joined.links, timing)
         .context("starting the liveness channel")?;
     group.on_failure(liveness::exit_after(EXIT_GRACE, rank_prefix(world.rank)));
-    if device.is_cpu() {
-        return Ok(Arc::new(TcpCollective::new(group)));
+    Ok(Member { group, payload: joined.payload })
+}
+
+impl Member {
+    /// The run's collective on `device`: NCCL for a GPU, the CPU collective for the CPU. A
+    /// failure to build it is told to the other ranks.
+    pub fn collective(self, device: &Device) -> anyhow::Result<Arc<dyn Collective>> {
+        if device.is_cpu() {
+            return Ok(Arc::new(TcpCollective::new(self.group)));
+        }
+        gpu_collective(self.group, device, &self.payload)
     }
-    gpu_collective(group, device, &joined.payload)
+
+    /// This rank failed before it trained: the others stop with `e`.
+    pub fn fail(&self, e: &anyhow::Error) {
+        self.group.fail_self(&format!("failed: {e:#}"));
+    }
 }
 
 /// How long a rank whose peer failed waits for its main thread to stop by itself.
@@ -155,8 +177,8 @@ pub fn rank_prefix(rank: usize) -> String {
 }
 
 /// Rank 0's payload for the others: the NCCL unique id on GPUs, nothing on the CPU.
-fn root_payload(device: &Device) -> Result<Vec<u8>, String> {
-    if device.is_cpu() {
+fn root_payload(gpu: bool) -> Result<Vec<u8>, String> {
+    if !gpu {
         return Ok(Vec::new());
     }
     #[cfg(feature = "cuda")]
@@ -171,7 +193,11 @@ fn gpu_collective(group: liveness::Group, device: &Device, id: &[u8]) -> anyhow:
 }
 
 #[cfg(not(feature = "cuda"))]
-fn gpu_collective(group: liveness::Group, _device: &Device, _id: &[u8]) -> anyhow::Result<Arc<dyn Collective>> {
+fn gpu_collective(
+    group: liveness::Group,
+    _device: &Device,
+    _id: &[u8],
+) -> anyhow::Result<Arc<dyn Collective>> {
     let message = "a GPU run needs a build with --features cuda";
     group.fail_self(&format!("failed: {message}"));
     anyhow::bail!(message)
@@ -198,7 +224,8 @@ mod tests {
     use std::collections::HashMap;
 
     fn world(vars: &[(&str, &str)]) -> Result<Option<WorldInfo>, DistributedError> {
-        let vars: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let vars: HashMap<String, String> =
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         WorldInfo::from_vars(|name| vars.get(name).cloned())
     }
 
@@ -225,7 +252,11 @@ mod tests {
             world(&vars).unwrap_err().to_string()
         };
         assert_eq!(with("RANK", "2"), "RANK=\"2\": a rank below WORLD_SIZE=2 (ranks count from 0)");
-        assert!(with("WORLD_SIZE", "two").starts_with("WORLD_SIZE=\"two\": "), "{}", with("WORLD_SIZE", "two"));
+        assert!(
+            with("WORLD_SIZE", "two").starts_with("WORLD_SIZE=\"two\": "),
+            "{}",
+            with("WORLD_SIZE", "two")
+        );
         assert!(with("WORLD_SIZE", "0").starts_with("WORLD_SIZE=\"0\""));
         assert!(with("MASTER_PORT", "99999").starts_with("MASTER_PORT=\"99999\": a TCP port"));
         let err = with("MASTER_ADDR", "");
@@ -244,10 +275,14 @@ mod tests {
         assert_eq!((shard_rows(1, 0, 2), shard_rows(1, 1, 2)), (0..0, 0..1));
         for rows in 0..20 {
             for world_size in 1..6 {
-                let shards: Vec<Range<usize>> = (0..world_size).map(|r| shard_rows(rows, r, world_size)).collect();
+                let shards: Vec<Range<usize>> =
+                    (0..world_size).map(|r| shard_rows(rows, r, world_size)).collect();
                 assert_eq!(shards[0].start, 0);
                 assert_eq!(shards[world_size - 1].end, rows);
-                assert!(shards.windows(2).all(|w| w[0].end == w[1].start), "{rows} over {world_size}: {shards:?}");
+                assert!(
+                    shards.windows(2).all(|w| w[0].end == w[1].start),
+                    "{rows} over {world_size}: {shards:?}"
+                );
                 assert!(shards.iter().all(|s| s.len() <= rows.div_ceil(world_size)));
             }
         }

@@ -41,7 +41,15 @@ struct Api {
     get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> NcclResult,
     comm_init_rank: unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int) -> NcclResult,
     #[allow(clippy::type_complexity)]
-    all_reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, RawComm, *mut c_void) -> NcclResult,
+    all_reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        RawComm,
+        *mut c_void,
+    ) -> NcclResult,
     comm_abort: unsafe extern "C" fn(RawComm) -> NcclResult,
     comm_destroy: unsafe extern "C" fn(RawComm) -> NcclResult,
     get_error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
@@ -192,7 +200,9 @@ impl NcclCollective {
     /// The all-reduce of a contiguous f32/f64 tensor into a new one.
     fn all_reduce<T>(&self, t: &Tensor, dtype: c_int, op: c_int) -> anyhow::Result<Tensor>
     where
-        T: candle_core::cuda_backend::CudaDType + candle_core::WithDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
+        T: candle_core::cuda_backend::CudaDType
+            + candle_core::WithDType
+            + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
     {
         let t = t.contiguous()?;
         let n = t.elem_count();

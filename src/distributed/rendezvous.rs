@@ -53,7 +53,10 @@ pub struct Joined {
 
 /// Joins the run: rank 0 serves, and once every rank has joined sends each `make_payload()` (an
 /// error from it fails the rendezvous on every rank); the others connect.
-pub fn join(spec: &Spec, make_payload: impl FnOnce() -> Result<Vec<u8>, String>) -> Result<Joined, DistributedError> {
+pub fn join(
+    spec: &Spec,
+    make_payload: impl FnOnce() -> Result<Vec<u8>, String>,
+) -> Result<Joined, DistributedError> {
     let hello = Hello {
         magic: MAGIC.into(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -121,8 +124,10 @@ fn serve(
             Err(e) => return Err(rendezvous_error(spec, format!("accepting connections: {e}"))),
         }
         if Instant::now() > deadline {
-            let missing: Vec<String> =
-                (1..spec.world.world_size).filter(|r| !joined.contains_key(r)).map(|r| r.to_string()).collect();
+            let missing: Vec<String> = (1..spec.world.world_size)
+                .filter(|r| !joined.contains_key(r))
+                .map(|r| r.to_string())
+                .collect();
             let message = format!(
                 "rank(s) {} of WORLD_SIZE={} did not join within {} s",
                 missing.join(", "),
@@ -145,9 +150,8 @@ fn serve(
     };
     let welcome = Frame::Welcome(Welcome { error: None, payload: payload.clone() });
     for (rank, stream) in joined.iter_mut() {
-        write_frame(stream, &welcome).map_err(|e| {
-            rendezvous_error(spec, format!("rank {rank} left before the run started: {e}"))
-        })?;
+        write_frame(stream, &welcome)
+            .map_err(|e| rendezvous_error(spec, format!("rank {rank} left before the run started: {e}")))?;
     }
     Ok(Joined { links: joined.into_iter().collect(), payload })
 }
@@ -201,7 +205,11 @@ fn disagreement(
         ));
     }
     if r == 0 || r >= ours.world_size {
-        return Some(format!("a process from {from} says it is rank {r}; WORLD_SIZE={} has ranks 1-{} besides rank 0", ours.world_size, ours.world_size - 1));
+        return Some(format!(
+            "a process from {from} says it is rank {r}; WORLD_SIZE={} has ranks 1-{} besides rank 0",
+            ours.world_size,
+            ours.world_size - 1
+        ));
     }
     if joined.contains_key(&r) {
         return Some(format!("two processes say they are rank {r} (the second from {from})"));
@@ -229,7 +237,11 @@ fn device_kind(backend: &str) -> &str {
 }
 
 /// The first key path where two JSON values differ, with both values.
-fn first_difference(a: &serde_json::Value, b: &serde_json::Value, path: &str) -> Option<(String, String, String)> {
+fn first_difference(
+    a: &serde_json::Value,
+    b: &serde_json::Value,
+    path: &str,
+) -> Option<(String, String, String)> {
     use serde_json::Value;
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
@@ -240,7 +252,9 @@ fn first_difference(a: &serde_json::Value, b: &serde_json::Value, path: &str) ->
             })
         }
         _ if a == b => None,
-        _ => Some((if path.is_empty() { "the top".into() } else { path.into() }, a.to_string(), b.to_string())),
+        _ => {
+            Some((if path.is_empty() { "the top".into() } else { path.into() }, a.to_string(), b.to_string()))
+        }
     }
 }
 
@@ -264,15 +278,21 @@ fn connect(spec: &Spec, hello: &Hello) -> Result<Joined, DistributedError> {
     loop {
         match read_frame(&mut stream) {
             Ok(Frame::Heartbeat) => continue,
-            Ok(Frame::Welcome(Welcome { error: Some(message), .. })) => return Err(rendezvous_error(spec, message)),
+            Ok(Frame::Welcome(Welcome { error: Some(message), .. })) => {
+                return Err(rendezvous_error(spec, message))
+            }
             Ok(Frame::Welcome(Welcome { error: None, payload })) => {
                 return Ok(Joined { links: vec![(0, stream)], payload })
             }
-            Ok(other) => return Err(rendezvous_error(spec, format!("rank 0 sent {other:?} before the welcome"))),
+            Ok(other) => {
+                return Err(rendezvous_error(spec, format!("rank 0 sent {other:?} before the welcome")))
+            }
             Err(e) => {
                 return Err(rendezvous_error(
                     spec,
-                    format!("rank 0 accepted this rank, then went silent or away before the run started: {e}"),
+                    format!(
+                        "rank 0 accepted this rank, then went silent or away before the run started: {e}"
+                    ),
                 ))
             }
         }
@@ -285,8 +305,9 @@ fn connect_with_retries(spec: &Spec) -> Result<TcpStream, DistributedError> {
     let deadline = started + spec.timing.rendezvous;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let attempt = resolve(&spec.world.master)
-            .and_then(|addr| TcpStream::connect_timeout(&addr, left.clamp(Duration::from_millis(10), Duration::from_secs(2))));
+        let attempt = resolve(&spec.world.master).and_then(|addr| {
+            TcpStream::connect_timeout(&addr, left.clamp(Duration::from_millis(10), Duration::from_secs(2)))
+        });
         match attempt {
             Ok(stream) => return Ok(stream),
             Err(source) if Instant::now() + Duration::from_millis(200) >= deadline => {
@@ -337,7 +358,8 @@ mod tests {
     fn every_rank_joins_and_gets_rank_0s_payload() {
         let port = free_port();
         let run = serde_json::json!({"train": {"lr": 1e-3}});
-        let ranks: Vec<_> = (0..3).rev().map(|r| spawn_rank(world(r, 3, port), run.clone(), vec![r as u8, 7])).collect();
+        let ranks: Vec<_> =
+            (0..3).rev().map(|r| spawn_rank(world(r, 3, port), run.clone(), vec![r as u8, 7])).collect();
         let mut joined: Vec<Joined> = ranks.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
         joined.reverse();
         assert_eq!(joined[0].links.iter().map(|(r, _)| *r).collect::<Vec<_>>(), [1, 2]);
@@ -360,7 +382,8 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(5));
         for err in [a.err().unwrap().to_string(), b.err().unwrap().to_string()] {
             assert!(
-                err.contains("rank 1 (from 127.0.0.1:") && err.contains("has WORLD_SIZE=3, rank 0 has WORLD_SIZE=2"),
+                err.contains("rank 1 (from 127.0.0.1:")
+                    && err.contains("has WORLD_SIZE=3, rank 0 has WORLD_SIZE=2"),
                 "{err}"
             );
         }
@@ -369,10 +392,15 @@ mod tests {
     #[test]
     fn a_different_config_is_refused_naming_the_key() {
         let port = free_port();
-        let root = spawn_rank(world(0, 2, port), serde_json::json!({"train": {"lr": 0.001, "seed": 1}}), vec![]);
-        let other = spawn_rank(world(1, 2, port), serde_json::json!({"train": {"lr": 0.002, "seed": 1}}), vec![]);
+        let root =
+            spawn_rank(world(0, 2, port), serde_json::json!({"train": {"lr": 0.001, "seed": 1}}), vec![]);
+        let other =
+            spawn_rank(world(1, 2, port), serde_json::json!({"train": {"lr": 0.002, "seed": 1}}), vec![]);
         let err = other.join().unwrap().err().unwrap().to_string();
-        assert!(err.contains("rank 1's config differs from rank 0's at train.lr: 0.002 (rank 0: 0.001)"), "{err}");
+        assert!(
+            err.contains("rank 1's config differs from rank 0's at train.lr: 0.002 (rank 0: 0.001)"),
+            "{err}"
+        );
         assert!(root.join().unwrap().is_err());
     }
 
@@ -387,7 +415,9 @@ mod tests {
         let waited = started.elapsed();
         assert!(waited >= Duration::from_millis(800) && waited < Duration::from_secs(4), "{waited:?}");
         assert!(
-            err.starts_with(&format!("could not reach rank 0 at MASTER_ADDR:MASTER_PORT = 127.0.0.1:{port} within 1 s")),
+            err.starts_with(&format!(
+                "could not reach rank 0 at MASTER_ADDR:MASTER_PORT = 127.0.0.1:{port} within 1 s"
+            )),
             "{err}"
         );
     }

@@ -103,7 +103,8 @@ impl MetricsLog {
     }
 
     pub fn step(&mut self, r: &StepRecord) -> anyhow::Result<()> {
-        let message = format!("loss {:.4} lr {:.2e} |g| {:.3} {:.0} tok/s", r.loss, r.lr, r.grad_norm, r.tokens_per_s);
+        let message =
+            format!("loss {:.4} lr {:.2e} |g| {:.3} {:.0} tok/s", r.loss, r.lr, r.grad_norm, r.tokens_per_s);
         if self.lines {
             tracing::info!("step {}/{}: {message}", r.step, self.bar.length().unwrap_or(0));
         }

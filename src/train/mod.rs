@@ -241,11 +241,13 @@ impl Trainer {
         // the ranks' gradients is the one-process gradient.
         let loss_scale = self.scaler.scale();
         let local = self.local_step(step, micro_batches, loss_scale / trained as f64)?;
-        let grads = all_reduce_grads(&*self.collective, local.grads, BUCKET_BYTES)?;
+        let device = self.model.device().clone();
+        let collective = &*self.collective;
+        let grads =
+            section("all-reduce", &device, || all_reduce_grads(collective, local.grads, BUCKET_BYTES))?;
         // Unscaling and clipping are folded into one gradient factor of the optimizer step:
         // the gradients are read twice per step (norm, update) and never rewritten.
         let inv_scale = 1.0 / loss_scale;
-        let device = self.model.device().clone();
         let grad_norm = section("clip", &device, || grad_norm(&grads, inv_scale))?;
         // Every rank holds the same summed gradients, so the same norm; the overflow decision is
         // still agreed explicitly (any rank's inf/nan skips the step everywhere), in the one
@@ -403,11 +405,13 @@ pub fn run(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummar
 /// variables): joins the other ranks, trains its shard of every batch, and at the end says
 /// goodbye, or tells the others why it failed so they stop too.
 pub fn run_rank(cfg: &Config, trace_dir: Option<&Path>, world: &WorldInfo) -> anyhow::Result<TrainSummary> {
-    let device_spec = rank_device(&cfg.train.device, world)?;
+    let device_spec = rank_device(&cfg.train.device, world)?; // "cpu" or "cuda:LOCAL_RANK"
     let cfg = Config { train: TrainSection { device: device_spec, ..cfg.train.clone() }, ..cfg.clone() };
+    let member =
+        crate::distributed::join(world, device_spec_is_gpu(&cfg.train.device), agreed_config(&cfg)?)?;
     // one device handle for training and the collective: NCCL runs on the stream training uses
-    let device = parse_device(&cfg.train.device)?;
-    let collective = crate::distributed::connect(world, &device, agreed_config(&cfg)?)?;
+    let device = parse_device(&cfg.train.device).inspect_err(|e| member.fail(e))?;
+    let collective = member.collective(&device)?;
     let result = with_disk_full_message(&cfg, || train(&cfg, trace_dir, device, Arc::clone(&collective)));
     match result {
         Ok(summary) => collective.finish().map(|()| summary),
@@ -449,6 +453,10 @@ fn rank_device(spec: &str, world: &WorldInfo) -> anyhow::Result<String> {
     }
 }
 
+fn device_spec_is_gpu(spec: &str) -> bool {
+    spec.starts_with("cuda")
+}
+
 /// What every rank must agree on: the config, less the device (each rank has its own).
 fn agreed_config(cfg: &Config) -> anyhow::Result<serde_json::Value> {
     let mut value = serde_json::to_value(cfg)?;
@@ -459,7 +467,11 @@ fn agreed_config(cfg: &Config) -> anyhow::Result<serde_json::Value> {
 }
 
 /// The base model on `device` with fresh adapters, and the name PEFT should load it by.
-fn load_model(cfg: &Config, device: &Device, budget: Option<crate::memory::VramBudget>) -> anyhow::Result<(CausalLm, crate::hub::ModelFiles, String)> {
+fn load_model(
+    cfg: &Config,
+    device: &Device,
+    budget: Option<crate::memory::VramBudget>,
+) -> anyhow::Result<(CausalLm, crate::hub::ModelFiles, String)> {
     let source = cfg.model.expanded_source();
     let files = crate::hub::resolve(&source, &cfg.model.revision)?;
     // PEFT needs a base it can load: the imported folder rather than the .gguf file.
@@ -540,7 +552,8 @@ fn train(
     // every rank builds the global batches (those of one process with batch_size × world_size
     // rows, so the data order is the same for any number of ranks) and trains its shard
     let global_batch = batch_size * world_size;
-    let eval_loader = eval_set.map(|set| BatchLoader::new(Arc::new(set.examples), global_batch, pad_id, None));
+    let eval_loader =
+        eval_set.map(|set| BatchLoader::new(Arc::new(set.examples), global_batch, pad_id, None));
     let loader = BatchLoader::new(Arc::new(train_set.examples), global_batch, pad_id, Some(cfg.train.seed));
     let total = total_steps(cfg, loader.num_batches());
     if rank == 0 {
@@ -846,7 +859,12 @@ fn step_record(
 
 /// Checkpoint `done`, written by rank 0 alone (whole or not at all); every rank then waits for
 /// it, so none goes on, or stops, before it exists, and a failed save stops them all.
-fn save_checkpoint(run: &RunContext, trainer: &Trainer, stream: &BatchStream, done: usize) -> anyhow::Result<PathBuf> {
+fn save_checkpoint(
+    run: &RunContext,
+    trainer: &Trainer,
+    stream: &BatchStream,
+    done: usize,
+) -> anyhow::Result<PathBuf> {
     let (cfg, c) = (run.cfg, &*trainer.collective);
     let dir = checkpoint::checkpoint_dir(&cfg.output.dir, done);
     if c.rank() == 0 {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 /// 96 tokens, with `lora`, `train` and `checkpoint` as the lines of those sections (the device,
 /// dtype and lengths are fixed here), its run in `<root>/run` and its adapter in
 /// `<root>/adapters/a`.
+#[allow(dead_code)]
 pub fn smollm2_cpu_config(root: &Path, lora: &str, train: &str, checkpoint: &str) -> PathBuf {
     let toml = format!(
         r#"
@@ -89,7 +90,9 @@ fn write_tiny_smollm2(dir: &Path) {
     put("model.embed_tokens.weight".into(), &[vocab, 64], 0.5);
     for l in 0..2 {
         let p = format!("model.layers.{l}");
-        for (name, out, inp) in [("self_attn.q_proj", 64, 64), ("self_attn.k_proj", 32, 64), ("self_attn.v_proj", 32, 64)] {
+        for (name, out, inp) in
+            [("self_attn.q_proj", 64, 64), ("self_attn.k_proj", 32, 64), ("self_attn.v_proj", 32, 64)]
+        {
             put(format!("{p}.{name}.weight"), &[out, inp], 1.0 / (inp as f32).sqrt());
         }
         put(format!("{p}.self_attn.o_proj.weight"), &[64, 64], 0.125);
@@ -97,7 +100,8 @@ fn write_tiny_smollm2(dir: &Path) {
         put(format!("{p}.mlp.up_proj.weight"), &[128, 64], 0.125);
         put(format!("{p}.mlp.down_proj.weight"), &[64, 128], 0.088);
     }
-    let ones = |n: usize| candle_core::Tensor::ones(n, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+    let ones =
+        |n: usize| candle_core::Tensor::ones(n, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
     for l in 0..2 {
         tensors.insert(format!("model.layers.{l}.input_layernorm.weight"), ones(64));
         tensors.insert(format!("model.layers.{l}.post_attention_layernorm.weight"), ones(64));
