@@ -92,14 +92,21 @@ enum Command {
 struct LaunchArgs {
     /// Start one rank per GPU (cuda:0..N-1), each training its shard of every batch of
     /// train.batch_size rows per GPU; with --device cpu, N CPU workers.
-    #[arg(long, value_name = "N", visible_alias = "workers")]
+    #[arg(long, value_name = "N", visible_alias = "workers", value_parser = at_least_one)]
     gpus: Option<usize>,
     /// Machines in the run (each runs this command with its --node-rank; MASTER_ADDR and
     /// MASTER_PORT name where rank 0 listens).
-    #[arg(long, default_value_t = 1, requires = "gpus")]
+    #[arg(long, default_value_t = 1, requires = "gpus", value_parser = at_least_one)]
     nnodes: usize,
     #[arg(long, default_value_t = 0, requires = "gpus")]
     node_rank: usize,
+}
+
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a number, at least 1".into()),
+    }
 }
 
 #[derive(Subcommand)]
@@ -456,6 +463,38 @@ fn train(
     Ok(())
 }
 
+/// The ranks of this machine and where rank 0 listens: MASTER_ADDR and MASTER_PORT (needed with
+/// several machines), else a free port on 127.0.0.1.
+fn launch_plan(launch: &LaunchArgs, gpus: usize) -> anyhow::Result<LaunchPlan> {
+    anyhow::ensure!(
+        launch.node_rank < launch.nnodes,
+        "--node-rank {} with --nnodes {}: node ranks count from 0",
+        launch.node_rank,
+        launch.nnodes
+    );
+    if launch.nnodes == 1 && std::env::var_os("MASTER_PORT").is_none() {
+        return LaunchPlan::one_machine(gpus);
+    }
+    let var = |name: &str| {
+        std::env::var(name).map_err(|_| {
+            anyhow::anyhow!("--nnodes {}: set {name} (where rank 0 listens) on every machine", launch.nnodes)
+        })
+    };
+    let port = var("MASTER_PORT")?;
+    let master_port = port.parse().with_context(|| format!("MASTER_PORT={port:?}: a TCP port"))?;
+    let master_addr = match var("MASTER_ADDR") {
+        Err(_) if launch.nnodes == 1 => "127.0.0.1".into(),
+        addr => addr?,
+    };
+    Ok(LaunchPlan {
+        nproc: gpus,
+        nnodes: launch.nnodes,
+        node_rank: launch.node_rank,
+        master_addr,
+        master_port,
+    })
+}
+
 /// `--gpus N`: this binary again, once per rank of this machine, with the launcher variables.
 fn launch_ranks(
     cfg: &Config,
@@ -474,35 +513,7 @@ fn launch_ranks(
             "--gpus {gpus} puts rank k on cuda:k; --device {other:?} names one GPU (use cuda, or cpu)"
         ),
     };
-    anyhow::ensure!(
-        launch.node_rank < launch.nnodes,
-        "--node-rank {} with --nnodes {}: node ranks count from 0",
-        launch.node_rank,
-        launch.nnodes
-    );
-    let plan = if launch.nnodes == 1 && std::env::var_os("MASTER_PORT").is_none() {
-        LaunchPlan::one_machine(gpus)?
-    } else {
-        let var = |name: &str| {
-            std::env::var(name).map_err(|_| {
-                anyhow::anyhow!(
-                    "--nnodes {}: set {name} (where rank 0 listens) on every machine",
-                    launch.nnodes
-                )
-            })
-        };
-        let master_port = var("MASTER_PORT")?.parse().context("MASTER_PORT: a TCP port")?;
-        let master_addr =
-            var("MASTER_ADDR")
-                .or_else(|e| if launch.nnodes == 1 { Ok("127.0.0.1".into()) } else { Err(e) })?;
-        LaunchPlan {
-            nproc: gpus,
-            nnodes: launch.nnodes,
-            node_rank: launch.node_rank,
-            master_addr,
-            master_port,
-        }
-    };
+    let plan = launch_plan(launch, gpus)?;
     let mut args: Vec<std::ffi::OsString> =
         vec!["train".into(), config.into(), "--device".into(), device.into()];
     if let Some(dir) = trace {

@@ -257,7 +257,7 @@ mod tests {
         assert_eq!(buckets(&[3, 3, 3, 3], 9), [0..3, 3..4]);
         // one larger than the cap is a bucket of its own, wherever it is
         assert_eq!(buckets(&[2, 10, 2, 2], 5), [0..1, 1..2, 2..4]);
-        assert_eq!(buckets(&[10], 5), [0..1]);
+        assert_eq!(buckets(&[10], 5), vec![0..1_usize]);
         assert_eq!(buckets(&[], 5), Vec::<Range<usize>>::new());
         let sizes = [5, 1, 7, 2, 2, 9, 1, 1, 4];
         let b = buckets(&sizes, 8);

@@ -251,6 +251,9 @@ impl Collective for NcclCollective {
 
     fn abort(&self, message: &str) {
         self.group.fail_self(message);
+        // an all-reduce this rank enqueued waits for peers that now stop: end it, so the
+        // process exits without a kernel of its own in flight
+        self.comm.abort();
     }
 
     fn finish(&self) -> anyhow::Result<()> {
@@ -264,6 +267,32 @@ impl Drop for NcclCollective {
         if let (Some(comm), Ok(api)) = (comm, api()) {
             // SAFETY: the communicator is live and nothing else holds it.
             unsafe { (api.comm_destroy)(comm.0) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where libnccl.so.2 can be loaded (a GPU machine, or LD_LIBRARY_PATH at a NCCL wheel), the
+    /// unique id rank 0 sends is 128 bytes and not all zero; where it cannot, the error says how
+    /// to install it. Neither needs a GPU.
+    #[test]
+    fn the_unique_id_comes_from_libnccl_or_the_error_says_how_to_get_it() {
+        match unique_id() {
+            Ok(id) => {
+                assert_eq!(id.len(), 128);
+                assert!(id.iter().any(|&b| b != 0), "{id:?}");
+                assert_ne!(unique_id().unwrap(), id, "a new id each time");
+            }
+            Err(e) => {
+                let text = e.to_string();
+                assert!(
+                    text.contains("libnccl.so.2 could not be loaded") && text.contains("pip install"),
+                    "{text}"
+                );
+            }
         }
     }
 }
