@@ -33,6 +33,15 @@ fn root() -> PathBuf {
     std::env::temp_dir().join(format!("lora-ft-distributed-{}", std::process::id()))
 }
 
+/// Called at the end of each test: the last of the four to pass removes the runs they share (a
+/// failed test leaves them to look at).
+fn passed() {
+    static PASSED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    if PASSED.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == 4 {
+        let _ = std::fs::remove_dir_all(root());
+    }
+}
+
 /// The first `rows` dialogues of the shipped training set.
 fn data(rows: usize) -> PathBuf {
     static FILE: OnceLock<PathBuf> = OnceLock::new();
@@ -238,6 +247,7 @@ fn two_ranks_of_batch_4_train_as_one_rank_of_batch_8() {
         let adapter = same_adapter(&reference, &dir);
         eprintln!("{two:?} against {one:?}: worst relative loss/grad-norm difference {worst:.2e}, adapter {adapter:.2e}");
     }
+    passed();
 }
 
 /// A launched run with its stderr collected line by line.
@@ -344,6 +354,7 @@ fn a_killed_rank_stops_the_run_and_its_checkpoint_resumes_on_one_or_two_ranks() 
         same_adapter(&reference, &resumed);
         eprintln!("killed at step {}, resumed on {ranks} rank(s): worst difference {worst:.2e}", state.step);
     }
+    passed();
 }
 
 /// A checkpoint of a 1-rank run resumed on 2 ranks continues the same data order: steps 7-12
@@ -369,6 +380,7 @@ fn a_one_rank_checkpoint_resumes_on_two_ranks() {
     same_evals(&reference, &dir);
     same_curve(&steps(&reference), &steps(&dir), 1);
     same_adapter(&reference, &dir);
+    passed();
 }
 
 /// Ctrl-C to the launcher: every rank checkpoints the same step and stops (exit 130, as one
@@ -392,4 +404,5 @@ fn a_signal_to_the_launcher_stops_every_rank_after_one_checkpoint() {
     assert!(dir.join(format!("run/checkpoints/step-{step}")).exists());
     train(&cfg, 2);
     same_curve(&steps(&finished_run(1, 8, 1)), &steps(&dir), 1);
+    passed();
 }
