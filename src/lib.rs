@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod config;
 pub mod data;
+pub mod distributed;
 pub mod durable;
 pub mod export;
 pub mod fixtures;

@@ -7,6 +7,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use lora_ft::config::{BatchSize, Config};
 use lora_ft::data::{ChatTokenizer, Message};
+use lora_ft::distributed::launcher::{LaunchError, LaunchPlan};
+use lora_ft::distributed::{rank_prefix, WorldInfo};
 use lora_ft::generate::{reply, stop_ids, GenerationSettings};
 use lora_ft::model::CausalLm;
 use lora_ft::quant::Quantization;
@@ -24,13 +26,16 @@ enum Command {
     /// Train a LoRA adapter as a config file says.
     Train {
         config: PathBuf,
-        /// Overrides the config's train.device: auto, cpu, cuda or cuda:N.
+        /// Overrides the config's train.device: auto, cpu, cuda or cuda:N (with --gpus: cuda,
+        /// or cpu for N CPU workers).
         #[arg(long)]
         device: Option<String>,
         /// Also write the initial adapter and every batch in training order into DIR, for
         /// replaying the run in another trainer (scripts/convergence/).
         #[arg(long, value_name = "DIR")]
         trace: Option<PathBuf>,
+        #[command(flatten)]
+        launch: LaunchArgs,
     },
     /// Copy a checkpoint's adapter into a standalone PEFT adapter folder.
     Export { checkpoint: PathBuf, out_dir: PathBuf },
@@ -80,6 +85,28 @@ enum Command {
         #[command(subcommand)]
         command: DataCommand,
     },
+}
+
+/// Data-parallel training: one rank per GPU of this machine, and of several machines.
+#[derive(Args)]
+struct LaunchArgs {
+    /// Start one rank per GPU (cuda:0..N-1), each training its shard of every batch of
+    /// train.batch_size rows per GPU; with --device cpu, N CPU workers.
+    #[arg(long, value_name = "N", visible_alias = "workers", value_parser = at_least_one)]
+    gpus: Option<usize>,
+    /// Machines in the run (each runs this command with its --node-rank; MASTER_ADDR and
+    /// MASTER_PORT name where rank 0 listens).
+    #[arg(long, default_value_t = 1, requires = "gpus", value_parser = at_least_one)]
+    nnodes: usize,
+    #[arg(long, default_value_t = 0, requires = "gpus")]
+    node_rank: usize,
+}
+
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a number, at least 1".into()),
+    }
 }
 
 #[derive(Subcommand)]
@@ -224,21 +251,74 @@ struct ChatArgs {
 
 fn main() {
     lora_ft::bench::mark_process_start();
+    // a rank of a data-parallel run says which in every line it writes
+    let prefix = rank_from_env().map(rank_prefix).unwrap_or_default();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "lora_ft=info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .event_format(Prefixed { prefix: prefix.clone(), inner: tracing_subscriber::fmt::format() })
         .init();
     if let Err(e) = run(Cli::parse()) {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
+        if lora_ft::distributed::liveness::claim_exit_message() {
+            // another rank's failure is the whole story, not what this rank was doing then
+            match lora_ft::train::peer_failure(&e) {
+                Some(failure) => eprintln!("{prefix}error: {failure}"),
+                None => eprintln!("{prefix}error: {e:#}"),
+            }
+        }
+        std::process::exit(exit_code(&e));
+    }
+}
+
+/// RANK, when WORLD_SIZE says this process is one rank of several.
+fn rank_from_env() -> Option<usize> {
+    let world: usize = std::env::var("WORLD_SIZE").ok()?.trim().parse().ok()?;
+    (world > 1).then(|| std::env::var("RANK").ok()?.trim().parse().ok()).flatten()
+}
+
+/// 130 for a run stopped by a signal after its checkpoint, 3 for a rank stopped because another
+/// failed (the launcher looks past those for the rank that failed first), else 1.
+fn exit_code(e: &anyhow::Error) -> i32 {
+    if e.downcast_ref::<lora_ft::train::Stopped>().is_some()
+        || matches!(e.downcast_ref::<LaunchError>(), Some(LaunchError::Stopped))
+    {
+        lora_ft::distributed::launcher::EXIT_STOPPED
+    } else if lora_ft::train::is_peer_failure(e) {
+        lora_ft::distributed::EXIT_PEER_FAILED
+    } else {
+        1
+    }
+}
+
+/// tracing's format with a prefix before each line.
+struct Prefixed<F> {
+    prefix: String,
+    inner: F,
+}
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for Prefixed<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        writer.write_str(&self.prefix)?;
+        self.inner.format_event(ctx, writer, event)
     }
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Train { config, device, trace } => train(&config, device, trace.as_deref()),
+        Command::Train { config, device, trace, launch } => train(&config, device, trace.as_deref(), &launch),
         Command::Export { checkpoint, out_dir } => {
             lora_ft::export::export_checkpoint(&checkpoint, &out_dir)?;
             println!("exported {} to {}", checkpoint.display(), out_dir.display());
@@ -335,12 +415,40 @@ fn estimated_batch(
     }
 }
 
-fn train(config: &Path, device: Option<String>, trace: Option<&Path>) -> anyhow::Result<()> {
+fn train(
+    config: &Path,
+    device: Option<String>,
+    trace: Option<&Path>,
+    launch: &LaunchArgs,
+) -> anyhow::Result<()> {
     let mut cfg = Config::from_file(config)?;
     if let Some(device) = device {
         cfg.train.device = device;
     }
-    let s = lora_ft::train::run(&cfg, trace)?;
+    let world = WorldInfo::from_env()?;
+    if let Some(gpus) = launch.gpus.filter(|&n| n > 1 || launch.nnodes > 1) {
+        anyhow::ensure!(
+            world.is_none(),
+            "--gpus starts its own ranks; under a launcher that set WORLD_SIZE (torchrun), run `lora-ft train CONFIG` \
+             without it: each process is one rank"
+        );
+        return launch_ranks(&cfg, config, trace, launch, gpus);
+    }
+    let s = match &world {
+        Some(world) => {
+            lora_ft::distributed::launcher::stop_when_launcher_exits(rank_prefix(world.rank));
+            lora_ft::train::run_rank(&cfg, trace, world)?
+        }
+        None => {
+            if launch.gpus == Some(1) && matches!(cfg.train.device.as_str(), "auto" | "cuda") {
+                cfg.train.device = "cuda:0".into();
+            }
+            lora_ft::train::run(&cfg, trace)?
+        }
+    };
+    if world.is_some_and(|w| w.rank != 0) {
+        return Ok(());
+    }
     println!(
         "trained {} steps: loss {:.4} → {:.4}, {:.0} tokens/s",
         s.steps, s.first_loss, s.last_loss, s.tokens_per_s
@@ -353,6 +461,78 @@ fn train(config: &Path, device: Option<String>, trace: Option<&Path>) -> anyhow:
     }
     println!("adapter: {}", s.adapter_dir.display());
     Ok(())
+}
+
+/// The ranks of this machine and where rank 0 listens: MASTER_ADDR and MASTER_PORT (needed with
+/// several machines), else a free port on 127.0.0.1.
+fn launch_plan(launch: &LaunchArgs, gpus: usize) -> anyhow::Result<LaunchPlan> {
+    anyhow::ensure!(
+        launch.node_rank < launch.nnodes,
+        "--node-rank {} with --nnodes {}: node ranks count from 0",
+        launch.node_rank,
+        launch.nnodes
+    );
+    if launch.nnodes == 1 && std::env::var_os("MASTER_PORT").is_none() {
+        return LaunchPlan::one_machine(gpus);
+    }
+    let var = |name: &str| {
+        std::env::var(name).map_err(|_| {
+            anyhow::anyhow!("--nnodes {}: set {name} (where rank 0 listens) on every machine", launch.nnodes)
+        })
+    };
+    let port = var("MASTER_PORT")?;
+    let master_port = port.parse().with_context(|| format!("MASTER_PORT={port:?}: a TCP port"))?;
+    let master_addr = match var("MASTER_ADDR") {
+        Err(_) if launch.nnodes == 1 => "127.0.0.1".into(),
+        addr => addr?,
+    };
+    Ok(LaunchPlan {
+        nproc: gpus,
+        nnodes: launch.nnodes,
+        node_rank: launch.node_rank,
+        master_addr,
+        master_port,
+    })
+}
+
+/// `--gpus N`: this binary again, once per rank of this machine, with the launcher variables.
+fn launch_ranks(
+    cfg: &Config,
+    config: &Path,
+    trace: Option<&Path>,
+    launch: &LaunchArgs,
+    gpus: usize,
+) -> anyhow::Result<()> {
+    let device = match cfg.train.device.as_str() {
+        "cpu" => "cpu",
+        "auto" | "cuda" if cfg!(feature = "cuda") => "cuda",
+        "auto" | "cuda" => anyhow::bail!(
+            "--gpus {gpus} needs a build with --features cuda; --device cpu starts {gpus} CPU workers instead"
+        ),
+        other => anyhow::bail!(
+            "--gpus {gpus} puts rank k on cuda:k; --device {other:?} names one GPU (use cuda, or cpu)"
+        ),
+    };
+    let plan = launch_plan(launch, gpus)?;
+    let mut args: Vec<std::ffi::OsString> =
+        vec!["train".into(), config.into(), "--device".into(), device.into()];
+    if let Some(dir) = trace {
+        args.extend(["--trace".into(), dir.into()]);
+    }
+    let exe = std::env::current_exe().context("finding this program to start the ranks")?;
+    let on = if device == "cpu" { "CPU workers" } else { "ranks, one per GPU" };
+    match launch.nnodes {
+        1 => tracing::info!("starting {gpus} {on}"),
+        n => tracing::info!(
+            "starting {gpus} {on} on machine {} of {n} ({} ranks in all)",
+            launch.node_rank,
+            gpus * n
+        ),
+    }
+    lora_ft::distributed::launcher::launch(&exe, &args, &plan).map_err(|e| match e {
+        LaunchError::Failed { .. } => anyhow::anyhow!("{e}\n{}", lora_ft::train::resume_point(cfg)),
+        other => anyhow::Error::new(other),
+    })
 }
 
 fn chat(args: &ChatArgs) -> anyhow::Result<()> {

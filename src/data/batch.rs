@@ -36,6 +36,27 @@ impl Batch {
         Self { input_ids, labels, batch_size: rows.len(), seq_len }
     }
 
+    /// Rows `rows` of the batch (one rank's shard of a global batch), cut after the last column
+    /// any of them trains on. The columns cut are inputs only to later positions, which train
+    /// nothing (causal attention), so the loss and the gradients are those of the uncut rows;
+    /// the cut drops the padding the other ranks' longer rows brought.
+    pub fn shard(&self, rows: std::ops::Range<usize>) -> Batch {
+        let t = self.seq_len;
+        let row = |r: usize| r * t..(r + 1) * t;
+        let keep = rows
+            .clone()
+            .filter_map(|r| self.labels[row(r)].iter().rposition(|&l| l != IGNORE_INDEX))
+            .max()
+            .map_or(0, |last| last + 1);
+        let cut = |r: usize| r * t..r * t + keep;
+        Batch {
+            input_ids: rows.clone().flat_map(|r| self.input_ids[cut(r)].iter().copied()).collect(),
+            labels: rows.clone().flat_map(|r| self.labels[cut(r)].iter().copied()).collect(),
+            batch_size: rows.len(),
+            seq_len: keep,
+        }
+    }
+
     /// Positions that contribute to the loss after the model's shift: labels[:, 1:] != -100.
     pub fn trained_tokens(&self) -> usize {
         if self.seq_len == 0 {
@@ -72,6 +93,14 @@ impl BatchLoader {
         self.examples.len().div_ceil(self.batch_size)
     }
 
+    pub fn num_examples(&self) -> usize {
+        self.examples.len()
+    }
+
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
     /// The row order of an epoch: a Fisher–Yates shuffle driven by SplitMix64 seeded with
     /// `seed + epoch`. Written out here rather than taken from `rand` so that the order — and
     /// so resuming from a checkpoint — never changes with a dependency upgrade.
@@ -89,13 +118,20 @@ impl BatchLoader {
 
     /// The batches of `epoch` from batch index `start` on, assembled by a background thread.
     pub fn epoch(&self, epoch: u64, start: usize) -> EpochBatches {
-        let order = self.epoch_order(epoch);
+        self.epoch_from_row(epoch, start * self.batch_size)
+    }
+
+    /// The batches of `epoch` from row `start_row` of its order on: where a run resumes whose
+    /// batches had another size (a different number of ranks).
+    pub fn epoch_from_row(&self, epoch: u64, start_row: usize) -> EpochBatches {
+        let mut order = self.epoch_order(epoch);
+        order.drain(..start_row.min(order.len()));
         let (examples, batch_size, pad_id) = (Arc::clone(&self.examples), self.batch_size, self.pad_id);
         let (tx, rx) = sync_channel(PREFETCH);
         let worker = std::thread::Builder::new()
             .name(format!("batches-epoch-{epoch}"))
             .spawn(move || {
-                for chunk in order.chunks(batch_size).skip(start) {
+                for chunk in order.chunks(batch_size) {
                     let rows: Vec<&Example> = chunk.iter().map(|&i| &examples[i]).collect();
                     // The consumer hung up (stopped early): nothing left to do.
                     if tx.send(Batch::from_examples(&rows, pad_id)).is_err() {
@@ -162,6 +198,25 @@ mod tests {
         assert_eq!(batch.labels, [-100, 6, 7, 8, -100, -100]);
         // Row b's only label sits at position 0, which the shift never uses.
         assert_eq!(batch.trained_tokens(), 2);
+    }
+
+    /// A shard keeps its rows, cut after the last trained column of those rows.
+    #[test]
+    fn a_shard_is_its_rows_cut_after_their_last_trained_column() {
+        let long = row(&[1, 2, 3, 4, 5, 6], &[-100, 2, 3, 4, 5, -100]);
+        let short = row(&[7, 8, 9], &[-100, 8, -100]);
+        let shorter = row(&[10, 11], &[-100, 11]);
+        let batch = Batch::from_examples(&[&long, &short, &shorter], 0);
+        let tail = batch.shard(1..3);
+        assert_eq!((tail.batch_size, tail.seq_len), (2, 2));
+        assert_eq!(tail.input_ids, [7, 8, 10, 11]);
+        assert_eq!(tail.labels, [-100, 8, -100, 11]);
+        assert_eq!(tail.trained_tokens(), 2);
+        let head = batch.shard(0..1);
+        assert_eq!((head.seq_len, head.input_ids.as_slice()), (5, &[1, 2, 3, 4, 5][..]));
+        assert_eq!(head.trained_tokens() + tail.trained_tokens(), batch.trained_tokens());
+        let none = batch.shard(2..2);
+        assert_eq!((none.batch_size, none.seq_len, none.input_ids.len()), (0, 0, 0));
     }
 
     #[test]

@@ -23,7 +23,8 @@ pub struct TrainerState {
     /// Optimizer steps taken.
     pub step: usize,
     pub total_steps: usize,
-    /// The epoch the next batch comes from, and its index within that epoch.
+    /// The epoch the next batch comes from, and its index within that epoch (in batches of
+    /// `batch_size × world_size` rows; kept for older lora-ft, `rows_in_epoch` is what resume reads).
     pub epoch: u64,
     pub batch_in_epoch: usize,
     pub seed: u64,
@@ -35,6 +36,25 @@ pub struct TrainerState {
     /// counts batches of this size.
     #[serde(default)]
     pub batch_size: Option<usize>,
+    /// Rows of the epoch's order trained so far, by all ranks together (absent in checkpoints
+    /// written before several GPUs): a run resumed with another number of ranks, or another
+    /// batch size, continues the same order from here.
+    #[serde(default)]
+    pub rows_in_epoch: Option<usize>,
+    /// Ranks of the run that wrote it, and the rows of one optimizer step over all of them
+    /// (`batch_size × world_size × grad_accum`).
+    #[serde(default)]
+    pub world_size: Option<usize>,
+    #[serde(default)]
+    pub rows_per_step: Option<usize>,
+}
+
+impl TrainerState {
+    /// Row of the epoch's order where training goes on; a checkpoint of older lora-ft counts
+    /// batches of its own batch size (`global_batch` when it did not record one).
+    pub fn resume_row(&self, global_batch: usize) -> usize {
+        self.rows_in_epoch.unwrap_or(self.batch_in_epoch * self.batch_size.unwrap_or(global_batch))
+    }
 }
 
 pub fn checkpoint_dir(run_dir: &Path, step: usize) -> PathBuf {

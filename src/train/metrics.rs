@@ -56,9 +56,12 @@ fn ends_torn(path: &Path) -> std::io::Result<bool> {
 }
 
 pub struct MetricsLog {
-    out: BufWriter<File>,
+    /// None on ranks other than 0, which write nothing.
+    out: Option<BufWriter<File>>,
     path: PathBuf,
     bar: ProgressBar,
+    /// A log line per step instead of the progress bar (a rank's stderr is a pipe).
+    lines: bool,
 }
 
 impl MetricsLog {
@@ -83,32 +86,50 @@ impl MetricsLog {
         if ends_torn(path).with_context(|| format!("reading {}", path.display()))? {
             out.write_all(b"\n").with_context(|| format!("writing {}", path.display()))?;
         }
-        Ok(Self { out, path: path.to_path_buf(), bar })
+        Ok(Self { out: Some(out), path: path.to_path_buf(), bar, lines: false })
+    }
+
+    /// Rank 0 of several: the same file, and a log line per logged step (the launcher passes
+    /// the ranks' stderr on, where a progress bar cannot draw).
+    pub fn with_log_lines(mut self) -> Self {
+        self.bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        self.lines = true;
+        self
+    }
+
+    /// The other ranks: nothing written, nothing shown.
+    pub fn silent() -> Self {
+        Self { out: None, path: PathBuf::new(), bar: ProgressBar::hidden(), lines: false }
     }
 
     pub fn step(&mut self, r: &StepRecord) -> anyhow::Result<()> {
+        let message =
+            format!("loss {:.4} lr {:.2e} |g| {:.3} {:.0} tok/s", r.loss, r.lr, r.grad_norm, r.tokens_per_s);
+        if self.lines {
+            tracing::info!("step {}/{}: {message}", r.step, self.bar.length().unwrap_or(0));
+        }
         self.bar.set_position(r.step as u64);
-        self.bar.set_message(format!(
-            "loss {:.4} lr {:.2e} |g| {:.3} {:.0} tok/s",
-            r.loss, r.lr, r.grad_norm, r.tokens_per_s
-        ));
+        self.bar.set_message(message);
         self.write(r)
     }
 
     pub fn eval(&mut self, r: &EvalRecord) -> anyhow::Result<()> {
-        self.bar
-            .println(format!("step {}: eval loss {:.4}, perplexity {:.2}", r.step, r.eval_loss, r.eval_ppl));
+        self.println(format!("step {}: eval loss {:.4}, perplexity {:.2}", r.step, r.eval_loss, r.eval_ppl));
         self.write(r)
     }
 
     pub fn println(&self, line: impl AsRef<str>) {
+        if self.lines {
+            tracing::info!("{}", line.as_ref());
+        }
         self.bar.println(line.as_ref());
     }
 
     fn write(&mut self, record: &impl Serialize) -> anyhow::Result<()> {
+        let Some(out) = self.out.as_mut() else { return Ok(()) };
         let mut line = serde_json::to_vec(record)?;
         line.push(b'\n');
-        self.out.write_all(&line).and_then(|()| self.out.flush()).with_context(|| Writing(self.path.clone()))
+        out.write_all(&line).and_then(|()| out.flush()).with_context(|| Writing(self.path.clone()))
     }
 
     pub fn finish(&self) {

@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod plot;
 pub mod trace;
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,6 +19,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::config::{BatchSize, ComputeDtype, Config, TrainSection};
 use crate::data::{Batch, BatchLoader, ChatTokenizer, EpochBatches, TokenizedDataset};
+use crate::distributed::{all_reduce_grads, shard_rows, Collective, ReduceOp, Solo, WorldInfo, BUCKET_BYTES};
 use crate::durable::{self, Saving};
 use crate::export::save_adapter;
 use crate::model::loss::{shift_labels, IGNORE_INDEX};
@@ -91,47 +93,74 @@ pub fn target_tokens(batch: &Batch) -> usize {
 pub struct BatchStream {
     loader: BatchLoader,
     pub epoch: u64,
-    pub index: usize,
+    /// Rows of this epoch's order handed out so far.
+    pub row: usize,
     current: EpochBatches,
 }
 
 impl BatchStream {
-    pub fn new(loader: BatchLoader, epoch: u64, index: usize) -> Self {
-        let current = loader.epoch(epoch, index);
-        Self { loader, epoch, index, current }
+    pub fn new(loader: BatchLoader, epoch: u64, row: usize) -> Self {
+        let current = loader.epoch_from_row(epoch, row);
+        Self { loader, epoch, row, current }
     }
 
     pub fn next_batch(&mut self) -> Batch {
         loop {
             if let Some(b) = self.current.next() {
-                self.index += 1;
+                self.row += b.batch_size;
                 return b;
             }
             self.epoch += 1;
-            self.index = 0;
+            self.row = 0;
             self.current = self.loader.epoch(self.epoch, 0);
         }
     }
 
-    pub fn epoch_progress(&self) -> f64 {
-        self.epoch as f64 + self.index as f64 / self.loader.num_batches().max(1) as f64
+    /// Batches of the loader's size handed out in this epoch (a checkpoint's `batch_in_epoch`).
+    pub fn index(&self) -> usize {
+        self.row.div_ceil(self.loader.batch_size())
     }
+
+    pub fn epoch_progress(&self) -> f64 {
+        self.epoch as f64 + self.row as f64 / self.loader.num_examples().max(1) as f64
+    }
+}
+
+/// The rows of a global batch this rank computes: all of it for one process (as it is, so a
+/// one-GPU run is unchanged), else its shard; `None` when the shard trains nothing.
+pub fn rank_batch<'a>(global: &'a Batch, c: &dyn Collective) -> Option<Cow<'a, Batch>> {
+    if c.world_size() == 1 {
+        return Some(Cow::Borrowed(global));
+    }
+    let shard = global.shard(shard_rows(global.batch_size, c.rank(), c.world_size()));
+    (target_tokens(&shard) > 0).then_some(Cow::Owned(shard))
 }
 
 pub fn batch_tensor(batch: &Batch, device: &Device) -> candle_core::Result<Tensor> {
     Tensor::from_vec(batch.input_ids.clone(), (batch.batch_size, batch.seq_len), device)
 }
 
-/// Mean loss over an evaluation set (all of it, or the first `max_batches`).
-pub fn evaluate(model: &CausalLm, loader: &BatchLoader, max_batches: usize) -> anyhow::Result<(f64, usize)> {
+/// Mean loss over an evaluation set (all of it, or the first `max_batches`), each rank computing
+/// its shard of every batch.
+pub fn evaluate(
+    model: &CausalLm,
+    loader: &BatchLoader,
+    max_batches: usize,
+    c: &dyn Collective,
+) -> anyhow::Result<(f64, usize)> {
     let (mut sum, mut tokens) = (0f64, 0usize);
     let limit = if max_batches == 0 { usize::MAX } else { max_batches };
-    for batch in loader.epoch(0, 0).take(limit) {
-        let (s, n) = model.loss(&batch_tensor(&batch, model.device())?, &batch.labels)?;
-        sum += s;
-        tokens += n;
+    for global in loader.epoch(0, 0).take(limit) {
+        if let Some(batch) = rank_batch(&global, c) {
+            let (s, n) = model.loss(&batch_tensor(&batch, model.device())?, &batch.labels)?;
+            sum += s;
+            tokens += n;
+        }
     }
-    Ok((sum / tokens.max(1) as f64, tokens))
+    let mut totals = [sum, tokens as f64];
+    c.all_reduce_scalars(&mut totals, ReduceOp::Sum)?;
+    let [sum, tokens] = totals;
+    Ok((sum / tokens.max(1.0), tokens as usize))
 }
 
 pub struct TrainSummary {
@@ -152,7 +181,18 @@ pub struct StepResult {
     /// False when the gradients overflowed and the optimizer step was skipped.
     pub applied: bool,
     pub trained_tokens: usize,
+    /// All tokens the ranks computed, padding included.
     pub tokens: usize,
+    /// Some rank was asked to stop (SIGINT/SIGTERM): every rank checkpoints and stops after
+    /// this step.
+    pub stop: bool,
+}
+
+/// One rank's part of a step before the all-reduce.
+struct LocalStep {
+    grads: Vec<Tensor>,
+    loss_sum: f64,
+    tokens: usize,
 }
 
 /// The model with its adapters, optimizer, schedule and loss scaler: one `step` per optimizer step.
@@ -163,6 +203,8 @@ pub struct Trainer {
     max_grad_norm: f64,
     seed: u64,
     pub scaler: LossScaler,
+    /// The other ranks of a data-parallel run (`Solo` for one process).
+    pub collective: Arc<dyn Collective>,
 }
 
 impl Trainer {
@@ -178,43 +220,44 @@ impl Trainer {
         let params = model.lora_params().into_iter().map(|(_, v)| v).collect();
         let optimizer = Adafactor::new(params, optim, weight_decay)?;
         let scaler = LossScaler::new(model.dtype() == DType::F16, loss_scale::GROWTH_INTERVAL);
-        Ok(Self { model, optimizer, schedule, max_grad_norm, seed, scaler })
+        let collective: Arc<dyn Collective> = Arc::new(Solo);
+        Ok(Self { model, optimizer, schedule, max_grad_norm, seed, scaler, collective })
     }
 
-    /// One optimizer step over `micro_batches` (gradient accumulation); `None` when they hold no
-    /// trained token.
+    /// One rank of a data-parallel run: gradients summed with `collective`'s other ranks.
+    pub fn with_collective(self, collective: Arc<dyn Collective>) -> Self {
+        Self { collective, ..self }
+    }
+
+    /// One optimizer step over the global `micro_batches` (gradient accumulation; each rank
+    /// computes its shard of each); `None` when they hold no trained token.
     pub fn step(&mut self, step: usize, micro_batches: &[Batch]) -> anyhow::Result<Option<StepResult>> {
         let trained: usize = micro_batches.iter().map(target_tokens).sum();
         if trained == 0 {
             return Ok(None);
         }
-        // Normalize by the trained tokens of the whole step, so accumulation is exactly a
-        // bigger batch (what HF's Trainer does with num_items_in_batch).
+        // Normalize by the trained tokens of the whole step over all ranks, so accumulation is
+        // exactly a bigger batch (what HF's Trainer does with num_items_in_batch) and the sum of
+        // the ranks' gradients is the one-process gradient.
         let loss_scale = self.scaler.scale();
-        let grad_scale = loss_scale / trained as f64;
-        let (mut grads, mut loss_sum): (Option<Vec<Tensor>>, f64) = (None, 0.0);
-        for (m, batch) in micro_batches.iter().enumerate() {
-            let ids = batch_tensor(batch, self.model.device())?;
-            let seed = self.seed ^ ((step as u64) << 20) ^ m as u64;
-            let out = self
-                .model
-                .forward_backward(&ids, &batch.labels, grad_scale, Some(seed))
-                .context(Phase("forward and backward"))?;
-            loss_sum += out.loss_sum;
-            grads = Some(match grads {
-                None => out.grads,
-                Some(acc) => {
-                    acc.iter().zip(&out.grads).map(|(a, g)| a + g).collect::<candle_core::Result<_>>()?
-                }
-            });
-        }
-        let grads = grads.context("no micro-batches")?;
+        let local = self.local_step(step, micro_batches, loss_scale / trained as f64)?;
+        let device = self.model.device().clone();
+        let collective = &*self.collective;
+        let grads =
+            section("all-reduce", &device, || all_reduce_grads(collective, local.grads, BUCKET_BYTES))?;
         // Unscaling and clipping are folded into one gradient factor of the optimizer step:
         // the gradients are read twice per step (norm, update) and never rewritten.
         let inv_scale = 1.0 / loss_scale;
-        let device = self.model.device().clone();
         let grad_norm = section("clip", &device, || grad_norm(&grads, inv_scale))?;
-        let applied = self.scaler.update(grad_norm.is_finite());
+        // Every rank holds the same summed gradients, so the same norm; the overflow decision is
+        // still agreed explicitly (any rank's inf/nan skips the step everywhere), in the one
+        // round that also sums the loss and tokens and agrees on a stop request.
+        let stop = STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst);
+        let flag = |b: bool| if b { 1.0 } else { 0.0 };
+        let mut agreed = [local.loss_sum, local.tokens as f64, flag(!grad_norm.is_finite()), flag(stop)];
+        self.collective.all_reduce_scalars(&mut agreed, ReduceOp::Sum)?;
+        let [loss_sum, tokens, overflowed, stops] = agreed;
+        let applied = self.scaler.update(overflowed == 0.0);
         if applied {
             // max_grad_norm = 0 turns clipping off; the norm is still reported.
             let max_norm = if self.max_grad_norm > 0.0 { self.max_grad_norm } else { f64::INFINITY };
@@ -223,9 +266,44 @@ impl Trainer {
             section("optimizer", &device, || self.optimizer.step_scaled(&grads, grad_mult, lr))
                 .context(Phase("optimizer"))?;
         }
-        let tokens = micro_batches.iter().map(|b| b.batch_size * b.seq_len).sum();
         let loss = loss_sum / trained as f64;
-        Ok(Some(StepResult { loss, grad_norm, applied, trained_tokens: trained, tokens }))
+        let tokens = tokens as usize;
+        Ok(Some(StepResult { loss, grad_norm, applied, trained_tokens: trained, tokens, stop: stops > 0.0 }))
+    }
+
+    /// This rank's gradients (summed over the micro-batches, scaled by `grad_scale`), loss sum
+    /// and tokens; zeros for a rank whose shards train nothing (a short last batch).
+    fn local_step(&self, step: usize, micro_batches: &[Batch], grad_scale: f64) -> anyhow::Result<LocalStep> {
+        let rank = self.collective.rank() as u64;
+        let (mut grads, mut loss_sum, mut tokens): (Option<Vec<Tensor>>, f64, usize) = (None, 0.0, 0);
+        for (m, global) in micro_batches.iter().enumerate() {
+            let Some(batch) = rank_batch(global, &*self.collective) else { continue };
+            let ids = batch_tensor(&batch, self.model.device())?;
+            // each rank draws its own dropout masks (rank 0's are those of one process)
+            let seed = self.seed ^ ((step as u64) << 20) ^ m as u64 ^ (rank << 52);
+            let out = self
+                .model
+                .forward_backward(&ids, &batch.labels, grad_scale, Some(seed))
+                .context(Phase("forward and backward"))?;
+            loss_sum += out.loss_sum;
+            tokens += batch.batch_size * batch.seq_len;
+            grads = Some(match grads {
+                None => out.grads,
+                Some(acc) => {
+                    acc.iter().zip(&out.grads).map(|(a, g)| a + g).collect::<candle_core::Result<_>>()?
+                }
+            });
+        }
+        let grads = match grads {
+            Some(g) => g,
+            None => self.zero_grads()?,
+        };
+        Ok(LocalStep { grads, loss_sum, tokens })
+    }
+
+    fn zero_grads(&self) -> candle_core::Result<Vec<Tensor>> {
+        let device = self.model.device();
+        self.model.lora_params().iter().map(|(_, v)| Tensor::zeros(v.shape(), DType::F32, device)).collect()
     }
 }
 
@@ -277,7 +355,7 @@ pub fn oom_report(
 }
 
 /// The newest complete checkpoint, for a message about a run that stopped.
-fn resume_point(cfg: &Config) -> String {
+pub fn resume_point(cfg: &Config) -> String {
     let resumes = match cfg.checkpoint.resume {
         crate::config::ResumeMode::Auto => "the same command resumes from it",
         crate::config::ResumeMode::Never => "checkpoint.resume = \"auto\" resumes from it",
@@ -298,21 +376,104 @@ fn total_steps(cfg: &Config, batches_per_epoch: usize) -> usize {
     })
 }
 
-/// `lora-ft train CONFIG [--trace DIR]`. A write that runs out of space ends the run with one
-/// message: the file, where to free space, and the checkpoint that is intact.
+/// The run stopped on SIGINT/SIGTERM after writing a checkpoint of the step in progress.
+#[derive(Debug, thiserror::Error)]
+#[error("stopped by a signal at step {step} of {total}; checkpoint {}", checkpoint.display())]
+pub struct Stopped {
+    pub step: usize,
+    pub total: usize,
+    pub checkpoint: PathBuf,
+}
+
+/// This rank stopping because another rank failed: the failure, whatever the rank was doing.
+pub fn peer_failure(e: &anyhow::Error) -> Option<&crate::distributed::DistributedError> {
+    use crate::distributed::DistributedError;
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<DistributedError>())
+        .find(|d| matches!(d, DistributedError::PeerFailed(_)))
+}
+
+pub fn is_peer_failure(e: &anyhow::Error) -> bool {
+    peer_failure(e).is_some()
+}
+
+/// `lora-ft train CONFIG [--trace DIR]` in one process. A write that runs out of space ends the
+/// run with one message: the file, where to free space, and the checkpoint that is intact.
 pub fn run(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummary> {
-    train(cfg, trace_dir).map_err(|e| match durable::disk_full_message(&e) {
+    with_disk_full_message(cfg, || train(cfg, trace_dir, parse_device(&cfg.train.device)?, Arc::new(Solo)))
+}
+
+/// `lora-ft train CONFIG` as one rank of a data-parallel run (`world` from the launcher's
+/// variables): joins the other ranks, trains its shard of every batch, and at the end says
+/// goodbye, or tells the others why it failed so they stop too.
+pub fn run_rank(cfg: &Config, trace_dir: Option<&Path>, world: &WorldInfo) -> anyhow::Result<TrainSummary> {
+    let device_spec = rank_device(&cfg.train.device, world)?; // "cpu" or "cuda:LOCAL_RANK"
+    let cfg = Config { train: TrainSection { device: device_spec, ..cfg.train.clone() }, ..cfg.clone() };
+    let member =
+        crate::distributed::join(world, device_spec_is_gpu(&cfg.train.device), agreed_config(&cfg)?)?;
+    // one device handle for training and the collective: NCCL runs on the stream training uses
+    let device = parse_device(&cfg.train.device).inspect_err(|e| member.fail(e))?;
+    let collective = member.collective(&device)?;
+    let result = with_disk_full_message(&cfg, || train(&cfg, trace_dir, device, Arc::clone(&collective)));
+    match result {
+        Ok(summary) => collective.finish().map(|()| summary),
+        Err(e) if e.downcast_ref::<Stopped>().is_some() => {
+            let _ = collective.finish();
+            Err(e)
+        }
+        Err(e) if is_peer_failure(&e) => Err(e),
+        Err(e) => {
+            collective.abort(&format!("failed: {e:#}"));
+            Err(e)
+        }
+    }
+}
+
+fn with_disk_full_message(
+    cfg: &Config,
+    train: impl FnOnce() -> anyhow::Result<TrainSummary>,
+) -> anyhow::Result<TrainSummary> {
+    train().map_err(|e| match durable::disk_full_message(&e) {
         Some(text) => anyhow::anyhow!("{text}; {}", resume_point(cfg)),
         None => e,
     })
 }
 
-fn train(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummary> {
-    let device = parse_device(&cfg.train.device)?;
-    let budget = crate::memory::VramBudget::of(&device, cfg.train.max_vram_fraction);
-    if cfg.train.batch_size == BatchSize::Auto && budget.is_none() {
-        anyhow::bail!(auto_batch::refused_on(&device));
+/// The device of a rank for `train.device`: GPU LOCAL_RANK for "cuda" (and "auto" in a CUDA
+/// build), the CPU for "cpu".
+fn rank_device(spec: &str, world: &WorldInfo) -> anyhow::Result<String> {
+    match spec {
+        "cpu" => Ok("cpu".into()),
+        "auto" if !candle_core::utils::cuda_is_available() => Ok("cpu".into()),
+        "auto" | "cuda" => Ok(format!("cuda:{}", world.local_rank)),
+        _ => anyhow::bail!(
+            "train.device = {spec:?} names one GPU, but this is rank {} of {}: each rank trains on \
+             cuda:LOCAL_RANK; set device = \"cuda\" (or \"cpu\")",
+            world.rank,
+            world.world_size
+        ),
     }
+}
+
+fn device_spec_is_gpu(spec: &str) -> bool {
+    spec.starts_with("cuda")
+}
+
+/// What every rank must agree on: the config, less the device (each rank has its own).
+fn agreed_config(cfg: &Config) -> anyhow::Result<serde_json::Value> {
+    let mut value = serde_json::to_value(cfg)?;
+    if let Some(train) = value.get_mut("train").and_then(|t| t.as_object_mut()) {
+        train.remove("device");
+    }
+    Ok(value)
+}
+
+/// The base model on `device` with fresh adapters, and the name PEFT should load it by.
+fn load_model(
+    cfg: &Config,
+    device: &Device,
+    budget: Option<crate::memory::VramBudget>,
+) -> anyhow::Result<(CausalLm, crate::hub::ModelFiles, String)> {
     let source = cfg.model.expanded_source();
     let files = crate::hub::resolve(&source, &cfg.model.revision)?;
     // PEFT needs a base it can load: the imported folder rather than the .gguf file.
@@ -330,64 +491,99 @@ fn train(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummary>
         files.dir.display(),
         cfg.model.quantization()
     );
-    let mut model = CausalLm::load(&files.config, &files.weights, dtype, cfg.model.quantization(), &device)?;
-    let spec = lora_spec(cfg);
-    model.add_lora(&spec, cfg.train.seed)?;
+    let mut model = CausalLm::load(&files.config, &files.weights, dtype, cfg.model.quantization(), device)?;
+    model.add_lora(&lora_spec(cfg), cfg.train.seed)?;
+    Ok((model, files, base_model))
+}
 
-    let tokenizer = ChatTokenizer::from_dir(&files.dir)?;
+/// The tokenized training set (logged, checked against the model) and the evaluation set.
+fn load_data(
+    cfg: &Config,
+    dir: &Path,
+    vocab_size: usize,
+    log: bool,
+) -> anyhow::Result<(TokenizedDataset, Option<TokenizedDataset>, u32)> {
+    let tokenizer = ChatTokenizer::from_dir(dir)?;
     let (max_len, side) = (cfg.data.max_seq_len, cfg.data.truncation_side);
     let train_set = TokenizedDataset::from_jsonl(&cfg.data.train, &tokenizer, max_len, side)?;
     let s = &train_set.stats;
-    tracing::info!(
-        "{}: {} rows, {} truncated, {} dropped (no trained token left), {} trained tokens",
-        cfg.data.train.display(),
-        s.rows,
-        s.truncated,
-        s.dropped,
-        s.trained_tokens
-    );
+    if log {
+        tracing::info!(
+            "{}: {} rows, {} truncated, {} dropped (no trained token left), {} trained tokens",
+            cfg.data.train.display(),
+            s.rows,
+            s.truncated,
+            s.dropped,
+            s.trained_tokens
+        );
+    }
     anyhow::ensure!(!train_set.examples.is_empty(), "{}: no usable rows", cfg.data.train.display());
-    check_token_ids(&train_set.examples, model.config().vocab_size, &cfg.data.train)?;
+    check_token_ids(&train_set.examples, vocab_size, &cfg.data.train)?;
+    let eval_set = match &cfg.data.eval {
+        Some(path) => {
+            let set = TokenizedDataset::from_jsonl(path, &tokenizer, max_len, side)?;
+            check_token_ids(&set.examples, vocab_size, path)?;
+            Some(set)
+        }
+        None => None,
+    };
+    Ok((train_set, eval_set, tokenizer.pad_id()))
+}
+
+fn train(
+    cfg: &Config,
+    trace_dir: Option<&Path>,
+    device: Device,
+    collective: Arc<dyn Collective>,
+) -> anyhow::Result<TrainSummary> {
+    let (rank, world_size) = (collective.rank(), collective.world_size());
+    let budget = crate::memory::VramBudget::of(&device, cfg.train.max_vram_fraction);
+    if cfg.train.batch_size == BatchSize::Auto && budget.is_none() {
+        anyhow::bail!(auto_batch::refused_on(&device));
+    }
+    let (model, files, base_model) = load_model(cfg, &device, budget)?;
+    let (train_set, eval_set, pad_id) = load_data(cfg, &files.dir, model.config().vocab_size, rank == 0)?;
     let run_dir = cfg.output.dir.clone();
     let start = match cfg.checkpoint.resume {
         crate::config::ResumeMode::Auto => checkpoint::newest_complete(&run_dir)?,
         crate::config::ResumeMode::Never => None,
     };
     let resumed = start.as_ref().map(|(_, state)| state);
-    let batch_size = batch_size(cfg, &model, train_set.examples.len(), resumed, budget)?;
-    let eval_loader = match &cfg.data.eval {
-        Some(path) => {
-            let set = TokenizedDataset::from_jsonl(path, &tokenizer, max_len, side)?;
-            check_token_ids(&set.examples, model.config().vocab_size, path)?;
-            Some(BatchLoader::new(Arc::new(set.examples), batch_size, tokenizer.pad_id(), None))
-        }
-        None => None,
-    };
-    let loader =
-        BatchLoader::new(Arc::new(train_set.examples), batch_size, tokenizer.pad_id(), Some(cfg.train.seed));
+    let examples = train_set.examples.len();
+    let batch_size = agreed_batch_size(cfg, &model, examples, resumed, budget, &*collective)?;
+    // every rank builds the global batches (those of one process with batch_size × world_size
+    // rows, so the data order is the same for any number of ranks) and trains its shard
+    let global_batch = batch_size * world_size;
+    let eval_loader =
+        eval_set.map(|set| BatchLoader::new(Arc::new(set.examples), global_batch, pad_id, None));
+    let loader = BatchLoader::new(Arc::new(train_set.examples), global_batch, pad_id, Some(cfg.train.seed));
     let total = total_steps(cfg, loader.num_batches());
-
-    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
-    // the batch size the run trains with, "auto" resolved
-    let ran = Config {
-        train: TrainSection { batch_size: BatchSize::Fixed(batch_size), ..cfg.train.clone() },
-        ..cfg.clone()
-    };
-    durable::write_atomic(&run_dir.join("config.json"), serde_json::to_string_pretty(&ran)?.as_bytes())?;
+    if rank == 0 {
+        write_run_config(cfg, batch_size)?;
+    }
     let schedule = LrSchedule::new(cfg.train.schedule, cfg.train.lr, cfg.train.warmup_steps, total);
     let (max_grad_norm, seed) = (cfg.train.max_grad_norm, cfg.train.seed);
-    let mut trainer = Trainer::new(model, &cfg.optim, cfg.train.weight_decay, schedule, max_grad_norm, seed)?;
-    let (start, epoch, index) = match start {
+    let mut trainer = Trainer::new(model, &cfg.optim, cfg.train.weight_decay, schedule, max_grad_norm, seed)?
+        .with_collective(collective);
+    let rows_per_step = global_batch * cfg.train.grad_accum;
+    let (start, epoch, row) = match start {
         Some((dir, state)) => {
-            resume(&mut trainer, &dir, &state, total)?;
-            (state.step, state.epoch, state.batch_in_epoch)
+            resume(&mut trainer, &dir, &state, (total, rows_per_step))?;
+            (state.step, state.epoch, state.resume_row(global_batch))
         }
         None => (0, 0, 0),
     };
+    agree_on_start(&*trainer.collective, (start, epoch, row))?;
     stop_on_signals();
-    let mut stream = BatchStream::new(loader, epoch, index);
-    let mut log = MetricsLog::open(&run_dir.join("metrics.jsonl"), total, start)?;
+    let mut stream = BatchStream::new(loader, epoch, row);
+    let spec = lora_spec(cfg);
+    let mut log = match (rank, world_size) {
+        (0, 1) => MetricsLog::open(&run_dir.join("metrics.jsonl"), total, start)?,
+        (0, _) => MetricsLog::open(&run_dir.join("metrics.jsonl"), total, start)?.with_log_lines(),
+        _ => MetricsLog::silent(),
+    };
     let trace = trace_dir
+        .filter(|_| rank == 0)
         .map(|dir| Trace::start(dir, &trainer.model, &spec, &base_model, eval_loader.as_ref()))
         .transpose()?;
     let run = RunContext {
@@ -400,6 +596,39 @@ fn train(cfg: &Config, trace_dir: Option<&Path>) -> anyhow::Result<TrainSummary>
         spec: &spec,
     };
     train_loop(&run, &mut trainer, &mut stream, &mut log, trace)
+}
+
+/// `<output.dir>/config.json`: the config the run trains with, "auto" batch size resolved.
+fn write_run_config(cfg: &Config, batch_size: usize) -> anyhow::Result<()> {
+    let run_dir = &cfg.output.dir;
+    std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    let ran = Config {
+        train: TrainSection { batch_size: BatchSize::Fixed(batch_size), ..cfg.train.clone() },
+        ..cfg.clone()
+    };
+    durable::write_atomic(&run_dir.join("config.json"), serde_json::to_string_pretty(&ran)?.as_bytes())
+}
+
+/// Every rank must start at the same step and row: one that sees another checkpoint (an
+/// output.dir that is not shared between machines) would train other rows with other weights.
+fn agree_on_start(c: &dyn Collective, (step, epoch, row): (usize, u64, usize)) -> anyhow::Result<()> {
+    if c.world_size() == 1 {
+        return Ok(());
+    }
+    let ours = [step as f64, epoch as f64, row as f64];
+    let (mut low, mut high) = (ours, ours);
+    c.all_reduce_scalars(&mut low, ReduceOp::Min)?;
+    c.all_reduce_scalars(&mut high, ReduceOp::Max)?;
+    anyhow::ensure!(
+        low == high,
+        "the ranks do not start from the same checkpoint: rank {} starts at step {step} (epoch {epoch}, row {row}), \
+         others between step {} and {}; every rank must see the same output.dir (on several machines, a shared \
+         filesystem)",
+        c.rank(),
+        low[0],
+        high[0]
+    );
+    Ok(())
 }
 
 /// Every token id of the data must be a row of the embedding table (the GPU lookup reads an id
@@ -434,15 +663,51 @@ fn batch_size(
     }
 }
 
+/// `batch_size`, and for "auto" the smallest any rank's probe found: every rank must train
+/// the same rows per micro-batch.
+fn agreed_batch_size(
+    cfg: &Config,
+    model: &CausalLm,
+    examples: usize,
+    resumed: Option<&TrainerState>,
+    budget: Option<crate::memory::VramBudget>,
+    c: &dyn Collective,
+) -> anyhow::Result<usize> {
+    let ours = batch_size(cfg, model, examples, resumed, budget)?;
+    if c.world_size() == 1 || cfg.train.batch_size != BatchSize::Auto {
+        return Ok(ours);
+    }
+    let mut smallest = [ours as f64];
+    c.all_reduce_scalars(&mut smallest, ReduceOp::Min)?;
+    let agreed = smallest[0] as usize;
+    if agreed < ours {
+        tracing::info!("batch {ours} fits this GPU; every rank trains {agreed}, what fits the smallest");
+    }
+    Ok(agreed)
+}
+
 /// Continues from checkpoint `dir`: the adapter into the model's own adapters (the optimizer
 /// holds them), the optimizer state, the loss scaler. The schedule, the dropout seeds and the
-/// data order are functions of the step and the seed, so the run goes on as if never stopped.
-fn resume(trainer: &mut Trainer, dir: &Path, state: &TrainerState, total: usize) -> anyhow::Result<()> {
+/// data order are functions of the step and the seed, so the run goes on as if never stopped;
+/// with another number of ranks the data goes on from the checkpoint's row.
+fn resume(
+    trainer: &mut Trainer,
+    dir: &Path,
+    state: &TrainerState,
+    (total, rows_per_step): (usize, usize),
+) -> anyhow::Result<()> {
     tracing::info!("resuming from {} (step {} of {total})", dir.display(), state.step);
     if state.total_steps != total {
         tracing::warn!(
             "the checkpoint was written for {} steps, this config runs {total}",
             state.total_steps
+        );
+    }
+    if let Some(before) = state.rows_per_step.filter(|&r| r != rows_per_step) {
+        tracing::warn!(
+            "the checkpoint's run trained {before} rows per optimizer step, this one trains {rows_per_step} \
+             (batch_size x ranks x grad_accum): the data order goes on where it stopped, but the steps are not \
+             those of the first run; set train.batch_size or grad_accum to keep {before}"
         );
     }
     crate::export::set_adapter_values(&trainer.model, dir)?;
@@ -494,7 +759,7 @@ fn train_loop(
     log: &mut MetricsLog,
     mut trace: Option<Trace>,
 ) -> anyhow::Result<TrainSummary> {
-    let RunContext { cfg, eval_loader, start, total, batch_size, base_model, spec } = *run;
+    let RunContext { cfg, eval_loader, start, total, batch_size, .. } = *run;
     let started = Instant::now();
     let (mut first_loss, mut last_loss, mut all_tokens) = (f64::NAN, f64::NAN, 0usize);
     // The untrained model's eval loss first, so the log shows what training changed.
@@ -515,6 +780,7 @@ fn train_loop(
             ),
             false => e,
         });
+        // every rank sees the same global batches: all of them skip this step, or none
         let Some(r) = result? else {
             log.println(format!("step {step}: no trained tokens in these batches, skipped"));
             continue;
@@ -545,62 +811,102 @@ fn train_loop(
             ));
         }
         if done % cfg.train.log_every == 0 || done == total {
-            let gib = |b: u64| b as f64 / crate::memory::GIB;
-            log.step(&StepRecord {
-                step: done,
-                epoch: stream.epoch_progress(),
-                loss: r.loss,
-                lr: trainer.schedule.lr_at(step),
-                grad_norm: r.grad_norm,
-                loss_scale: trainer.scaler.scale(),
-                skipped_steps: trainer.scaler.skipped,
-                trained_tokens: r.trained_tokens,
-                tokens: r.tokens,
-                tokens_per_s: r.tokens as f64 / t0.elapsed().as_secs_f64(),
-                elapsed_s: started.elapsed().as_secs_f64(),
-                gpu_allocated_gib: gpu.map(|m| gib(m.allocated)),
-                gpu_peak_gib: gpu.map(|m| gib(m.peak_allocated)),
-            })?;
+            log.step(&step_record(trainer, stream, &r, (done, step), (t0, started), gpu))?;
         }
         let eval_now = cfg.train.eval_every > 0 && done % cfg.train.eval_every == 0;
         if let Some(loader) = eval_loader.filter(|_| eval_now || done == total) {
             last_eval = Some(eval_record(trainer, loader, cfg, done, log)?);
         }
-        let stop = STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst);
-        if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0) || done == total || stop {
-            let state = TrainerState {
-                step: done,
-                total_steps: total,
-                epoch: stream.epoch,
-                batch_in_epoch: stream.index,
-                seed: cfg.train.seed,
-                loss_scaler: Some(trainer.scaler.clone()),
-                batch_size: Some(batch_size),
-            };
-            let opt_state = trainer.optimizer.state_tensors();
-            let dir = checkpoint::save(&cfg.output.dir, &trainer.model, spec, base_model, opt_state, &state)
-                .context(Phase("save"))
-                .with_context(|| Saving(format!("checkpoint step {done}")))?;
-            checkpoint::prune(&cfg.output.dir, cfg.checkpoint.keep_last)?;
-            if stop && done < total {
+        if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0) || done == total || r.stop {
+            let dir = save_checkpoint(run, trainer, stream, done)?;
+            if r.stop && done < total {
                 log.println(format!("stopped at step {done}: {} (the same command resumes)", dir.display()));
                 log.finish();
-                anyhow::bail!("stopped by a signal at step {done} of {total}; checkpoint {}", dir.display());
+                return Err(Stopped { step: done, total, checkpoint: dir }.into());
             }
         }
     }
     log.finish();
     trace.map(Trace::finish).transpose()?;
-    let adapter_dir = cfg.output.adapters_dir.join(&cfg.output.adapter_name);
-    save_adapter(&trainer.model, spec, base_model, &adapter_dir)
-        .with_context(|| Saving(format!("the final adapter {}", adapter_dir.display())))?;
-    // the adapter is the result: a plot that fails is only worth a warning
-    match plot::plot_run(&cfg.output.dir, None) {
-        Ok(png) => tracing::info!("metrics plot: {}", png.display()),
-        Err(e) => tracing::warn!("no metrics plot: {e:#}"),
-    }
+    let adapter_dir = save_results(run, trainer)?;
     let tokens_per_s = all_tokens as f64 / started.elapsed().as_secs_f64();
     Ok(TrainSummary { steps: total, first_loss, last_loss, first_eval, last_eval, adapter_dir, tokens_per_s })
+}
+
+fn step_record(
+    trainer: &Trainer,
+    stream: &BatchStream,
+    r: &StepResult,
+    (done, step): (usize, usize),
+    (step_started, run_started): (Instant, Instant),
+    gpu: Option<crate::memory::PoolMemory>,
+) -> StepRecord {
+    let gib = |b: u64| b as f64 / crate::memory::GIB;
+    StepRecord {
+        step: done,
+        epoch: stream.epoch_progress(),
+        loss: r.loss,
+        lr: trainer.schedule.lr_at(step),
+        grad_norm: r.grad_norm,
+        loss_scale: trainer.scaler.scale(),
+        skipped_steps: trainer.scaler.skipped,
+        trained_tokens: r.trained_tokens,
+        tokens: r.tokens,
+        tokens_per_s: r.tokens as f64 / step_started.elapsed().as_secs_f64(),
+        elapsed_s: run_started.elapsed().as_secs_f64(),
+        gpu_allocated_gib: gpu.map(|m| gib(m.allocated)),
+        gpu_peak_gib: gpu.map(|m| gib(m.peak_allocated)),
+    }
+}
+
+/// Checkpoint `done`, written by rank 0 alone (whole or not at all); every rank then waits for
+/// it, so none goes on, or stops, before it exists, and a failed save stops them all.
+fn save_checkpoint(
+    run: &RunContext,
+    trainer: &Trainer,
+    stream: &BatchStream,
+    done: usize,
+) -> anyhow::Result<PathBuf> {
+    let (cfg, c) = (run.cfg, &*trainer.collective);
+    let dir = checkpoint::checkpoint_dir(&cfg.output.dir, done);
+    if c.rank() == 0 {
+        let state = TrainerState {
+            step: done,
+            total_steps: run.total,
+            epoch: stream.epoch,
+            batch_in_epoch: stream.index(),
+            seed: cfg.train.seed,
+            loss_scaler: Some(trainer.scaler.clone()),
+            batch_size: Some(run.batch_size),
+            rows_in_epoch: Some(stream.row),
+            world_size: Some(c.world_size()),
+            rows_per_step: Some(run.batch_size * c.world_size() * cfg.train.grad_accum),
+        };
+        let opt_state = trainer.optimizer.state_tensors();
+        checkpoint::save(&cfg.output.dir, &trainer.model, run.spec, run.base_model, opt_state, &state)
+            .context(Phase("save"))
+            .with_context(|| Saving(format!("checkpoint step {done}")))?;
+        checkpoint::prune(&cfg.output.dir, cfg.checkpoint.keep_last)?;
+    }
+    c.barrier()?;
+    Ok(dir)
+}
+
+/// The final adapter and the metrics plot, by rank 0; the others wait for the adapter.
+fn save_results(run: &RunContext, trainer: &Trainer) -> anyhow::Result<PathBuf> {
+    let cfg = run.cfg;
+    let adapter_dir = cfg.output.adapters_dir.join(&cfg.output.adapter_name);
+    if trainer.collective.rank() == 0 {
+        save_adapter(&trainer.model, run.spec, run.base_model, &adapter_dir)
+            .with_context(|| Saving(format!("the final adapter {}", adapter_dir.display())))?;
+        // the adapter is the result: a plot that fails is only worth a warning
+        match plot::plot_run(&cfg.output.dir, None) {
+            Ok(png) => tracing::info!("metrics plot: {}", png.display()),
+            Err(e) => tracing::warn!("no metrics plot: {e:#}"),
+        }
+    }
+    trainer.collective.barrier()?;
+    Ok(adapter_dir)
 }
 
 fn eval_record(
@@ -610,7 +916,7 @@ fn eval_record(
     step: usize,
     log: &mut MetricsLog,
 ) -> anyhow::Result<EvalRecord> {
-    let (loss, tokens) = evaluate(&trainer.model, loader, cfg.train.eval_batches)?;
+    let (loss, tokens) = evaluate(&trainer.model, loader, cfg.train.eval_batches, &*trainer.collective)?;
     let record = EvalRecord { step, eval_loss: loss, eval_ppl: loss.exp(), eval_tokens: tokens };
     log.eval(&record)?;
     Ok(record)
@@ -693,6 +999,9 @@ mod tests {
             seed: 42,
             loss_scaler: None,
             batch_size: Some(6),
+            rows_in_epoch: None,
+            world_size: None,
+            rows_per_step: None,
         };
         assert_eq!(batch_size(&auto, &model, 100, Some(&state), None).unwrap(), 6);
         let fixed = tiny_config(&dir, "batch_size = 4", "fixed");

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 /// 96 tokens, with `lora`, `train` and `checkpoint` as the lines of those sections (the device,
 /// dtype and lengths are fixed here), its run in `<root>/run` and its adapter in
 /// `<root>/adapters/a`.
+#[allow(dead_code)]
 pub fn smollm2_cpu_config(root: &Path, lora: &str, train: &str, checkpoint: &str) -> PathBuf {
     let toml = format!(
         r#"
@@ -35,4 +36,89 @@ adapters_dir = "{root}/adapters"
     let file = root.join("train.toml");
     std::fs::write(&file, toml).unwrap();
     file
+}
+
+/// A random Llama small enough that a test trains it for several runs in seconds (2 layers,
+/// hidden 64), with SmolLM2's tokenizer and chat template so it reads the shipped dialogues:
+/// written once into the temp dir. Weights from a fixed seed, scaled so that logits vary by
+/// several nats between tokens (a loss that depends on which rows a step trained).
+#[allow(dead_code)]
+pub fn tiny_smollm2_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join("lora-ft-tiny-smollm2-v1");
+        if !dir.join("model.safetensors").exists() {
+            let tmp = std::env::temp_dir().join(format!(".lora-ft-tiny-smollm2-{}", std::process::id()));
+            write_tiny_smollm2(&tmp);
+            // another test process may have won the race: its folder is as good as ours
+            if std::fs::rename(&tmp, &dir).is_err() {
+                let _ = std::fs::remove_dir_all(&tmp);
+            }
+        }
+        dir
+    })
+    .clone()
+}
+
+fn write_tiny_smollm2(dir: &Path) {
+    let src = lora_ft::fixtures::smollm2_dir();
+    std::fs::create_dir_all(dir).unwrap();
+    for file in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(src.join(file), dir.join(file)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    for (key, value) in [
+        ("hidden_size", 64),
+        ("intermediate_size", 128),
+        ("num_hidden_layers", 2),
+        ("num_attention_heads", 4),
+        ("num_key_value_heads", 2),
+        ("head_dim", 16),
+    ] {
+        config[key] = value.into();
+    }
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    let vocab = config["vocab_size"].as_u64().unwrap() as usize;
+    let mut seed = 7u64;
+    let mut tensors = std::collections::HashMap::new();
+    let mut put = |name: String, shape: &[usize], std: f32| {
+        let values: Vec<f32> = (0..shape.iter().product()).map(|_| std * normal(&mut seed)).collect();
+        let t = candle_core::Tensor::from_vec(values, shape, &candle_core::Device::Cpu).unwrap();
+        tensors.insert(name, t);
+    };
+    put("model.embed_tokens.weight".into(), &[vocab, 64], 0.5);
+    for l in 0..2 {
+        let p = format!("model.layers.{l}");
+        for (name, out, inp) in
+            [("self_attn.q_proj", 64, 64), ("self_attn.k_proj", 32, 64), ("self_attn.v_proj", 32, 64)]
+        {
+            put(format!("{p}.{name}.weight"), &[out, inp], 1.0 / (inp as f32).sqrt());
+        }
+        put(format!("{p}.self_attn.o_proj.weight"), &[64, 64], 0.125);
+        put(format!("{p}.mlp.gate_proj.weight"), &[128, 64], 0.125);
+        put(format!("{p}.mlp.up_proj.weight"), &[128, 64], 0.125);
+        put(format!("{p}.mlp.down_proj.weight"), &[64, 128], 0.088);
+    }
+    let ones =
+        |n: usize| candle_core::Tensor::ones(n, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+    for l in 0..2 {
+        tensors.insert(format!("model.layers.{l}.input_layernorm.weight"), ones(64));
+        tensors.insert(format!("model.layers.{l}.post_attention_layernorm.weight"), ones(64));
+    }
+    tensors.insert("model.norm.weight".into(), ones(64));
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
+}
+
+/// A standard normal draw (Box–Muller over SplitMix64), so the fixture is the same everywhere.
+fn normal(state: &mut u64) -> f32 {
+    let mut next = || {
+        *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let (u1, u2) = (next().max(1e-300), next());
+    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
 }
