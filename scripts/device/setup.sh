@@ -4,8 +4,9 @@
 set -euo pipefail
 if ls .gpu/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl; fi
 export PYTHONPATH=/tmp/site
-# CUDA 13 libraries, and cuDNN's for the cuDNN attention path (model/cudnn_sdpa.rs)
-export LD_LIBRARY_PATH=$(python3 -c "import nvidia,os;print(':'.join(os.path.join(nvidia.__path__[0],d,'lib') for d in ('cu13','cudnn')))")
+# CUDA 13 libraries, cuDNN's for the cuDNN attention path (model/cudnn_sdpa.rs), NCCL's for
+# several ranks (distributed/nccl.rs)
+export LD_LIBRARY_PATH=$(python3 -c "import nvidia,os;print(':'.join(os.path.join(nvidia.__path__[0],d,'lib') for d in ('cu13','cudnn','nccl')))")
 mkdir -p /tmp/bin
 for f in .gpu/*.xz; do n=$(basename "$f" .xz); xz -dc "$f" > /tmp/bin/$n; chmod +x /tmp/bin/$n; done
 export PATH=/tmp/bin:$PATH

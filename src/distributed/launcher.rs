@@ -173,6 +173,9 @@ fn pass_on(stderr: impl Read, tail: &Mutex<VecDeque<String>>) {
         let Ok(line) = line else { return };
         let text = String::from_utf8_lossy(&line).trim_end_matches('\r').to_string();
         let _ = writeln!(std::io::stderr().lock(), "{text}");
+        if is_backtrace_line(&text) {
+            continue;
+        }
         let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
         if t.len() == TAIL_LINES {
             t.pop_front();
@@ -253,6 +256,16 @@ fn outcome(ranks: &[Rank], order: &[usize]) -> Result<(), LaunchError> {
     })
 }
 
+/// A frame of a Rust backtrace (`  12: name`, `      at file:line`) or a blank line: shown as the
+/// rank printed it, but not kept for the failure report, whose few lines are for the error
+/// itself (with RUST_BACKTRACE set, candle's errors end in a backtrace).
+fn is_backtrace_line(text: &str) -> bool {
+    let t = text.trim_start();
+    let frame =
+        t.split_once(": ").is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    t.is_empty() || frame || (t.starts_with("at ") && t.len() < text.len())
+}
+
 /// "exited with status 1", "was killed by signal 9 (SIGKILL)".
 pub fn describe(status: ExitStatus) -> String {
     if let Some(code) = status.code() {
@@ -323,7 +336,7 @@ mod tests {
     fn the_first_failure_is_reported_and_the_rest_are_stopped() {
         let script = r#"case $RANK in
             0) exec sleep 60 ;;
-            1) echo "loading"; echo "out of memory at step 3" >&2; exit 1 ;;
+            1) echo "loading"; printf 'out of memory at step 3\n   0: <unknown>\n  13: __libc_start_main\n      at src/main.rs:3\n\n' >&2; exit 1 ;;
             2) sleep 0.5; echo "stopping: rank 1 failed" >&2; exit 3 ;;
         esac"#;
         let plan = LaunchPlan::one_machine(3).unwrap();
