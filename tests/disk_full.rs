@@ -109,6 +109,20 @@ fn a_full_disk_during_a_checkpoint_stops_with_one_message_and_keeps_the_last_one
     std::fs::remove_dir_all(&root).ok();
 }
 
+/// Starts `cmd` with files limited to `bytes` (RLIMIT_FSIZE) and SIGXFSZ ignored, so a write past
+/// the limit fails with EFBIG as on a full disk.
+fn limit_file_size_from_the_start(cmd: &mut Command, bytes: u64) {
+    // SAFETY: signal() and setrlimit() are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            let limit = libc::rlimit { rlim_cur: bytes, rlim_max: libc::RLIM_INFINITY };
+            let ok = libc::signal(libc::SIGXFSZ, libc::SIG_IGN) != libc::SIG_ERR
+                && libc::setrlimit(libc::RLIMIT_FSIZE, &limit) == 0;
+            ok.then_some(()).ok_or_else(std::io::Error::last_os_error)
+        })
+    };
+}
+
 /// A disk that fills up during `lora-ft merge`: one message naming the shard being written and
 /// where to free space, and no output folder (not a half-merged model) left behind. The limit is
 /// set in the child before it starts: 4 KiB, past config.json's size, short of any shard.
@@ -122,15 +136,7 @@ fn a_full_disk_during_a_merge_leaves_no_half_merged_model() {
     let mut merge = Command::new(env!("CARGO_BIN_EXE_lora-ft"));
     merge.arg("merge").arg("--model").arg(&fixture).arg("--adapter").arg(fixture.join("adapter")).arg(&out);
     merge.stdout(Stdio::null()).stderr(Stdio::piped());
-    // SAFETY: signal() and setrlimit() are async-signal-safe.
-    unsafe {
-        merge.pre_exec(|| {
-            let limit = libc::rlimit { rlim_cur: 4096, rlim_max: libc::RLIM_INFINITY };
-            let ok = libc::signal(libc::SIGXFSZ, libc::SIG_IGN) != libc::SIG_ERR
-                && libc::setrlimit(libc::RLIMIT_FSIZE, &limit) == 0;
-            ok.then_some(()).ok_or_else(std::io::Error::last_os_error)
-        })
-    };
+    limit_file_size_from_the_start(&mut merge, 4096);
     let output = merge.output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{stderr}");
@@ -158,15 +164,7 @@ fn a_full_disk_during_an_import_leaves_no_partial_weights() {
     let mut import = Command::new(env!("CARGO_BIN_EXE_lora-ft"));
     import.arg("import").arg(lora_ft::fixtures::smollm2_gguf()).arg(&root);
     import.stdout(Stdio::null()).stderr(Stdio::piped());
-    // SAFETY: signal() and setrlimit() are async-signal-safe.
-    unsafe {
-        import.pre_exec(|| {
-            let limit = libc::rlimit { rlim_cur: 1 << 20, rlim_max: libc::RLIM_INFINITY };
-            let ok = libc::signal(libc::SIGXFSZ, libc::SIG_IGN) != libc::SIG_ERR
-                && libc::setrlimit(libc::RLIMIT_FSIZE, &limit) == 0;
-            ok.then_some(()).ok_or_else(std::io::Error::last_os_error)
-        })
-    };
+    limit_file_size_from_the_start(&mut import, 1 << 20);
     let output = import.output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{stderr}");
