@@ -27,7 +27,35 @@ pub fn write(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
 
 /// A safetensors file; the OS error of a failed write stays in the chain (`out_of_space`).
 pub fn write_safetensors(tensors: &HashMap<String, Tensor>, path: &Path) -> anyhow::Result<()> {
-    candle_core::safetensors::save(tensors, path).with_context(|| Writing(path.to_path_buf()))
+    candle_core::safetensors::save(tensors, path).with_context(|| Writing(path.to_path_buf()))?;
+    as_created(path)
+}
+
+/// Gives `path` the mode a plainly created file gets (0666 less the umask). The safetensors crate
+/// writes through a temporary file, which is made 0600: an adapter or a merged model would be
+/// unreadable to the rest of a team sharing the machine.
+pub fn as_created(path: &Path) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = 0o666 & !umask();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("setting the permissions of {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// This process's umask, from /proc (reading it with umask(2) would set it); 022 where /proc
+/// does not say.
+#[cfg(unix)]
+fn umask() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("Umask:"))?;
+            u32::from_str_radix(line.trim_start_matches("Umask:").trim(), 8).ok()
+        })
+        .unwrap_or(0o022)
 }
 
 /// Writes `bytes` to a temporary file, fsyncs it and renames it over `path`; a failed write
@@ -140,6 +168,22 @@ pub fn disk_full_message(e: &anyhow::Error) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    /// A safetensors file gets the mode of a plainly created one, not the temporary file's 0600.
+    #[cfg(unix)]
+    #[test]
+    fn safetensors_files_get_the_mode_of_a_created_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("lora-ft-mode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (plain, tensors) = (dir.join("plain"), dir.join("t.safetensors"));
+        std::fs::write(&plain, b"x").unwrap();
+        let t = candle_core::Tensor::zeros(3, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        write_safetensors(&std::collections::HashMap::from([("t".to_string(), t)]), &tensors).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&tensors), mode(&plain));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     use super::*;
     use std::io::Error;
 

@@ -89,6 +89,7 @@ fn write_merged_shards(
             &file,
         )
         .with_context(|| durable::Writing(file.clone()))?;
+        durable::as_created(&file)?;
     }
     Ok(MergeSummary { merged_projections: merged, tensors, shards: weights.len() })
 }
