@@ -7,6 +7,8 @@ export PYTHONPATH=/tmp/site
 # CUDA 13 libraries, cuDNN's for the cuDNN attention path (model/cudnn_sdpa.rs), NCCL's for
 # several ranks (distributed/nccl.rs)
 export LD_LIBRARY_PATH=$(python3 -c "import nvidia,os;print(':'.join(os.path.join(nvidia.__path__[0],d,'lib') for d in ('cu13','cudnn','nccl')))")
+# the GPU machine has cuDNN: the attention test must find it and use it (model/attention.rs)
+export LORA_FT_TEST_NEEDS_CUDNN=1
 mkdir -p /tmp/bin
 for f in .gpu/*.xz; do n=$(basename "$f" .xz); xz -dc "$f" > /tmp/bin/$n; chmod +x /tmp/bin/$n; done
 export PATH=/tmp/bin:$PATH
