@@ -49,13 +49,16 @@ pub fn as_created(path: &Path) -> anyhow::Result<()> {
 /// does not say.
 #[cfg(unix)]
 fn umask() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("Umask:"))?;
-            u32::from_str_radix(line.trim_start_matches("Umask:").trim(), 8).ok()
-        })
-        .unwrap_or(0o022)
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                let line = s.lines().find(|l| l.starts_with("Umask:"))?;
+                u32::from_str_radix(line.trim_start_matches("Umask:").trim(), 8).ok()
+            })
+            .unwrap_or(0o022)
+    })
 }
 
 /// Writes `bytes` to a temporary file, fsyncs it and renames it over `path`; a failed write
