@@ -106,6 +106,7 @@ pub fn train(
     shapes: &[(usize, usize)],
     steps: usize,
     lora_dropout: f64,
+    host_offload: bool,
     mut report: impl FnMut(&TrainRow),
 ) -> anyhow::Result<Vec<TrainRow>> {
     use crate::model::{LoraSpec, PROJECTIONS};
@@ -120,6 +121,7 @@ pub fn train(
         &LoraSpec { r: 16, alpha: 32.0, dropout: lora_dropout, target_modules: targets, rslora: false },
         0,
     )?;
+    crate::train::set_host_offload(&mut lm, host_offload)?;
     let optim = crate::config::AdafactorSection {
         flavor: crate::config::AdafactorFlavor::Torch,
         ..Default::default()

@@ -140,6 +140,10 @@ pub struct TrainSection {
     /// context, cuBLAS workspaces and pool fragmentation). A step whose peak goes over it stops
     /// the run with the numbers and what to lower. Ignored on the CPU.
     pub max_vram_fraction: Option<f64>,
+    /// On a GPU, the checkpoints and an untied lm_head wait in page-locked host memory during a
+    /// step, copied on a second stream while the GPU computes (host RAM: one layer input per
+    /// layer, plus lm_head). `false` keeps everything on the GPU.
+    pub host_offload: bool,
     /// Evaluate every N optimizer steps (0: only at the end).
     pub eval_every: usize,
     /// Cap on eval batches per evaluation (0: the whole eval set).
@@ -308,6 +312,7 @@ impl Default for TrainSection {
             compute_dtype: ComputeDtype::F16,
             device: "auto".into(),
             max_vram_fraction: None,
+            host_offload: true,
             eval_every: 0,
             eval_batches: 0,
             log_every: 1,

@@ -134,6 +134,9 @@ enum BenchCommand {
         /// LoRA dropout (the anchor recipe has none).
         #[arg(long, default_value_t = 0.0)]
         lora_dropout: f64,
+        /// Keep the checkpoints and lm_head on the GPU (train.host_offload = false).
+        #[arg(long)]
+        no_host_offload: bool,
     },
     /// Causal attention alone (the FlashAttention-style kernels on CUDA), forward and backward,
     /// on random inputs: milliseconds and TFLOP/s per shape, one JSON line each.
@@ -330,12 +333,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Chat(args) => chat(&args),
-        Command::Bench { command: BenchCommand::Train { model: m, shapes, steps, lora_dropout } } => {
+        Command::Bench {
+            command: BenchCommand::Train { model: m, shapes, steps, lora_dropout, no_host_offload },
+        } => {
             let (device, shapes) = (parse_device(&m.device)?, parse_shapes(&shapes)?);
             let (q, dtype) = (parse_quantization(&m.quantization), parse_dtype(&m.dtype));
-            lora_ft::bench::train(&m.model, q, dtype, &device, &shapes, steps, lora_dropout, |row| {
-                println!("{}", serde_json::to_string(row).unwrap_or_default())
-            })?;
+            let offload = !no_host_offload;
+            lora_ft::bench::train(
+                &m.model,
+                q,
+                dtype,
+                &device,
+                &shapes,
+                steps,
+                lora_dropout,
+                offload,
+                |row| println!("{}", serde_json::to_string(row).unwrap_or_default()),
+            )?;
             Ok(())
         }
         Command::Bench {

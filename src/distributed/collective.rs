@@ -105,9 +105,8 @@ pub fn all_reduce_grads(
     if c.world_size() == 1 {
         return Ok(grads);
     }
-    if let Some(g) = grads.iter().find(|g| g.dtype() != DType::F32) {
-        anyhow::bail!("gradients are all-reduced in f32, got {:?}", g.dtype());
-    }
+    // summed in f32 whatever the backward's dtype: an f16 sum over ranks would round each add
+    let grads = grads.iter().map(|g| g.to_dtype(DType::F32)).collect::<candle_core::Result<Vec<_>>>()?;
     let sizes: Vec<usize> = grads.iter().map(|g| g.elem_count()).collect();
     let mut out = Vec::with_capacity(grads.len());
     let mut grads = grads.into_iter();

@@ -2,7 +2,7 @@
 //! wrapped back into tensors, and the kernel-name suffix of a dtype. (The `.cu` files beside the
 //! ops they replace include `dtype.cuh` from here.)
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, LaunchConfig};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Result, Storage, Tensor, WithDType};
@@ -40,6 +40,24 @@ macro_rules! by_dtype {
     };
 }
 pub(crate) use by_dtype;
+
+/// The device address of `t`'s first element (f32, f16, bf16 or u32), for kernels and copies
+/// that take raw pointers; the caller keeps `t` alive until the work that uses it is queued and
+/// ordered before any free.
+pub fn address(t: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<u64> {
+    match t.dtype() {
+        DType::U32 => address_typed::<u32>(t, stream),
+        dtype => by_dtype!(dtype, address_typed(t, stream)),
+    }
+}
+
+fn address_typed<T: CudaDType>(t: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<u64> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(s) = &*storage else { bail!("this kernel runs on CUDA tensors only") };
+    let view = s.as_cuda_slice::<T>()?.slice(layout.start_offset()..);
+    let (ptr, _record) = view.device_ptr(stream);
+    Ok(ptr)
+}
 
 /// The suffix of a kernel instantiated for `dtype`.
 pub fn suffix(dtype: DType) -> Result<&'static str> {

@@ -10,11 +10,15 @@ use candle_core::{safetensors::MmapedSafetensors, DType, Device, Tensor, Var};
 use rand::SeedableRng;
 
 use super::attention::causal_mask;
+#[cfg(feature = "cuda")]
+use super::checkpoints::host::HostStash;
+use super::checkpoints::Checkpoints;
 use super::config::ModelConfig;
 use super::embedding::Embedding;
 use super::layer::{DecoderLayer, KvCache, LayerInput, PROJECTIONS};
 use super::linear::{BaseWeight, LoraAdapter, LoraLinear};
-use super::loss::{cross_entropy, shift_labels};
+use super::lm_head::LmHead;
+use super::loss::shift_labels;
 use super::ops::{rms_norm, rms_norm_backward, Rope};
 use crate::quant::{Nf4Tensor, Quantization};
 
@@ -46,19 +50,25 @@ pub struct CausalLm {
     embed_tokens: Embedding,
     pub layers: Vec<DecoderLayer>,
     norm: Tensor,
-    lm_head: Tensor,
+    lm_head: LmHead,
     rope: Rope,
     dtype: DType,
     device: Device,
     /// Rows of the cross-entropy processed at once (bounds the logits buffer to chunk × vocab).
     pub loss_chunk_rows: usize,
+    /// Checkpoints wait in page-locked host memory during the step (CUDA; checkpoints.rs).
+    pub offload_checkpoints: bool,
+    #[cfg(feature = "cuda")]
+    host_stash: std::sync::OnceLock<Option<HostStash>>,
 }
 
 /// The result of one training forward + backward on a micro-batch.
 pub struct TrainOutput {
     pub loss_sum: f64,
     pub n_tokens: usize,
-    /// Gradients aligned with `lora_params()`, f32.
+    /// Gradients aligned with `lora_params()`, in the compute dtype (the GEMMs' output; the
+    /// optimizer widens them to f32 as it reads them, which is exact). Kept narrow because at the
+    /// end of the backward they are all alive at once.
     pub grads: Vec<Tensor>,
     /// Gradient w.r.t. the embedding output (the start of the input-gradient chain).
     pub d_inputs_embeds: Tensor,
@@ -177,12 +187,30 @@ impl CausalLm {
             embed_tokens,
             layers,
             norm,
-            lm_head,
+            lm_head: LmHead::Device(lm_head),
             rope,
             dtype,
             device: device.clone(),
             loss_chunk_rows: LOSS_CHUNK_ROWS,
+            offload_checkpoints: device.is_cuda(),
+            #[cfg(feature = "cuda")]
+            host_stash: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Moves an untied lm_head on a GPU to host memory, streamed in for each loss (lm_head.rs):
+    /// for training, where it is used once per step. Whether it moved.
+    pub fn stream_lm_head(&mut self) -> candle_core::Result<bool> {
+        #[cfg(feature = "cuda")]
+        if let Some(w) = self.lm_head.on_device() {
+            if self.device.is_cuda() && !self.embed_tokens.is_table(w) {
+                if let Some(host) = super::lm_head::host::HostLmHead::new(w)? {
+                    self.lm_head = LmHead::Host(host);
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
     }
 
     pub fn device(&self) -> &Device {
@@ -192,8 +220,10 @@ impl CausalLm {
     /// Bytes of the frozen model as held on its device (a tied lm_head counted once).
     pub fn base_size_in_bytes(&self) -> usize {
         let dense = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
-        let tied = self.embed_tokens.is_table(&self.lm_head);
-        let head = if tied { 0 } else { dense(&self.lm_head) };
+        let head = match self.lm_head.on_device() {
+            Some(w) if !self.embed_tokens.is_table(w) => dense(w),
+            _ => 0,
+        };
         let layers: usize = self
             .layers
             .iter()
@@ -286,33 +316,54 @@ impl CausalLm {
         }
         let h =
             rms_norm(&x.reshape((b * t, self.config.hidden_size))?, &self.norm, self.config.rms_norm_eps)?;
-        h.matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?.reshape((b, t, self.config.vocab_size))
+        self.lm_head.logits(&h)?.to_dtype(DType::F32)?.reshape((b, t, self.config.vocab_size))
     }
 
-    /// Runs the decoder keeping only each layer's input. Returns the inputs and the last output.
+    /// Runs the decoder, handing each layer's input to `checkpoints` (when kept for a backward).
+    /// Returns the last output.
     fn forward_checkpointed(
         &self,
         x: Tensor,
         mask: Option<&Tensor>,
         seed: Option<u64>,
-    ) -> candle_core::Result<(Vec<Tensor>, Tensor)> {
-        let mut inputs = Vec::with_capacity(self.layers.len());
+        mut checkpoints: Option<&mut Checkpoints>,
+    ) -> candle_core::Result<Tensor> {
         let mut x = x;
         for (l, layer) in self.layers.iter().enumerate() {
             let next = layer.forward(&x, &self.layer_input(mask, 0, seed, l), None)?;
-            inputs.push(std::mem::replace(&mut x, next));
+            let input = std::mem::replace(&mut x, next);
+            if let Some(c) = checkpoints.as_deref_mut() {
+                c.push(input)?;
+            }
         }
-        Ok((inputs, x))
+        Ok(x)
+    }
+
+    /// Where this step's checkpoints wait: host memory on CUDA with offload on (the copy stream
+    /// made once), else the device.
+    fn checkpoints(&self) -> Checkpoints<'_> {
+        #[cfg(feature = "cuda")]
+        if self.offload_checkpoints && self.device.is_cuda() {
+            let stash = self.host_stash.get_or_init(|| {
+                HostStash::new(&self.device)
+                    .inspect_err(|e| tracing::warn!("checkpoints stay on the GPU: no copy stream ({e})"))
+                    .ok()
+            });
+            if let Some(stash) = stash {
+                return Checkpoints::on_host(stash);
+            }
+        }
+        Checkpoints::on_device()
     }
 
     /// Summed loss over trained tokens (eval mode, no gradients).
     pub fn loss(&self, input_ids: &Tensor, labels: &[i64]) -> candle_core::Result<(f64, usize)> {
         let (b, t) = input_ids.dims2()?;
         let mask = self.attention_mask(t, 0)?;
-        let (_, last) = self.forward_checkpointed(self.embed(input_ids)?, mask.as_ref(), None)?;
+        let last = self.forward_checkpointed(self.embed(input_ids)?, mask.as_ref(), None, None)?;
         let last = last.reshape((b * t, self.config.hidden_size))?;
         let h = rms_norm(&last, &self.norm, self.config.rms_norm_eps)?;
-        let out = cross_entropy(&h, &self.lm_head, &shift_labels(labels, b, t), None, self.loss_chunk_rows)?;
+        let out = self.lm_head.cross_entropy(&h, &shift_labels(labels, b, t), None, self.loss_chunk_rows)?;
         Ok((out.loss_sum, out.n_tokens))
     }
 
@@ -329,13 +380,18 @@ impl CausalLm {
         let (b, t) = input_ids.dims2()?;
         let hidden = self.config.hidden_size;
         let mask = self.attention_mask(t, 0)?;
-        let (mut inputs, last) =
-            self.forward_checkpointed(self.embed(input_ids)?, mask.as_ref(), dropout_seed)?;
+        let mut checkpoints = self.checkpoints();
+        let last = self.forward_checkpointed(
+            self.embed(input_ids)?,
+            mask.as_ref(),
+            dropout_seed,
+            Some(&mut checkpoints),
+        )?;
         let last = last.reshape((b * t, hidden))?;
         let h = rms_norm(&last, &self.norm, self.config.rms_norm_eps)?;
         let targets = shift_labels(labels, b, t);
         let out = section("loss", &self.device, || {
-            cross_entropy(&h, &self.lm_head, &targets, Some(grad_scale), self.loss_chunk_rows)
+            self.lm_head.cross_entropy(&h, &targets, Some(grad_scale), self.loss_chunk_rows)
         })?;
         let d_h = out.d_hidden.expect("asked for the gradient");
         let mut dx =
@@ -343,7 +399,7 @@ impl CausalLm {
         let mut per_layer = Vec::with_capacity(self.layers.len());
         for (l, layer) in self.layers.iter().enumerate().rev() {
             let input = self.layer_input(mask.as_ref(), 0, dropout_seed, l);
-            let x = inputs.pop().expect("one input per layer");
+            let x = checkpoints.pop()?;
             let saved = layer.recompute(&x, &input)?;
             let (d_in, grads) = layer.backward(saved, &dx, &input)?;
             dx = d_in;

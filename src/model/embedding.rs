@@ -111,7 +111,7 @@ fn gather<T: WithDType>(table: &[T], ids: &[u32], hidden: usize, device: &Device
 }
 
 #[cfg(feature = "cuda")]
-mod mapped {
+pub(crate) mod mapped {
     //! The table in mapped page-locked host memory and the gather kernel that reads it.
     use candle_core::cuda_backend::cudarc::driver::{sys, DeviceRepr, PinnedHostSlice, PushKernelArg};
     use candle_core::cuda_backend::{CudaDType, WrapErr};
@@ -124,7 +124,7 @@ mod mapped {
 
     pub struct MappedTable {
         /// The table's bytes, alive as long as the GPU reads them through `device_ptr`.
-        _pinned: PinnedHostSlice<u8>,
+        pinned: PinnedHostSlice<u8>,
         device_ptr: sys::CUdeviceptr,
         rows: usize,
         row_bytes: usize,
@@ -175,7 +175,20 @@ mod mapped {
             // SAFETY: `ptr` is a live allocation made with DEVICEMAP in this context; `host` keeps
             // it alive as long as `device_ptr` is used.
             unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, ptr, 0) }.result().w()?;
-            Ok(Some(Self { _pinned: host, device_ptr, rows, row_bytes, dtype: table.dtype() }))
+            Ok(Some(Self { pinned: host, device_ptr, rows, row_bytes, dtype: table.dtype() }))
+        }
+
+        /// The page-locked bytes, `[rows, row_bytes]` (a source for asynchronous copies).
+        pub fn pinned(&self) -> &PinnedHostSlice<u8> {
+            &self.pinned
+        }
+
+        pub fn rows(&self) -> usize {
+            self.rows
+        }
+
+        pub fn dtype(&self) -> DType {
+            self.dtype
         }
 
         /// Rows `ids` (u32 on the GPU) as a `[n, hidden]` tensor of the table's dtype there.

@@ -286,7 +286,7 @@ impl LoraLinear {
         } else {
             dx.add_product(Product { lhs: &dh, rhs: &a, rhs_transposed: false })?;
         }
-        Ok(LoraGrad { lora_a: grad_a.to_dtype(DType::F32)?, lora_b: grad_b.to_dtype(DType::F32)? })
+        Ok(LoraGrad { lora_a: grad_a, lora_b: grad_b })
     }
 }
 

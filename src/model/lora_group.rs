@@ -6,7 +6,7 @@
 //! nor recomputes h again. Without dropout only: each projection draws its own dropout mask on
 //! x (PEFT's rule), so with dropout on, `LoraLinear`'s per-projection path runs instead.
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{Result, Tensor};
 
 use super::linear::{LoraGrad, LoraLinear};
 use super::product_sum::{Product, ProductSum};
@@ -73,18 +73,18 @@ impl LoraGroup {
     }
 
     /// Given x and each member's output gradient dy_i, adds the low-rank input gradient to dx and
-    /// returns the members' adapter gradients (f32), in order.
+    /// returns the members' adapter gradients (compute dtype), in order.
     pub fn backward(&self, x: &Tensor, dys: &[&Tensor], dx: &mut ProductSum) -> Result<Vec<LoraGrad>> {
         section("lora.backward", x.device(), || {
             let mut dhs = Vec::with_capacity(dys.len());
             let mut grad_b = Vec::with_capacity(dys.len());
             for (i, dy) in dys.iter().enumerate() {
                 let h = self.h_part(i)?;
-                grad_b.push((dy.t()?.matmul(&h)? * self.scales[i])?.to_dtype(DType::F32)?); // [out, r]
+                grad_b.push((dy.t()?.matmul(&h)? * self.scales[i])?); // [out, r]
                 dhs.push(dy.matmul(&self.scaled_b[i])?); // [n, r]
             }
             let dh = if dhs.len() == 1 { dhs.remove(0) } else { Tensor::cat(&dhs, 1)? };
-            let grad_a = dh.t()?.matmul(x)?.to_dtype(DType::F32)?; // [Σr, in]
+            let grad_a = dh.t()?.matmul(x)?; // [Σr, in]
             dx.add_product(Product { lhs: &dh, rhs: &self.a, rhs_transposed: false })?;
             grad_b
                 .into_iter()

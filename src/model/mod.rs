@@ -2,6 +2,7 @@
 //! backward. candle's autograd serves only as the test oracle (see DESIGN.md).
 
 pub mod attention;
+pub mod checkpoints;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cudnn_sdpa;
@@ -14,10 +15,13 @@ mod flash;
 mod fused;
 pub mod layer;
 pub mod linear;
+pub mod lm_head;
 pub mod lora_group;
 pub mod loss;
 #[cfg(feature = "cuda")]
 mod loss_cuda;
+#[cfg(feature = "cuda")]
+pub mod offload;
 pub mod ops;
 #[cfg(feature = "cuda")]
 mod ops_cuda;

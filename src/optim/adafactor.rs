@@ -122,8 +122,11 @@ impl Adafactor {
         if grad_mult == 1.0 {
             return self.step(grads, lr);
         }
-        let scaled =
-            grads.iter().map(|g| g.affine(grad_mult, 0.0)).collect::<candle_core::Result<Vec<_>>>()?;
+        // widened first: an f16 gradient times 1/loss_scale would underflow in f16
+        let scaled = grads
+            .iter()
+            .map(|g| g.to_dtype(DType::F32)?.affine(grad_mult, 0.0))
+            .collect::<candle_core::Result<Vec<_>>>()?;
         self.step(&scaled, lr)
     }
 
@@ -131,17 +134,14 @@ impl Adafactor {
     fn fused_fits(&self, grads: &[Tensor]) -> bool {
         use super::cuda::{fits, fits_parameter};
         grads.len() == self.params.len()
+            && super::cuda::fits_grads(grads.iter())
             && self.params.iter().zip(grads).zip(&self.states).all(|((p, g), s)| {
                 let p = p.as_tensor();
                 let state_fits = match &s.second {
                     SecondMoment::Factored { row, col } => fits(row) && fits(col),
                     SecondMoment::Full(_) => false,
                 };
-                fits_parameter(p)
-                    && fits(g)
-                    && g.dims() == p.dims()
-                    && state_fits
-                    && s.exp_avg.as_ref().is_none_or(fits)
+                fits_parameter(p) && g.dims() == p.dims() && state_fits && s.exp_avg.as_ref().is_none_or(fits)
             })
     }
 

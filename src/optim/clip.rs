@@ -29,7 +29,7 @@ pub fn grad_norm(grads: &[Tensor], inv_scale: f64) -> Result<f64> {
         return Ok(0.0);
     }
     #[cfg(feature = "cuda")]
-    if grads.iter().all(super::cuda::fits) {
+    if super::cuda::fits_grads(grads.iter()) {
         let sums = super::cuda::grad_sumsq(grads, inv_scale as f32)?;
         return Ok(sums.iter().map(|&s| f64::from(s)).sum::<f64>().sqrt());
     }

@@ -6,12 +6,13 @@
 //! addresses, as `Var::set` does: every tensor handed in must stay alive until the launch is queued
 //! (the callers hold them), and the launches are ordered on the device's one stream.
 
-use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
-use candle_core::{bail, CudaDevice, DType, Device, Result, Storage, Tensor};
+use candle_core::{bail, CudaDevice, DType, Device, Result, Tensor};
 
 use super::adafactor::{hf_step_size, machine_eps, HF_EPS1};
 use crate::config::{AdafactorFlavor, AdafactorSection};
+use crate::kernels::suffix;
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/adafactor.ptx"));
 const MODULE: &str = "lora_ft_adafactor";
@@ -92,6 +93,21 @@ pub(super) fn fits(t: &Tensor) -> bool {
         && t.elem_count() < i32::MAX as usize
 }
 
+/// Whether the kernels take gradient `g`: contiguous on CUDA, f32, f16 or bf16 (the backward
+/// hands them over in the compute dtype; the kernels widen them to f32, which is exact).
+pub(super) fn fits_grad(g: &Tensor) -> bool {
+    matches!(g.device(), Device::Cuda(_))
+        && matches!(g.dtype(), DType::F32 | DType::F16 | DType::BF16)
+        && g.is_contiguous()
+        && g.elem_count() < i32::MAX as usize
+}
+
+/// Whether one launch takes all of `grads`: each fits and all share a dtype.
+pub(super) fn fits_grads<'a>(mut grads: impl Iterator<Item = &'a Tensor>) -> bool {
+    let Some(first) = grads.next() else { return true };
+    fits_grad(first) && grads.all(|g| fits_grad(g) && g.dtype() == first.dtype())
+}
+
 /// Whether the step kernel takes parameter `p`: 2-D with its smaller dim in shared memory.
 pub(super) fn fits_parameter(p: &Tensor) -> bool {
     fits(p) && p.rank() == 2 && p.dims().iter().min().is_some_and(|&d| d > 0 && d <= MAX_SMALL)
@@ -106,7 +122,8 @@ pub(super) fn grad_sumsq(grads: &[Tensor], inv_scale: f32) -> Result<Vec<f32>> {
         .collect::<Result<Vec<_>>>()?;
     let desc = dev.clone_htod(descriptors.as_flattened())?;
     let sums = dev.alloc_zeros::<f32>(grads.len())?;
-    let func = dev.get_or_load_custom_func("grad_sumsq_f32", MODULE, PTX)?;
+    let name = format!("grad_sumsq_{}", suffix(grads[0].dtype())?);
+    let func = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
     let mut b = func.builder();
     b.arg(&desc).arg(&inv_scale).arg(&sums);
     unsafe { b.launch(one_block_each(grads.len())) }.w()?;
@@ -119,7 +136,8 @@ pub(super) fn step(params: &[FusedParam], h: &Hyper) -> Result<()> {
     let dev = device(first.p)?;
     let descriptors = params.iter().map(|fp| descriptor(fp, &dev)).collect::<Result<Vec<_>>>()?;
     let desc = dev.clone_htod(descriptors.as_flattened())?;
-    let func = dev.get_or_load_custom_func("adafactor_step_f32", MODULE, PTX)?;
+    let name = format!("adafactor_step_{}", suffix(first.g.dtype())?);
+    let func = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
     let mut b = func.builder();
     b.arg(&desc).arg(h);
     unsafe { b.launch(one_block_each(params.len())) }.w()?;
@@ -129,7 +147,8 @@ pub(super) fn step(params: &[FusedParam], h: &Hyper) -> Result<()> {
 fn descriptor(fp: &FusedParam, dev: &CudaDevice) -> Result<[u64; 6]> {
     let (n, m) = fp.p.dims2()?;
     for (name, t, len) in [("gradient", fp.g, n * m), ("row", fp.row, n), ("col", fp.col, m)] {
-        if !fits(t) || t.elem_count() != len {
+        let fits = if name == "gradient" { fits_grad(t) } else { fits(t) };
+        if !fits || t.elem_count() != len {
             bail!("fused Adafactor: the {name} of a [{n}, {m}] parameter is {:?} {:?}", t.dtype(), t.dims());
         }
     }
@@ -153,14 +172,9 @@ fn device(t: &Tensor) -> Result<CudaDevice> {
     }
 }
 
-/// The device address of `t`'s first element (contiguous f32).
+/// The device address of `t`'s first element.
 fn address(t: &Tensor, dev: &CudaDevice) -> Result<u64> {
-    let (storage, layout) = t.storage_and_layout();
-    let Storage::Cuda(s) = &*storage else { bail!("the fused optimizer runs on CUDA tensors only") };
-    let view = s.as_cuda_slice::<f32>()?.slice(layout.start_offset()..);
-    let stream = dev.cuda_stream();
-    let (ptr, _sync) = view.device_ptr(&stream);
-    Ok(ptr)
+    crate::kernels::address(t, &dev.cuda_stream())
 }
 
 fn one_block_each(count: usize) -> LaunchConfig {
@@ -184,14 +198,21 @@ mod tests {
         Tensor::from_vec(v, shape, device).unwrap()
     }
 
-    /// Three steps on fixed gradients; the parameters and the state afterwards, on the CPU.
-    fn train(device: &Device, cfg: &AdafactorSection, weight_decay: f64) -> Vec<(String, Tensor)> {
+    /// Three steps on fixed gradients of `grad_dtype`; the parameters and the state afterwards,
+    /// on the CPU.
+    fn train(
+        device: &Device,
+        cfg: &AdafactorSection,
+        weight_decay: f64,
+        grad_dtype: DType,
+    ) -> Vec<(String, Tensor)> {
         let mut rng = StdRng::seed_from_u64(7);
         let params: Vec<Var> =
             SHAPES.iter().map(|&s| Var::from_tensor(&values(s, &mut rng, device)).unwrap()).collect();
         let mut opt = Adafactor::new(params.clone(), cfg, weight_decay).unwrap();
         for _ in 0..3 {
-            let grads: Vec<Tensor> = SHAPES.iter().map(|&s| values(s, &mut rng, device)).collect();
+            let grads: Vec<Tensor> =
+                SHAPES.iter().map(|&s| values(s, &mut rng, device).to_dtype(grad_dtype).unwrap()).collect();
             opt.step_scaled(&grads, 0.25, 3e-2).unwrap();
         }
         let mut out: Vec<(String, Tensor)> =
@@ -220,14 +241,20 @@ mod tests {
     #[test]
     fn fused_step_matches_the_composed_step() {
         let gpu = Device::new_cuda(0).unwrap();
-        for (name, cfg, wd) in configs() {
-            let (want, got) = (train(&Device::Cpu, &cfg, wd), train(&gpu, &cfg, wd));
+        // f16/bf16: the backward's gradients as they come, widened by the kernel
+        let runs =
+            configs().into_iter().flat_map(|c| [DType::F32, DType::F16, DType::BF16].map(|d| (c.clone(), d)));
+        for ((name, cfg, wd), grad_dtype) in runs {
+            let name = format!("{name} {grad_dtype:?}");
+            let (want, got) = (train(&Device::Cpu, &cfg, wd, grad_dtype), train(&gpu, &cfg, wd, grad_dtype));
             assert_eq!(want.len(), got.len(), "{name}");
             for ((key, w), (_, g)) in want.iter().zip(&got) {
                 let scale = w.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1e-30);
                 let diff = (w - g).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
                 println!("{name} {key}: {:.2e}", diff / scale);
-                assert!(diff / scale < 2e-6, "{name} {key}: {diff} of {scale}");
+                // f16/bf16 gradients: the same values, summed in another order (1024-term rows)
+                let tol = if grad_dtype == DType::F32 { 2e-6 } else { 5e-6 };
+                assert!(diff / scale < tol, "{name} {key}: {diff} of {scale}");
             }
         }
     }
@@ -237,10 +264,13 @@ mod tests {
         let gpu = Device::new_cuda(0).unwrap();
         let mut rng = StdRng::seed_from_u64(3);
         let grads: Vec<Tensor> = SHAPES.iter().map(|&s| values(s, &mut rng, &Device::Cpu)).collect();
-        let want = clip::grad_norm(&grads, 1.0 / 1024.0).unwrap();
-        let on_gpu: Vec<Tensor> = grads.iter().map(|g| g.to_device(&gpu).unwrap()).collect();
-        let got = clip::grad_norm(&on_gpu, 1.0 / 1024.0).unwrap();
-        assert!((got - want).abs() < 1e-6 * want, "{got} vs {want}");
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let grads: Vec<Tensor> = grads.iter().map(|g| g.to_dtype(dtype).unwrap()).collect();
+            let want = clip::grad_norm(&grads, 1.0 / 1024.0).unwrap();
+            let on_gpu: Vec<Tensor> = grads.iter().map(|g| g.to_device(&gpu).unwrap()).collect();
+            let got = clip::grad_norm(&on_gpu, 1.0 / 1024.0).unwrap();
+            assert!((got - want).abs() < 1e-6 * want, "{dtype:?}: {got} vs {want}");
+        }
     }
 
     /// An overflowed f16 backward leaves inf in a gradient: the norm must say so, so that the

@@ -289,9 +289,12 @@ impl Trainer {
             tokens += batch.batch_size * batch.seq_len;
             grads = Some(match grads {
                 None => out.grads,
-                Some(acc) => {
-                    acc.iter().zip(&out.grads).map(|(a, g)| a + g).collect::<candle_core::Result<_>>()?
-                }
+                // accumulated in f32: the backward hands them over in the compute dtype
+                Some(acc) => acc
+                    .iter()
+                    .zip(&out.grads)
+                    .map(|(a, g)| a.to_dtype(DType::F32)? + g.to_dtype(DType::F32)?)
+                    .collect::<candle_core::Result<_>>()?,
             });
         }
         let grads = match grads {
@@ -493,7 +496,17 @@ fn load_model(
     );
     let mut model = CausalLm::load(&files.config, &files.weights, dtype, cfg.model.quantization(), device)?;
     model.add_lora(&lora_spec(cfg), cfg.train.seed)?;
+    set_host_offload(&mut model, cfg.train.host_offload)?;
     Ok((model, files, base_model))
+}
+
+/// Checkpoints and lm_head in host memory during steps (CUDA), or everything on the device.
+pub fn set_host_offload(model: &mut CausalLm, on: bool) -> anyhow::Result<()> {
+    model.offload_checkpoints = on && model.device().is_cuda();
+    if on && model.stream_lm_head()? {
+        tracing::info!("lm_head streamed from page-locked host memory for the loss");
+    }
+    Ok(())
 }
 
 /// The tokenized training set (logged, checked against the model) and the evaluation set.

@@ -11,11 +11,12 @@
 
 #define THREADS 512
 #include "../../kernels/block_reduce.cuh"
+#include "../../kernels/dtype.cuh"
 #define MAX_SMALL 1024
 
 struct Param {
     float* p;
-    const float* g;
+    const void* g;  // f32, f16 or bf16: the backward's dtype (its f32 widening is exact)
     float* row;
     float* col;
     float* exp_avg;
@@ -26,7 +27,7 @@ __device__ Param load_param(const uint64_t* desc) {
     const uint64_t* d = desc + 6 * blockIdx.x;
     Param P;
     P.p = (float*)d[0];
-    P.g = (const float*)d[1];
+    P.g = (const void*)d[1];
     P.row = (float*)d[2];
     P.col = (float*)d[3];
     P.exp_avg = (float*)d[4];
@@ -35,13 +36,19 @@ __device__ Param load_param(const uint64_t* desc) {
     return P;
 }
 
+template <typename G>
+__device__ __forceinline__ float grad_at(const Param& P, int64_t i) {
+    return to_f32(static_cast<const G*>(P.g)[i]);
+}
+
 // out[b] = sum((g * inv_scale)^2) of parameter b's gradient (the unscaled squared norm).
-extern "C" __global__ void grad_sumsq_f32(const uint64_t* desc, float inv_scale, float* out) {
+template <typename G>
+__device__ void grad_sumsq(const uint64_t* desc, float inv_scale, float* out) {
     const Param P = load_param(desc);
     const int64_t numel = (int64_t)P.n * P.m;
     float acc = 0.0f;
     for (int64_t i = threadIdx.x; i < numel; i += THREADS) {
-        const float g = P.g[i] * inv_scale;
+        const float g = grad_at<G>(P, i) * inv_scale;
         acc += g * g;
     }
     acc = block_sum(acc);
@@ -79,6 +86,7 @@ __device__ __forceinline__ float scaled_update(float g, float row, float col, fl
 
 // Pass 1: the row and col statistics of g^2 and sum(p^2). Threads walk the large dim; the small
 // dim's sums are reduced per warp, then added in shared memory.
+template <typename G>
 __device__ float update_second_moment(const Param& P, const Hyper& h) {
     __shared__ float small_sums[MAX_SMALL];
     const bool rows_small = P.n <= P.m;
@@ -95,7 +103,7 @@ __device__ float update_second_moment(const Param& P, const Hyper& h) {
             float sq = 0.0f;
             if (active) {
                 const int64_t idx = rows_small ? (int64_t)s * P.m + l : (int64_t)l * P.m + s;
-                const float g = P.g[idx] * h.grad_mult, p = P.p[idx];
+                const float g = grad_at<G>(P, idx) * h.grad_mult, p = P.p[idx];
                 sq = g * g + sq_eps;
                 p_sq += p * p;
             }
@@ -115,10 +123,11 @@ __device__ float update_second_moment(const Param& P, const Hyper& h) {
     return block_sum(p_sq);
 }
 
-extern "C" __global__ void adafactor_step_f32(const uint64_t* desc, Hyper h) {
+template <typename G>
+__device__ void adafactor_step(const uint64_t* desc, const Hyper& h) {
     const Param P = load_param(desc);
     const int64_t numel = (int64_t)P.n * P.m;
-    const float rms_p = sqrtf(update_second_moment(P, h) / numel);
+    const float rms_p = sqrtf(update_second_moment<G>(P, h) / numel);
     float row_sum = 0.0f;
     for (int i = threadIdx.x; i < P.n; i += THREADS) row_sum += P.row[i];
     float row_mean = block_sum(row_sum) / P.n;
@@ -128,7 +137,7 @@ extern "C" __global__ void adafactor_step_f32(const uint64_t* desc, Hyper h) {
     float u_sq = 0.0f;
     for (int k = threadIdx.x; k < numel; k += THREADS) {
         const int i = k / P.m, j = k % P.m;
-        const float u = scaled_update(P.g[k] * h.grad_mult, P.row[i], P.col[j], row_mean, h);
+        const float u = scaled_update(grad_at<G>(P, k) * h.grad_mult, P.row[i], P.col[j], row_mean, h);
         u_sq += u * u;
     }
     const float denom = fmaxf(sqrtf(block_sum(u_sq) / numel) * h.inv_clip, 1.0f);
@@ -140,7 +149,7 @@ extern "C" __global__ void adafactor_step_f32(const uint64_t* desc, Hyper h) {
     const float hf_decay = h.decay * lr_t;
     for (int k = threadIdx.x; k < numel; k += THREADS) {
         const int i = k / P.m, j = k % P.m;
-        const float u = scaled_update(P.g[k] * h.grad_mult, P.row[i], P.col[j], row_mean, h);
+        const float u = scaled_update(grad_at<G>(P, k) * h.grad_mult, P.row[i], P.col[j], row_mean, h);
         float p = P.p[k];
         if (h.hf) {
             float upd = u / denom * lr_t;
@@ -156,3 +165,14 @@ extern "C" __global__ void adafactor_step_f32(const uint64_t* desc, Hyper h) {
         }
     }
 }
+
+#define FOR_GRAD_DTYPE(G, SUFFIX)                                                                \
+    extern "C" __global__ void grad_sumsq_##SUFFIX(const uint64_t* desc, float inv_scale, float* out) { \
+        grad_sumsq<G>(desc, inv_scale, out);                                                     \
+    }                                                                                            \
+    extern "C" __global__ void adafactor_step_##SUFFIX(const uint64_t* desc, Hyper h) {          \
+        adafactor_step<G>(desc, h);                                                              \
+    }
+FOR_GRAD_DTYPE(float, f32)
+FOR_GRAD_DTYPE(__half, f16)
+FOR_GRAD_DTYPE(__nv_bfloat16, bf16)
