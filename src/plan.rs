@@ -425,8 +425,15 @@ mod tests {
     #[test]
     fn offload_estimates_are_within_ten_percent_of_the_measured_peaks() {
         let measured = [
+            ("mistral-7b", mistral_7b(), 512, 2, 3.82),
+            ("mistral-7b", mistral_7b(), 512, 4, 4.05),
+            ("mistral-7b", mistral_7b(), 512, 8, 4.50),
+            ("mistral-7b", mistral_7b(), 2048, 4, 5.41),
+            ("mistral-7b", mistral_7b(), 2048, 8, 7.23),
             ("llama2-13b", llama2_13b(), 512, 2, 6.72),
             ("llama2-13b", llama2_13b(), 512, 4, 6.98),
+            ("llama2-13b", llama2_13b(), 512, 8, 7.52),
+            ("llama2-13b", llama2_13b(), 2048, 4, 8.53),
             ("llama2-13b", llama2_13b(), 2048, 8, 10.60),
         ];
         for (name, model, seq, batch, peak_gib) in measured {
