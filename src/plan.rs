@@ -412,12 +412,7 @@ mod tests {
             ("llama2-13b", llama2_13b(), 2048, 30, 44.47),
             ("llama2-13b", llama2_13b(), 512, 120, 44.47),
         ];
-        for (name, model, seq, batch, peak_gib) in measured {
-            let predicted = estimate(&model, &bench_run(), seq * batch).peak() as f64 / GIB;
-            let err = (predicted - peak_gib).abs() / peak_gib;
-            println!("{name} {seq}x{batch}: predicted {predicted:.2} GiB, measured {peak_gib:.2}");
-            assert!(err < 0.02, "{name} {seq}x{batch}: predicted {predicted:.2} GiB, measured {peak_gib}");
-        }
+        holds_within(&measured, &bench_run(), 0.02);
     }
 
     /// With host offload (checkpoints and lm_head in host memory), within 10% of the peaks
@@ -436,12 +431,7 @@ mod tests {
             ("llama2-13b", llama2_13b(), 2048, 4, 8.53),
             ("llama2-13b", llama2_13b(), 2048, 8, 10.60),
         ];
-        for (name, model, seq, batch, peak_gib) in measured {
-            let predicted = estimate(&model, &offload_run(), seq * batch).peak() as f64 / GIB;
-            let err = (predicted - peak_gib).abs() / peak_gib;
-            println!("{name} {seq}x{batch} offload: predicted {predicted:.2} GiB, measured {peak_gib:.2}");
-            assert!(err < 0.10, "{name} {seq}x{batch}: predicted {predicted:.2} GiB, measured {peak_gib}");
-        }
+        holds_within(&measured, &offload_run(), 0.10);
     }
 
     /// The ready configs' shapes with LoRA dropout 0.05 (scripts/device/measure_configs.sh, commits
@@ -455,11 +445,19 @@ mod tests {
             ("llama2-13b", llama2_13b(), 1024, 8, 12.11),
             ("llama2-13b", llama2_13b(), 2048, 16, 28.50),
         ];
+        holds_within(&measured, &run, 0.10);
+    }
+
+    /// Each predicted peak within `tolerance` (relative) of the measured one.
+    fn holds_within(measured: &[(&str, ModelConfig, usize, usize, f64)], run: &RunShape, tolerance: f64) {
         for (name, model, seq, batch, peak_gib) in measured {
-            let predicted = estimate(&model, &run, seq * batch).peak() as f64 / GIB;
+            let predicted = estimate(model, run, seq * batch).peak() as f64 / GIB;
             let err = (predicted - peak_gib).abs() / peak_gib;
-            println!("{name} {seq}x{batch} dropout: predicted {predicted:.2} GiB, measured {peak_gib:.2}");
-            assert!(err < 0.10, "{name} {seq}x{batch}: predicted {predicted:.2} GiB, measured {peak_gib}");
+            println!("{name} {seq}x{batch}: predicted {predicted:.2} GiB, measured {peak_gib:.2}");
+            assert!(
+                err < tolerance,
+                "{name} {seq}x{batch}: predicted {predicted:.2} GiB, measured {peak_gib}"
+            );
         }
     }
 
