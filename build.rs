@@ -1,24 +1,36 @@
-//! With `--features cuda`, compiles src/{quant,model,optim}/kernels/*.cu to PTX with nvcc (found through
+//! With `--features cuda`, compiles src/cuda/*.cu to PTX with nvcc (found through
 //! `$NVCC`, `$CUDA_ROOT/bin` or `PATH`). The PTX targets `compute_$CUDA_COMPUTE_CAP` (default 80:
 //! Ampere and newer, including the 24 GB RTX 3090/4090 cards); the driver JIT-compiles it once
 //! and caches it. The NF4 kernels get `--use_fast_math`, as bitsandbytes' build does, which NF4
 //! bit-exactness needs.
 //!
 //! With the cuDNN and cudnn-frontend headers (`CUDNN_INCLUDE`: a `:`-separated list of include
-//! folders, as scripts/cuda-toolchain.sh exports it) it also compiles src/model/cudnn_sdpa.cpp and
+//! folders, as scripts/cuda-toolchain.sh exports it) it also compiles src/cuda/cudnn_sdpa.cpp and
 //! sets `cfg(lora_ft_cudnn)`; cuDNN itself is opened when the program runs. Without them the
 //! build has the flash kernels only.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The kernels of src/cuda/, each compiled to `$OUT_DIR/<name>.ptx`.
+const KERNELS: [&str; 8] = [
+    "nf4",
+    "adafactor",
+    "softmax",
+    "flash_attention",
+    "elementwise",
+    "dropout",
+    "cross_entropy",
+    "embedding",
+];
+const CUDA_HEADERS: [&str; 2] = ["src/cuda/dtype.cuh", "src/cuda/block_reduce.cuh"];
+
 fn main() {
-    println!("cargo:rerun-if-changed=src/quant/kernels");
-    println!("cargo:rerun-if-changed=src/model/kernels");
-    println!("cargo:rerun-if-changed=src/kernels");
-    println!("cargo:rerun-if-changed=src/optim/kernels");
+    for source in KERNELS.iter().map(|k| format!("src/cuda/{k}.cu")).chain(CUDA_HEADERS.map(String::from)) {
+        println!("cargo:rerun-if-changed={source}");
+    }
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo:rerun-if-env-changed=CUDNN_INCLUDE");
-    println!("cargo:rerun-if-changed=src/model/cudnn_sdpa.cpp");
+    println!("cargo:rerun-if-changed=src/cuda/cudnn_sdpa.cpp");
     println!("cargo:rustc-check-cfg=cfg(lora_ft_cudnn)");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
@@ -29,12 +41,10 @@ fn main() {
         .ok()
         .or_else(|| std::env::var("CUDA_ROOT").ok().map(|r| format!("{r}/bin/nvcc")));
     let nvcc = nvcc.unwrap_or_else(|| "nvcc".into());
-    compile_ptx(&nvcc, &cap, "src/quant/kernels/nf4.cu", &out.join("nf4.ptx"), true);
-    for kernel in ["softmax", "flash_attention", "elementwise", "dropout", "cross_entropy", "embedding"] {
-        let src = format!("src/model/kernels/{kernel}.cu");
-        compile_ptx(&nvcc, &cap, &src, &out.join(format!("{kernel}.ptx")), false);
+    for kernel in KERNELS {
+        let src = format!("src/cuda/{kernel}.cu");
+        compile_ptx(&nvcc, &cap, &src, &out.join(format!("{kernel}.ptx")), kernel == "nf4");
     }
-    compile_ptx(&nvcc, &cap, "src/optim/kernels/adafactor.cu", &out.join("adafactor.ptx"), false);
     compile_cudnn_shim();
 }
 
@@ -46,7 +56,7 @@ fn compile_cudnn_shim() {
         return;
     };
     let mut build = cc::Build::new();
-    build.cpp(true).std("c++17").opt_level(2).file("src/model/cudnn_sdpa.cpp").warnings(false);
+    build.cpp(true).std("c++17").opt_level(2).file("src/cuda/cudnn_sdpa.cpp").warnings(false);
     for dir in includes.split(':').filter(|d| !d.is_empty()) {
         build.include(dir);
     }

@@ -7,8 +7,8 @@
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor, Var};
-use lora_ft::model::attention::causal_mask;
 use lora_ft::model::layer::LayerInput;
+use lora_ft::model::ops::attention::causal_mask;
 use lora_ft::model::ops::Rope;
 use lora_ft::model::reference::{layer_forward, random_layer};
 

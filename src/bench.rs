@@ -154,21 +154,11 @@ pub fn train(
 }
 
 fn oom_or(e: anyhow::Error) -> String {
-    if crate::train::is_out_of_memory(&e) {
+    if crate::memory::is_out_of_memory(&e) {
         "OOM".into()
     } else {
         format!("{e:#}")
     }
-}
-
-/// `bs` rows of `seq` random token ids below `vocab`, each its own label (every position is
-/// trained): a full-length step at a given shape.
-pub fn random_batch(vocab: u32, (seq, bs): (usize, usize), seed: u64) -> crate::data::Batch {
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let ids: Vec<u32> = (0..seq * bs).map(|_| rng.random_range(0..vocab)).collect();
-    let labels = ids.iter().map(|&i| i as i64).collect();
-    crate::data::Batch { input_ids: ids, labels, batch_size: bs, seq_len: seq }
 }
 
 /// `first`: the run's first shape, whose first step `first_step_s` times.
@@ -180,7 +170,7 @@ fn time_shape(
     first: bool,
 ) -> anyhow::Result<TrainRow> {
     let device = trainer.model.device().clone();
-    let batch = [random_batch(vocab, (seq, bs), (seq * 1000 + bs) as u64)];
+    let batch = [crate::data::Batch::random(vocab, (seq, bs), (seq * 1000 + bs) as u64)];
     reset_peak(&device);
     let mut first_step_s = None;
     for step in 0..2 {
@@ -248,7 +238,7 @@ pub fn attention(
     (heads, kv_heads, head_dim): (usize, usize, usize),
     iters: usize,
 ) -> anyhow::Result<AttentionRow> {
-    use crate::model::attention::{attention, attention_backward};
+    use crate::model::ops::attention::{attention, attention_backward};
     use candle_core::Tensor;
     anyhow::ensure!(
         kv_heads > 0 && heads % kv_heads == 0,

@@ -200,7 +200,7 @@ mod tests {
     fn failed_save(os: Error, file: &Path) -> anyhow::Error {
         Err::<(), _>(os)
             .with_context(|| Writing(file.to_path_buf()))
-            .context(crate::train::Phase("save"))
+            .context(crate::memory::Phase("save"))
             .context(Saving("checkpoint step 40".into()))
             .unwrap_err()
     }

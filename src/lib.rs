@@ -6,6 +6,8 @@
 
 pub mod bench;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod data;
 pub mod distributed;
 pub mod durable;
@@ -14,8 +16,6 @@ pub mod fixtures;
 pub mod generate;
 pub mod gguf;
 pub mod hub;
-#[cfg(feature = "cuda")]
-pub mod kernels;
 pub mod memory;
 pub mod merge;
 pub mod model;

@@ -160,6 +160,24 @@ mod cuda {
     }
 }
 
+/// Where in a step an error happened: attached as context, read back by `oom_report`.
+#[derive(Debug, Clone, Copy)]
+pub struct Phase(pub &'static str);
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "in the {} phase", self.0)
+    }
+}
+
+/// Whether `e` is the device running out of memory, in the words of CUDA or candle
+/// (`CUDA_ERROR_OUT_OF_MEMORY`, "out of memory"), cuBLAS (`CUBLAS_STATUS_ALLOC_FAILED`: its
+/// workspace or a batched GEMM's pointer arrays) or cuDNN (`CUDNN_STATUS_ALLOC_FAILED`).
+pub fn is_out_of_memory(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}");
+    ["OUT_OF_MEMORY", "out of memory", "ALLOC_FAILED"].iter().any(|words| text.contains(words))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,14 @@
 //! Parity with Hugging Face transformers + PEFT (scripts/golden/hf_parity.py): logits, loss,
-//! every LoRA gradient and the input gradient of tiny random Llama/Mistral models, f32,
-//! max |a − b| / max |b| ≤ 1e-4 per tensor. With `LORA_FT_TEST_DEVICE=cuda` (a `cuda` build on a
-//! GPU machine) the tiny models run on the GPU, in f32 (1e-4) and in f16 (1e-2).
+//! every LoRA gradient and the input gradient of tiny random Llama/Mistral models and of
+//! SmolLM2-135M.
+//!
+//! The goldens are transformers' float64 results, and beside each tensor the golden file keeps
+//! `torch_f32_err.<name>`: how far transformers' own float32 run is from them. The rule: lora-ft's
+//! float32 error (max |a − b| / max |b| per tensor) is at most [`MULTIPLE`] × torch's float32
+//! error, or [`MULTIPLE`] × [`FLOOR`] where torch's happens to be smaller. Another summation order
+//! (SIMD width, thread count) moves our error about as much as torch's own, so this holds on any
+//! CPU, where a fixed tolerance held on one. With `LORA_FT_TEST_DEVICE=cuda` (a `cuda` build on a
+//! GPU machine) the tiny models run on the GPU, in f32 (the same rule) and in f16 (1e-2).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -11,7 +18,14 @@ use lora_ft::export::load_adapter;
 use lora_ft::model::CausalLm;
 use lora_ft::quant::Quantization;
 
-const TOLERANCE: f32 = 1e-4;
+/// How many times torch's own float32 error lora-ft's may be.
+const MULTIPLE: f64 = 4.0;
+/// Torch's error is read as at least this (8 ulp of f32 at the tensor's largest value): a result
+/// rounded to f32 and reduced over a few terms is off by that much however it is computed, and a
+/// tensor where torch's rounding happened to cancel must not demand more of us.
+const FLOOR: f64 = 8.0 * f32::EPSILON as f64;
+/// f16 on CUDA against the float64 golden.
+const F16_TOLERANCE: f64 = 1e-2;
 
 /// The device under test: `LORA_FT_TEST_DEVICE=cuda` for the first GPU, else the CPU.
 fn test_device() -> Device {
@@ -21,20 +35,90 @@ fn test_device() -> Device {
     }
 }
 
-/// Compute dtypes checked on `device`, with their tolerances.
-fn dtypes(device: &Device) -> Vec<(DType, f32)> {
+/// Compute dtypes checked on `device`.
+fn dtypes(device: &Device) -> Vec<DType> {
     if device.is_cuda() {
-        vec![(DType::F32, TOLERANCE), (DType::F16, 1e-2)]
+        vec![DType::F32, DType::F16]
     } else {
-        vec![(DType::F32, TOLERANCE)]
+        vec![DType::F32]
     }
 }
 
-pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    let a = a.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap();
-    let b = b.to_dtype(DType::F32).unwrap().reshape(a.shape()).unwrap();
-    let diff = (&a - &b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-    diff / b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1e-30)
+/// max |a − b| / max |b|, in f64 (the goldens are f64).
+pub fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
+    let a = a.to_device(&Device::Cpu).unwrap().to_dtype(DType::F64).unwrap();
+    let b = b.to_dtype(DType::F64).unwrap().reshape(a.shape()).unwrap();
+    let diff = (&a - &b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
+    diff / b.abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap().max(1e-300)
+}
+
+/// Collects lora-ft's and torch's float32 errors per tensor, holds each tensor to the rule (f16:
+/// a fixed tolerance) and prints, per group (the outputs: logits and loss; the gradients: every
+/// LoRA gradient and the input gradient), the worst of ours beside the worst of torch's.
+struct Checker<'a> {
+    golden: &'a HashMap<String, Tensor>,
+    case: String,
+    dtype: DType,
+    /// (group, name, our error, torch's error)
+    errors: Vec<(&'static str, String, f64, f64)>,
+}
+
+impl<'a> Checker<'a> {
+    fn new(golden: &'a HashMap<String, Tensor>, case: &str, dtype: DType) -> Self {
+        Self { golden, case: case.to_string(), dtype, errors: Vec::new() }
+    }
+
+    /// torch's own float32 error of golden tensor `name`.
+    fn torch_err(&self, name: &str) -> f64 {
+        let key = format!("torch_f32_err.{name}");
+        let t = self.golden.get(&key).unwrap_or_else(|| panic!("{}: golden lacks {key}", self.case));
+        t.flatten_all().unwrap().to_vec1::<f64>().unwrap()[0]
+    }
+
+    fn golden(&self, name: &str) -> &'a Tensor {
+        self.golden.get(name).unwrap_or_else(|| panic!("{}: golden lacks {name}", self.case))
+    }
+
+    fn check(&mut self, group: &'static str, name: &str, ours: &Tensor) {
+        let err = rel_err(ours, self.golden(name));
+        self.errors.push((group, name.to_string(), err, self.torch_err(name)));
+    }
+
+    /// Asserts the rule for every group; prints each group's worst errors.
+    fn finish(self) {
+        for group in ["outputs", "gradients"] {
+            let in_group = || self.errors.iter().filter(|e| e.0 == group);
+            let bound = |torch: f64| match self.dtype {
+                DType::F32 => MULTIPLE * torch.max(FLOOR),
+                _ => F16_TOLERANCE,
+            };
+            let what = format!("{} {:?} {group}", self.case, self.dtype);
+            let ratio = |e: &&(&str, String, f64, f64)| e.2 / bound(e.3);
+            let Some(worst) = in_group().max_by(|a, b| a.2.total_cmp(&b.2)) else { continue };
+            let torch_worst = in_group().map(|e| e.3).fold(0.0, f64::max);
+            let closest = in_group().max_by(|a, b| ratio(a).total_cmp(&ratio(b))).expect("not empty");
+            eprintln!(
+                "{what} ({} tensors): worst rel err {:.2e} ({}), torch f32 worst {torch_worst:.2e}; closest to \
+                 its bound: {} at {:.2e} of {:.2e}",
+                in_group().count(),
+                worst.2,
+                worst.1,
+                closest.1,
+                closest.2,
+                bound(closest.3)
+            );
+            for (_, name, err, torch_err) in in_group() {
+                if std::env::var_os("LORA_FT_PARITY_ALL").is_some() {
+                    eprintln!("  {name}: {err:.2e} (torch f32 {torch_err:.2e})");
+                }
+                let bound = bound(*torch_err);
+                assert!(
+                    err <= &bound,
+                    "{what}: {name}: rel err {err:.3e} > {bound:.3e} (torch f32: {torch_err:.3e})"
+                );
+            }
+        }
+    }
 }
 
 fn golden(name: &str) -> HashMap<String, Tensor> {
@@ -50,12 +134,12 @@ fn batch(g: &HashMap<String, Tensor>) -> (Tensor, Vec<i64>) {
 
 fn check_tiny(name: &str) {
     let device = test_device();
-    for (dtype, tolerance) in dtypes(&device) {
-        check_tiny_on(name, &device, dtype, tolerance);
+    for dtype in dtypes(&device) {
+        check_tiny_on(name, &device, dtype);
     }
 }
 
-fn check_tiny_on(name: &str, device: &Device, dtype: DType, tolerance: f32) {
+fn check_tiny_on(name: &str, device: &Device, dtype: DType) {
     let dir = Path::new("tests/fixtures").join(name);
     let g = golden(name);
     let mut model = CausalLm::load(
@@ -69,36 +153,25 @@ fn check_tiny_on(name: &str, device: &Device, dtype: DType, tolerance: f32) {
     load_adapter(&mut model, &dir.join("adapter")).unwrap();
     let (ids, labels) = batch(&g);
     let ids = ids.to_device(device).unwrap();
-    let name = format!("{name} {device:?} {dtype:?}");
+    let mut check = Checker::new(&g, &format!("{name} {device:?}"), dtype);
 
     let logits = model.forward(&ids, None).unwrap();
-    let e = rel_err(&logits, &g["logits"]);
-    assert!(e < tolerance, "{name}: logits rel err {e}");
-    eprintln!("{name}: logits rel err {e:.2e}");
+    check.check("outputs", "logits", &logits);
 
     let n = labels.len(); // normalize like HF: mean over the trained tokens.
     let (_, count) = model.loss(&ids, &labels).unwrap();
     assert!(count > 0 && count < n);
     let out = model.forward_backward(&ids, &labels, 1.0 / count as f64, None).unwrap();
-    let loss = out.loss_sum / out.n_tokens as f64;
-    let want = g["loss"].flatten_all().unwrap().to_vec1::<f32>().unwrap()[0] as f64;
-    assert!((loss - want).abs() / want.abs() < tolerance as f64, "{name}: loss {loss} vs {want}");
+    let loss = Tensor::new(&[out.loss_sum / out.n_tokens as f64], &Device::Cpu).unwrap();
+    check.check("outputs", "loss", &loss);
 
     let params = model.lora_params();
     assert_eq!(params.len(), out.grads.len());
-    let mut worst = 0f32;
     for ((key, _), grad) in params.iter().zip(&out.grads) {
-        let want = g.get(&format!("grad.{key}")).unwrap_or_else(|| panic!("{name}: golden lacks grad.{key}"));
-        let e = rel_err(grad, want);
-        assert!(e < tolerance, "{name}: {key} grad rel err {e}");
-        worst = worst.max(e);
+        check.check("gradients", &format!("grad.{key}"), grad);
     }
-    let e = rel_err(&out.d_inputs_embeds, &g["grad.inputs_embeds"]);
-    assert!(e < tolerance, "{name}: input gradient rel err {e}");
-    eprintln!(
-        "{name}: loss rel err {:.2e}, worst LoRA grad {worst:.2e}, input grad {e:.2e}",
-        (loss - want).abs() / want.abs()
-    );
+    check.check("gradients", "grad.inputs_embeds", &out.d_inputs_embeds);
+    check.finish();
 }
 
 #[test]
@@ -133,32 +206,30 @@ fn smollm2_matches_hf_peft() {
     model.add_lora(&spec, 0).unwrap();
     lora_ft::model::reference::set_formula_lora(&model).unwrap();
     let (ids, labels) = batch(&g);
+    let mut check = Checker::new(&g, "smollm2", DType::F32);
 
     let logits = model.forward(&ids, None).unwrap();
-    let e = rel_err(&logits.narrow(2, 0, 1024).unwrap(), &g["logits_head"]);
-    assert!(e < TOLERANCE, "smollm2: logits[..1024] rel err {e}");
-    eprintln!("smollm2: logits rel err {e:.2e}");
+    check.check("outputs", "logits_head", &logits.narrow(2, 0, 1024).unwrap());
     let last = g["last_positions"].to_vec1::<i64>().unwrap();
-    for (row, &pos) in last.iter().enumerate() {
-        let got = logits.get(row).unwrap().get(pos as usize).unwrap();
-        let e = rel_err(&got, &g["logits_last"].get(row).unwrap());
-        assert!(e < TOLERANCE, "smollm2: row {row} last logits rel err {e}");
-    }
+    let rows: Vec<Tensor> = last
+        .iter()
+        .enumerate()
+        .map(|(row, &pos)| logits.get(row).unwrap().get(pos as usize).unwrap())
+        .collect();
+    check.check("outputs", "logits_last", &Tensor::stack(&rows, 0).unwrap());
 
     let (_, count) = model.loss(&ids, &labels).unwrap();
     let out = model.forward_backward(&ids, &labels, 1.0 / count as f64, None).unwrap();
-    let loss = out.loss_sum / out.n_tokens as f64;
-    let want = g["loss"].to_vec1::<f32>().unwrap()[0] as f64;
-    assert!((loss - want).abs() / want < TOLERANCE as f64, "smollm2: loss {loss} vs {want}");
-    let (mut checked, mut worst) = (0, 0f32);
+    let loss = Tensor::new(&[out.loss_sum / out.n_tokens as f64], &Device::Cpu).unwrap();
+    check.check("outputs", "loss", &loss);
+    let mut checked = 0;
     for ((key, _), grad) in model.lora_params().iter().zip(&out.grads) {
-        if let Some(want) = g.get(&format!("grad.{key}")) {
-            let e = rel_err(grad, want);
-            assert!(e < TOLERANCE, "smollm2: {key} grad rel err {e}");
-            (checked, worst) = (checked + 1, worst.max(e));
+        if g.contains_key(&format!("grad.{key}")) {
+            check.check("gradients", &format!("grad.{key}"), grad);
+            checked += 1;
         }
     }
-    eprintln!("smollm2: loss rel err {:.2e}, worst LoRA grad {worst:.2e}", (loss - want).abs() / want);
+    check.finish();
     assert_eq!(checked, 42, "layers 0, 15 and 29: 7 modules × A, B");
 }
 
@@ -166,7 +237,7 @@ fn smollm2_matches_hf_peft() {
 /// weight, and the model computes exactly what the dense model does on the dequantized weights.
 #[test]
 fn nf4_load_equals_the_dense_model_on_dequantized_projections() {
-    use lora_ft::model::linear::BaseWeight;
+    use lora_ft::model::lora::BaseWeight;
     use lora_ft::quant::Nf4Tensor;
     let dir = Path::new("tests/fixtures/tiny-llama");
     let load = |q| {

@@ -23,6 +23,19 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// `bs` rows of `seq` uniformly random token ids below `vocab`, every position trained: the
+    /// batches of `lora-ft bench train` and of the `batch_size = "auto"` probe, where the values
+    /// do not matter but the shape does.
+    pub fn random(vocab: u32, (seq, bs): (usize, usize), seed: u64) -> Self {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let input_ids: Vec<u32> = (0..seq * bs).map(|_| rng.random_range(0..vocab)).collect();
+        let labels = input_ids.iter().map(|&i| i as i64).collect();
+        Self { input_ids, labels, batch_size: bs, seq_len: seq }
+    }
+}
+
+impl Batch {
     pub fn from_examples(rows: &[&Example], pad_id: u32) -> Self {
         let seq_len = rows.iter().map(|r| r.len()).max().unwrap_or(0);
         let mut input_ids = Vec::with_capacity(rows.len() * seq_len);

@@ -26,4 +26,4 @@ pub use messages::{read_messages_jsonl, Conversation, LineError, Message};
 pub use template::ChatTemplate;
 
 /// The label of a position the loss ignores; owned by the loss, re-exported for the data side.
-pub use crate::model::loss::IGNORE_INDEX;
+pub use crate::model::ops::loss::IGNORE_INDEX;

@@ -211,12 +211,12 @@ impl NcclCollective {
         let mut out = unsafe { self.device.alloc::<T>(n) }?;
         {
             let (storage, _) = t.storage_and_layout();
-            let src = crate::kernels::view::<T>(&storage, &t)?;
+            let src = crate::cuda::view::<T>(&storage, &t)?;
             let (src_ptr, _read) = src.device_ptr(&stream);
             let (dst_ptr, _write) = out.device_ptr_mut(&stream);
             self.enqueue(src_ptr, dst_ptr, n, dtype, op)?;
         }
-        Ok(crate::kernels::wrap(out, &self.device, &[n]))
+        Ok(crate::cuda::wrap(out, &self.device, &[n]))
     }
 }
 

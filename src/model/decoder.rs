@@ -9,44 +9,27 @@ use anyhow::Context;
 use candle_core::{safetensors::MmapedSafetensors, DType, Device, Tensor, Var};
 use rand::SeedableRng;
 
-use super::attention::causal_mask;
 #[cfg(feature = "cuda")]
-use super::checkpoints::host::HostStash;
-use super::checkpoints::Checkpoints;
-use super::config::ModelConfig;
-use super::embedding::Embedding;
-use super::layer::{DecoderLayer, KvCache, LayerInput, PROJECTIONS};
-use super::linear::{BaseWeight, LoraAdapter, LoraLinear};
-use super::lm_head::LmHead;
-use super::loss::shift_labels;
+use super::activations::checkpoints::host::HostStash;
+use super::activations::checkpoints::Checkpoints;
+use super::arch::{Architecture, ModelConfig};
+use super::layer::{DecoderLayer, KvCache, LayerInput};
+use super::lora::linear::{BaseWeight, LoraAdapter, LoraLinear};
+use super::lora::{module_path, LoraSpec, PROJECTIONS};
+use super::ops::attention::causal_mask;
+use super::ops::embedding::Embedding;
+use super::ops::lm_head::LmHead;
+use super::ops::loss::shift_labels;
 use super::ops::{rms_norm, rms_norm_backward, Rope};
 use crate::quant::{Nf4Tensor, Quantization};
-
-/// LoRA hyper-parameters as they apply to the model.
-#[derive(Debug, Clone)]
-pub struct LoraSpec {
-    pub r: usize,
-    pub alpha: f64,
-    pub dropout: f64,
-    pub target_modules: Vec<String>,
-    pub rslora: bool,
-}
-
-impl LoraSpec {
-    pub fn scale(&self) -> f64 {
-        if self.rslora {
-            self.alpha / (self.r as f64).sqrt()
-        } else {
-            self.alpha / self.r as f64
-        }
-    }
-}
 
 /// Rows of the cross-entropy processed at once by default (the memory planner counts them).
 pub const LOSS_CHUNK_ROWS: usize = 1024;
 
 pub struct CausalLm {
     pub config: ModelConfig,
+    /// What the layers compute, read from `config` by its family (arch/family.rs).
+    pub arch: Architecture,
     embed_tokens: Embedding,
     pub layers: Vec<DecoderLayer>,
     norm: Tensor,
@@ -72,12 +55,6 @@ pub struct TrainOutput {
     pub grads: Vec<Tensor>,
     /// Gradient w.r.t. the embedding output (the start of the input-gradient chain).
     pub d_inputs_embeds: Tensor,
-}
-
-/// `model.layers.{l}.{self_attn|mlp}.{proj}` — the HF module path of a projection.
-pub fn module_path(layer: usize, proj: &str) -> String {
-    let block = if matches!(proj, "gate_proj" | "up_proj" | "down_proj") { "mlp" } else { "self_attn" };
-    format!("model.layers.{layer}.{block}.{proj}")
 }
 
 fn load(st: &MmapedSafetensors, name: &str, dtype: DType, device: &Device) -> anyhow::Result<Tensor> {
@@ -127,6 +104,7 @@ impl CausalLm {
         device: &Device,
     ) -> anyhow::Result<Self> {
         let config = ModelConfig::from_file(config_path)?;
+        let arch = Architecture::from_config(&config)?;
         // SAFETY: the files are memory-mapped read-only and not modified while loading.
         let st = unsafe { MmapedSafetensors::multi(weights) }
             .with_context(|| format!("opening safetensors {weights:?}"))?;
@@ -136,13 +114,13 @@ impl CausalLm {
         let table = load(&st, "model.embed_tokens.weight", dtype, table_device)?;
         let lm_head = match untied {
             true => load(&st, "lm_head.weight", dtype, device)?,
-            false if config.tie_word_embeddings => table.clone(),
+            false if arch.tied_embeddings => table.clone(),
             false => anyhow::bail!("lm_head.weight is missing and tie_word_embeddings is false"),
         };
         let embed_tokens = Embedding::new(table, device);
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        let progress = load_progress(config.num_hidden_layers, quantization);
-        for l in 0..config.num_hidden_layers {
+        let mut layers = Vec::with_capacity(arch.num_layers);
+        let progress = load_progress(arch.num_layers, quantization);
+        for l in 0..arch.num_layers {
             progress.inc(1);
             let proj = PROJECTIONS.map(|p| format!("{}.weight", module_path(l, p)));
             let mut linears = Vec::with_capacity(7);
@@ -166,10 +144,10 @@ impl CausalLm {
                     device,
                 )?,
                 proj: linears.try_into().map_err(|_| anyhow::anyhow!("seven projections"))?,
-                n_heads: config.num_attention_heads,
-                n_kv_heads: config.num_kv_heads(),
-                head_dim: config.head_dim(),
-                rms_norm_eps: config.rms_norm_eps,
+                n_heads: arch.num_heads,
+                n_kv_heads: arch.num_kv_heads,
+                head_dim: arch.head_dim,
+                rms_norm_eps: arch.rms_norm_eps,
             });
         }
         progress.finish_and_clear();
@@ -180,10 +158,10 @@ impl CausalLm {
             base_bytes as f64 / (1 << 20) as f64
         );
         let norm = load(&st, "model.norm.weight", dtype, device)?;
-        let rope =
-            Rope::new(config.head_dim(), config.rope_theta(), config.max_position_embeddings, dtype, device)?;
+        let rope = Rope::new(arch.head_dim, arch.rope.theta, arch.rope.max_positions, dtype, device)?;
         Ok(Self {
             config,
+            arch,
             embed_tokens,
             layers,
             norm,
@@ -204,7 +182,7 @@ impl CausalLm {
         #[cfg(feature = "cuda")]
         if let Some(w) = self.lm_head.on_device() {
             if self.device.is_cuda() && !self.embed_tokens.is_table(w) {
-                if let Some(host) = super::lm_head::host::HostLmHead::new(w)? {
+                if let Some(host) = super::ops::lm_head::host::HostLmHead::new(w)? {
                     self.lm_head = LmHead::Host(host);
                     return Ok(true);
                 }
@@ -279,25 +257,38 @@ impl CausalLm {
         self.embed_tokens.forward(input_ids)
     }
 
-    /// The additive causal mask for the composed attention; `None` on CUDA, whose kernels mask by
-    /// position (a [t, t] f32 mask built on the host is 16 MiB at t = 2048).
-    fn attention_mask(&self, t: usize, offset: usize) -> candle_core::Result<Option<Tensor>> {
+    /// Each layer's additive causal mask for the composed attention, one tensor per distinct
+    /// window; `None` on CUDA, whose kernels mask by position (a [t, t] f32 mask built on the host
+    /// is 16 MiB at t = 2048).
+    fn attention_masks(&self, t: usize, offset: usize) -> candle_core::Result<Vec<Option<Tensor>>> {
         if self.device.is_cuda() {
-            return Ok(None);
+            return Ok(vec![None; self.layers.len()]);
         }
-        causal_mask(t, offset + t, offset, self.config.attention_window(), &self.device).map(Some)
+        let mut built: Vec<(Option<usize>, Tensor)> = Vec::new();
+        (0..self.layers.len())
+            .map(|l| {
+                let window = self.arch.window(l);
+                if let Some((_, mask)) = built.iter().find(|(w, _)| *w == window) {
+                    return Ok(Some(mask.clone()));
+                }
+                let mask = causal_mask(t, offset + t, offset, window, &self.device)?;
+                built.push((window, mask.clone()));
+                Ok(Some(mask))
+            })
+            .collect()
     }
 
     fn layer_input<'a>(
         &'a self,
-        mask: Option<&'a Tensor>,
+        masks: &'a [Option<Tensor>],
         offset: usize,
         seed: Option<u64>,
         l: usize,
     ) -> LayerInput<'a> {
+        let mask = masks[l].as_ref();
         let dropout_seed =
             seed.map(|s| s.wrapping_mul(6364136223846793005).wrapping_add(l as u64 * 1442695040888963407));
-        LayerInput { rope: &self.rope, mask, offset, window: self.config.attention_window(), dropout_seed }
+        LayerInput { rope: &self.rope, mask, offset, window: self.arch.window(l), dropout_seed }
     }
 
     /// Eval-mode logits `[b, t, vocab]` (f32). With `caches`, continues from the cached positions.
@@ -308,15 +299,14 @@ impl CausalLm {
     ) -> candle_core::Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
         let offset = caches.as_ref().map_or(0, |c| c[0].len());
-        let mask = self.attention_mask(t, offset)?;
+        let masks = self.attention_masks(t, offset)?;
         let mut x = self.embed(input_ids)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_mut().map(|c| &mut c[l]);
-            x = layer.forward(&x, &self.layer_input(mask.as_ref(), offset, None, l), cache)?;
+            x = layer.forward(&x, &self.layer_input(&masks, offset, None, l), cache)?;
         }
-        let h =
-            rms_norm(&x.reshape((b * t, self.config.hidden_size))?, &self.norm, self.config.rms_norm_eps)?;
-        self.lm_head.logits(&h)?.to_dtype(DType::F32)?.reshape((b, t, self.config.vocab_size))
+        let h = rms_norm(&x.reshape((b * t, self.arch.hidden_size))?, &self.norm, self.arch.rms_norm_eps)?;
+        self.lm_head.logits(&h)?.to_dtype(DType::F32)?.reshape((b, t, self.arch.vocab_size))
     }
 
     /// Runs the decoder, handing each layer's input to `checkpoints` (when kept for a backward).
@@ -324,13 +314,13 @@ impl CausalLm {
     fn forward_checkpointed(
         &self,
         x: Tensor,
-        mask: Option<&Tensor>,
+        masks: &[Option<Tensor>],
         seed: Option<u64>,
         mut checkpoints: Option<&mut Checkpoints>,
     ) -> candle_core::Result<Tensor> {
         let mut x = x;
         for (l, layer) in self.layers.iter().enumerate() {
-            let next = layer.forward(&x, &self.layer_input(mask, 0, seed, l), None)?;
+            let next = layer.forward(&x, &self.layer_input(masks, 0, seed, l), None)?;
             let input = std::mem::replace(&mut x, next);
             if let Some(c) = checkpoints.as_deref_mut() {
                 c.push(input)?;
@@ -359,10 +349,10 @@ impl CausalLm {
     /// Summed loss over trained tokens (eval mode, no gradients).
     pub fn loss(&self, input_ids: &Tensor, labels: &[i64]) -> candle_core::Result<(f64, usize)> {
         let (b, t) = input_ids.dims2()?;
-        let mask = self.attention_mask(t, 0)?;
-        let last = self.forward_checkpointed(self.embed(input_ids)?, mask.as_ref(), None, None)?;
-        let last = last.reshape((b * t, self.config.hidden_size))?;
-        let h = rms_norm(&last, &self.norm, self.config.rms_norm_eps)?;
+        let masks = self.attention_masks(t, 0)?;
+        let last = self.forward_checkpointed(self.embed(input_ids)?, &masks, None, None)?;
+        let last = last.reshape((b * t, self.arch.hidden_size))?;
+        let h = rms_norm(&last, &self.norm, self.arch.rms_norm_eps)?;
         let out = self.lm_head.cross_entropy(&h, &shift_labels(labels, b, t), None, self.loss_chunk_rows)?;
         Ok((out.loss_sum, out.n_tokens))
     }
@@ -378,27 +368,23 @@ impl CausalLm {
         dropout_seed: Option<u64>,
     ) -> candle_core::Result<TrainOutput> {
         let (b, t) = input_ids.dims2()?;
-        let hidden = self.config.hidden_size;
-        let mask = self.attention_mask(t, 0)?;
+        let hidden = self.arch.hidden_size;
+        let masks = self.attention_masks(t, 0)?;
         let mut checkpoints = self.checkpoints();
-        let last = self.forward_checkpointed(
-            self.embed(input_ids)?,
-            mask.as_ref(),
-            dropout_seed,
-            Some(&mut checkpoints),
-        )?;
+        let last =
+            self.forward_checkpointed(self.embed(input_ids)?, &masks, dropout_seed, Some(&mut checkpoints))?;
         let last = last.reshape((b * t, hidden))?;
-        let h = rms_norm(&last, &self.norm, self.config.rms_norm_eps)?;
+        let h = rms_norm(&last, &self.norm, self.arch.rms_norm_eps)?;
         let targets = shift_labels(labels, b, t);
         let out = section("loss", &self.device, || {
             self.lm_head.cross_entropy(&h, &targets, Some(grad_scale), self.loss_chunk_rows)
         })?;
         let d_h = out.d_hidden.expect("asked for the gradient");
         let mut dx =
-            rms_norm_backward(&last, &self.norm, self.config.rms_norm_eps, &d_h)?.reshape((b, t, hidden))?;
+            rms_norm_backward(&last, &self.norm, self.arch.rms_norm_eps, &d_h)?.reshape((b, t, hidden))?;
         let mut per_layer = Vec::with_capacity(self.layers.len());
         for (l, layer) in self.layers.iter().enumerate().rev() {
-            let input = self.layer_input(mask.as_ref(), 0, dropout_seed, l);
+            let input = self.layer_input(&masks, 0, dropout_seed, l);
             let x = checkpoints.pop()?;
             let saved = layer.recompute(&x, &input)?;
             let (d_in, grads) = layer.backward(saved, &dx, &input)?;

@@ -6,16 +6,12 @@
 
 use candle_core::{Result, Tensor};
 
-use super::attention::{attention, attention_backward, AttentionSaved};
-use super::linear::{DropoutSeed, LoraGrad, LoraLinear};
-use super::lora_group::LoraGroup;
+use super::lora::group::LoraGroup;
+use super::lora::linear::{DropoutSeed, LoraGrad, LoraLinear};
+use super::ops::attention::{attention, attention_backward, AttentionSaved};
+use super::ops::product_sum::ProductSum;
 use super::ops::{rms_norm, rms_norm_backward, swiglu, swiglu_backward, Rope};
-use super::product_sum::ProductSum;
 use crate::profile::section;
-
-/// The seven projections, in PEFT's `target_modules` names and in a fixed order.
-pub const PROJECTIONS: [&str; 7] =
-    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
 
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {

@@ -1,37 +1,31 @@
-//! The decoder (Llama / Mistral family) with LoRA adapters and a hand-written, checkpointed
-//! backward. candle's autograd serves only as the test oracle (see DESIGN.md).
+//! The decoder with LoRA adapters and a hand-written, checkpointed backward. candle's autograd
+//! serves only as the test oracle (see DESIGN.md). The rooms, from the bottom floor up (each
+//! imports only the floors below it):
+//!
+//! - `arch/`: what a model is, read from its config.json into one typed [`arch::Architecture`]
+//!   (the family declarations); the layers branch on it, never on a model's name.
+//! - `activations/`: where a step's activations wait: the per-layer checkpoints, on the device or
+//!   offloaded to page-locked host memory on a copy stream.
+//! - `ops/`: each op's forward and backward side by side: norm, rope, mlp (SwiGLU), attention,
+//!   embedding, the sums of GEMMs (`product_sum`), and lm_head with the chunked loss.
+//! - `lora/`: the projections (frozen base + trained `lora_a`/`lora_b`), their groups, dropout,
+//!   and PEFT's names.
+//! - `layer.rs`: one decoder layer (attention half, MLP half), forward, recompute, backward.
+//! - `decoder.rs`: the causal LM: embeddings → layers → norm → lm_head, checkpointed.
+//!
+//! The CUDA kernels these rooms call live one floor below all of them, in `crate::cuda`.
 
-pub mod attention;
-pub mod checkpoints;
-pub mod config;
-#[cfg(feature = "cuda")]
-pub mod cudnn_sdpa;
+pub mod activations;
+pub mod arch;
 pub mod decoder;
-pub mod dropout;
-pub mod embedding;
-#[cfg(feature = "cuda")]
-mod flash;
-#[cfg(feature = "cuda")]
-mod fused;
 pub mod layer;
-pub mod linear;
-pub mod lm_head;
-pub mod lora_group;
-pub mod loss;
-#[cfg(feature = "cuda")]
-mod loss_cuda;
-#[cfg(feature = "cuda")]
-pub mod offload;
+pub mod lora;
 pub mod ops;
-#[cfg(feature = "cuda")]
-mod ops_cuda;
-pub mod product_sum;
-#[cfg(feature = "cuda")]
-mod product_sum_cuda;
 /// The autograd test oracle (also used by `benches/layer_backward.rs`).
 #[doc(hidden)]
 pub mod reference;
 
-pub use config::ModelConfig;
-pub use decoder::{module_path, CausalLm, LoraSpec, TrainOutput};
-pub use layer::{KvCache, PROJECTIONS};
+pub use arch::{Architecture, ModelConfig};
+pub use decoder::{CausalLm, TrainOutput};
+pub use layer::KvCache;
+pub use lora::{module_path, LoraSpec, PROJECTIONS};

@@ -5,10 +5,10 @@
 use candle_core::{Result, Tensor, Var, D};
 use rand::{Rng, SeedableRng};
 
-use super::attention::{causal_mask, repeat_kv};
 use super::decoder::CausalLm;
 use super::layer::DecoderLayer;
-use super::linear::{BaseWeight, LoraAdapter, LoraLinear};
+use super::lora::linear::{BaseWeight, LoraAdapter, LoraLinear};
+use super::ops::attention::{causal_mask, repeat_kv};
 use super::ops::Rope;
 use super::PROJECTIONS;
 

@@ -132,9 +132,9 @@ impl Adafactor {
 
     #[cfg(feature = "cuda")]
     fn fused_fits(&self, grads: &[Tensor]) -> bool {
-        use super::cuda::{fits, fits_parameter};
+        use crate::cuda::adafactor::{fits, fits_parameter};
         grads.len() == self.params.len()
-            && super::cuda::fits_grads(grads.iter())
+            && crate::cuda::adafactor::fits_grads(grads.iter())
             && self.params.iter().zip(grads).zip(&self.states).all(|((p, g), s)| {
                 let p = p.as_tensor();
                 let state_fits = match &s.second {
@@ -147,7 +147,7 @@ impl Adafactor {
 
     #[cfg(feature = "cuda")]
     fn fused_step(&mut self, grads: &[Tensor], grad_mult: f64, lr: f64) -> Result<()> {
-        use super::cuda::{hyper, step, FusedParam};
+        use crate::cuda::adafactor::{step, FusedParam};
         let h = hyper(&self.cfg, self.weight_decay, self.step as f64, lr, grad_mult);
         let mut params = Vec::with_capacity(self.params.len());
         for ((var, g), s) in self.params.iter().zip(grads).zip(&self.states) {
@@ -375,6 +375,43 @@ pub(super) fn hf_step_size(cfg: &AdafactorSection, t: f64, lr: f64) -> f64 {
         cap.min(1.0 / t.sqrt())
     } else {
         lr
+    }
+}
+
+#[cfg(feature = "cuda")]
+/// The fused kernel's scalars of step `t` (1-based), exactly as `torch_step`/`hf_step` derive them.
+fn hyper(
+    cfg: &AdafactorSection,
+    weight_decay: f64,
+    t: f64,
+    lr: f64,
+    grad_mult: f64,
+) -> crate::cuda::adafactor::Hyper {
+    let hf = cfg.flavor == AdafactorFlavor::Hf;
+    let (w, eps1, step_size, decay) = if hf {
+        (1.0 - t.powf(cfg.decay_rate), cfg.eps1.unwrap_or(HF_EPS1), hf_step_size(cfg, t, lr), -weight_decay)
+    } else {
+        let eps1 = cfg.eps1.unwrap_or_else(|| machine_eps(DType::F32));
+        (t.powf(cfg.decay_rate), eps1, lr.min(1.0 / t.sqrt()), 1.0 - lr * weight_decay)
+    };
+    let beta1 = cfg.beta1.unwrap_or(0.0);
+    crate::cuda::adafactor::Hyper {
+        hf: hf as i32,
+        grad_mult: grad_mult as f32,
+        w: w as f32,
+        one_minus_w: (1.0 - w) as f32,
+        lerp_low: (w < 0.5) as i32,
+        eps1: eps1 as f32,
+        eps1_sq: (eps1 * eps1) as f32,
+        eps2: cfg.eps2 as f32,
+        step_size: step_size as f32,
+        scale_parameter: cfg.scale_parameter as i32,
+        inv_clip: (1.0 / cfg.clip_threshold) as f32,
+        weight_decay_on: (weight_decay != 0.0) as i32,
+        decay: decay as f32,
+        beta1_on: cfg.beta1.is_some() as i32,
+        beta1: beta1 as f32,
+        one_minus_beta1: (1.0 - beta1) as f32,
     }
 }
 

@@ -29,8 +29,8 @@ pub fn grad_norm(grads: &[Tensor], inv_scale: f64) -> Result<f64> {
         return Ok(0.0);
     }
     #[cfg(feature = "cuda")]
-    if super::cuda::fits_grads(grads.iter()) {
-        let sums = super::cuda::grad_sumsq(grads, inv_scale as f32)?;
+    if crate::cuda::adafactor::fits_grads(grads.iter()) {
+        let sums = crate::cuda::adafactor::grad_sumsq(grads, inv_scale as f32)?;
         return Ok(sums.iter().map(|&s| f64::from(s)).sum::<f64>().sqrt());
     }
     // torch: norm of the per-tensor norms, in float32 for float32 gradients.

@@ -3,8 +3,8 @@
 
 mod adafactor;
 mod clip;
-#[cfg(feature = "cuda")]
-mod cuda;
+#[cfg(all(test, feature = "cuda"))]
+mod fused_tests;
 mod schedule;
 
 pub use adafactor::{Adafactor, AdafactorError};

@@ -4,8 +4,6 @@
 //! `Nf4Tensor` keeps its parts as candle tensors on the weight's device so that device kernels can
 //! replace the CPU reference (`nf4`, `dynamic`, `double`) without changing the type.
 
-#[cfg(feature = "cuda")]
-mod cuda;
 pub mod double;
 pub mod dynamic;
 pub mod nf4;
@@ -53,7 +51,7 @@ impl Nf4Tensor {
     pub fn quantize(x: &Tensor, double_quant: bool) -> Result<Self> {
         #[cfg(feature = "cuda")]
         if x.device().is_cuda() {
-            let (packed, absmax) = cuda::quantize(x, double_quant)?;
+            let (packed, absmax) = quantize_on_device(x, double_quant)?;
             return Ok(Self { packed, absmax, shape: x.shape().clone(), dtype: x.dtype() });
         }
         let (packed, absmax) = match x.dtype() {
@@ -86,7 +84,7 @@ impl Nf4Tensor {
         let n = self.shape.elem_count();
         #[cfg(feature = "cuda")]
         if self.packed.device().is_cuda() {
-            return cuda::dequantize(&self.packed, &self.absmax, n, dtype)?.reshape(self.shape.clone());
+            return dequantize_on_device(&self.packed, &self.absmax, n, dtype)?.reshape(self.shape.clone());
         }
         let absmax = self.absmax_f32()?;
         let dev = self.packed.device();
@@ -131,7 +129,7 @@ impl Nf4Tensor {
                     offset: *offset,
                 },
             };
-            return cuda::dequantize(&packed, &absmax, n, dtype)?.reshape((last - first, cols));
+            return dequantize_on_device(&packed, &absmax, n, dtype)?.reshape((last - first, cols));
         }
         self.dequantize(dtype)?.narrow(0, first, last - first)
     }
@@ -191,6 +189,35 @@ fn with_host_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Re
     Ok(f(&t.flatten_all()?.to_vec1::<T>()?))
 }
 
+/// Quantizes a CUDA tensor with the kernels of `crate::cuda::nf4`: packed codes and absmax, both
+/// on its device, bit-exact with the CPU reference.
+#[cfg(feature = "cuda")]
+fn quantize_on_device(x: &Tensor, double_quant: bool) -> Result<(Tensor, Absmax)> {
+    use crate::cuda::nf4;
+    let x = x.contiguous()?.flatten_all()?;
+    let absmax = nf4::absmax(&x)?;
+    let packed = nf4::pack(&x, &absmax)?;
+    if !double_quant {
+        return Ok((packed, Absmax::F32(absmax)));
+    }
+    // The mean on the host, exactly as the CPU reference takes it (a few MB per tensor).
+    let offset = double::mean_offset(&absmax.to_vec1::<f32>()?);
+    let (codes, absmax2) = nf4::double_quantize(&absmax, offset)?;
+    Ok((packed, Absmax::Double { codes, absmax2, offset }))
+}
+
+/// Dequantizes `n` values to `dtype` on the GPU (flat; the caller reshapes).
+#[cfg(feature = "cuda")]
+fn dequantize_on_device(packed: &Tensor, absmax: &Absmax, n: usize, dtype: DType) -> Result<Tensor> {
+    use crate::cuda::nf4;
+    match absmax {
+        Absmax::F32(a) => nf4::dequantize(packed, a, n, dtype),
+        Absmax::Double { codes, absmax2, offset } => {
+            nf4::dequantize_double(packed, codes, absmax2, *offset, n, dtype)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,7 +275,7 @@ mod kernel_tests {
     /// The kernel's constant dynamic map is bnb's map, value for value.
     #[test]
     fn kernel_dynamic_map_matches_the_reference() {
-        let src = include_str!("kernels/nf4.cu");
+        let src = include_str!("../cuda/nf4.cu");
         let body = src.split("DYNAMIC_MAP[256] = {").nth(1).unwrap().split("};").next().unwrap();
         let values: Vec<f32> = body
             .split(',')

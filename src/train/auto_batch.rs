@@ -99,7 +99,7 @@ pub fn probe_step(
     seed: u64,
 ) -> anyhow::Result<Probe> {
     let device = model.device();
-    let rows = crate::bench::random_batch(model.config().vocab_size as u32, (seq, batch), seed);
+    let rows = crate::data::Batch::random(model.config().vocab_size as u32, (seq, batch), seed);
     reset_peak(device);
     let step = || -> anyhow::Result<()> {
         let ids = super::batch_tensor(&rows, device)?;
@@ -107,7 +107,7 @@ pub fn probe_step(
         Ok(())
     };
     match step() {
-        Err(e) if super::is_out_of_memory(&e) => Ok(Probe::OutOfMemory),
+        Err(e) if crate::memory::is_out_of_memory(&e) => Ok(Probe::OutOfMemory),
         Err(e) => Err(e.context(format!("batch_size = \"auto\": probing batch {batch} x {seq}"))),
         Ok(()) => Ok(match pool_memory(device).map(|p| p.peak_allocated) {
             Some(peak) if peak > budget.bytes() => Probe::OverBudget { peak },

@@ -1,0 +1,246 @@
+//! The command line's shape: every subcommand and flag (clap derive) and the parsers of their
+//! values. `main.rs` runs them.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use lora_ft::quant::Quantization;
+
+#[derive(Parser)]
+#[command(name = "lora-ft", version, about = "QLoRA fine-tuning of Llama/Mistral models")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Train a LoRA adapter as a config file says.
+    Train {
+        config: PathBuf,
+        /// Overrides the config's train.device: auto, cpu, cuda or cuda:N (with --gpus: cuda,
+        /// or cpu for N CPU workers).
+        #[arg(long)]
+        device: Option<String>,
+        /// Also write the initial adapter and every batch in training order into DIR, for
+        /// replaying the run in another trainer (scripts/convergence/).
+        #[arg(long, value_name = "DIR")]
+        trace: Option<PathBuf>,
+        #[command(flatten)]
+        launch: LaunchArgs,
+    },
+    /// Copy a checkpoint's adapter into a standalone PEFT adapter folder.
+    Export { checkpoint: PathBuf, out_dir: PathBuf },
+    /// Convert a GGUF file into an HF-layout model folder (f32 safetensors, tokenizer, config).
+    Import { gguf: PathBuf, out_dir: PathBuf },
+    /// Chat with a model, with or without an adapter.
+    Chat(ChatArgs),
+    /// Fold an adapter into its base model (W + scale·B·A) and write an HF-layout folder that
+    /// transformers loads without PEFT.
+    Merge {
+        /// Hub repo id, local HF folder or .gguf file of the base model.
+        #[arg(long)]
+        model: String,
+        #[arg(long, default_value = "main")]
+        revision: String,
+        /// The PEFT adapter folder (adapter_config.json, adapter_model.safetensors).
+        #[arg(long)]
+        adapter: PathBuf,
+        out_dir: PathBuf,
+        #[arg(long, default_value = "f16", value_parser = ["f16", "bf16", "f32"])]
+        dtype: String,
+    },
+    /// Predict peak GPU memory of a config's run before loading anything, and the largest batch
+    /// that fits at each sequence length.
+    Estimate {
+        config: PathBuf,
+        /// The card's memory: 24GiB, 48GB, 80 (GiB).
+        #[arg(long, default_value = "24GiB")]
+        gpu_mem: String,
+    },
+    /// Draw a run's metrics.jsonl as a PNG: loss and eval loss, learning rate and GPU memory over
+    /// steps (`lora-ft train` writes RUN_DIR/metrics.png itself at the end).
+    Plot {
+        /// The run's output.dir, holding metrics.jsonl.
+        run_dir: PathBuf,
+        /// Where to write the PNG [default: RUN_DIR/metrics.png].
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Measurements (JSON lines) to compare with the reference stack.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+    /// Inspect training data.
+    Data {
+        #[command(subcommand)]
+        command: DataCommand,
+    },
+}
+
+/// Data-parallel training: one rank per GPU of this machine, and of several machines.
+#[derive(Args)]
+pub struct LaunchArgs {
+    /// Start one rank per GPU (cuda:0..N-1), each training its shard of every batch of
+    /// train.batch_size rows per GPU; with --device cpu, N CPU workers.
+    #[arg(long, value_name = "N", visible_alias = "workers", value_parser = at_least_one)]
+    pub gpus: Option<usize>,
+    /// Machines in the run (each runs this command with its --node-rank; MASTER_ADDR and
+    /// MASTER_PORT name where rank 0 listens).
+    #[arg(long, default_value_t = 1, requires = "gpus", value_parser = at_least_one)]
+    pub nnodes: usize,
+    #[arg(long, default_value_t = 0, requires = "gpus")]
+    pub node_rank: usize,
+}
+
+pub fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a number, at least 1".into()),
+    }
+}
+
+#[derive(Subcommand)]
+pub enum DataCommand {
+    /// Counts, token-length percentiles, truncation and one rendered example with the trained spans.
+    Check {
+        file: PathBuf,
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Train on random tokens at each shape (the anchor script's recipe) and report tokens/s,
+    /// step time and peak GPU memory, one JSON line per shape.
+    Train {
+        #[command(flatten)]
+        model: BenchModel,
+        /// SEQxBATCH,... as in ../shared/anchors/peft_qlora_baseline.py.
+        #[arg(long, default_value = "512x2,512x4,512x8,2048x2,2048x4,2048x8")]
+        shapes: String,
+        #[arg(long, default_value_t = 6)]
+        steps: usize,
+        /// LoRA dropout (the anchor recipe has none).
+        #[arg(long, default_value_t = 0.0)]
+        lora_dropout: f64,
+        /// Keep the checkpoints and lm_head on the GPU (train.host_offload = false).
+        #[arg(long)]
+        no_host_offload: bool,
+    },
+    /// Causal attention alone (the FlashAttention-style kernels on CUDA), forward and backward,
+    /// on random inputs: milliseconds and TFLOP/s per shape, one JSON line each.
+    Attention {
+        /// SEQxBATCH,...
+        #[arg(long, default_value = "512x8,2048x8")]
+        shapes: String,
+        /// Query heads, kv heads and head_dim (Mistral-7B's by default).
+        #[arg(long, default_value_t = 32)]
+        heads: usize,
+        #[arg(long, default_value_t = 8)]
+        kv_heads: usize,
+        #[arg(long, default_value_t = 128)]
+        head_dim: usize,
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+        #[arg(long, default_value = "f16", value_parser = ["f32", "f16", "bf16"])]
+        dtype: String,
+        /// auto, cpu, cuda or cuda:N.
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
+    /// Load a model and report load time and memory.
+    Load {
+        #[command(flatten)]
+        model: BenchModel,
+    },
+}
+
+/// The model a benchmark loads and how.
+#[derive(Args)]
+pub struct BenchModel {
+    /// Hub repo id, local HF folder or .gguf file.
+    #[arg(long)]
+    pub model: String,
+    #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
+    pub quantization: String,
+    #[arg(long, default_value = "f16", value_parser = ["f32", "f16", "bf16"])]
+    pub dtype: String,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+}
+
+pub fn parse_quantization(name: &str) -> Quantization {
+    match name {
+        "nf4" => Quantization::Nf4 { double_quant: true },
+        "nf4-no-double-quant" => Quantization::Nf4 { double_quant: false },
+        _ => Quantization::None,
+    }
+}
+
+/// "24GiB", "24GB" (read as GiB, as cards are sold) or "24" → bytes.
+pub fn parse_gib(text: &str) -> anyhow::Result<u64> {
+    let number =
+        text.trim().trim_end_matches(['B', 'b']).trim_end_matches(['i', 'I']).trim_end_matches(['G', 'g']);
+    let gib: f64 =
+        number.trim().parse().with_context(|| format!("--gpu-mem {text:?}: expected e.g. 24GiB"))?;
+    anyhow::ensure!(gib > 0.0 && gib < 1e6, "--gpu-mem {text:?}: expected a positive size in GiB");
+    Ok((gib * (1u64 << 30) as f64) as u64)
+}
+
+pub fn parse_shapes(text: &str) -> anyhow::Result<Vec<(usize, usize)>> {
+    text.split(',')
+        .map(|s| {
+            let (seq, bs) =
+                s.trim().split_once('x').with_context(|| format!("shape {s:?}: expected SEQxBATCH"))?;
+            let (seq, bs): (usize, usize) =
+                (seq.parse().context("sequence length")?, bs.parse().context("batch size")?);
+            anyhow::ensure!(
+                seq >= 2 && bs >= 1,
+                "shape {s:?}: needs a sequence of at least 2 and a batch of at least 1"
+            );
+            Ok((seq, bs))
+        })
+        .collect()
+}
+
+pub fn parse_dtype(name: &str) -> candle_core::DType {
+    match name {
+        "f32" => candle_core::DType::F32,
+        "bf16" => candle_core::DType::BF16,
+        _ => candle_core::DType::F16,
+    }
+}
+
+#[derive(Args)]
+pub struct ChatArgs {
+    /// Hub repo id, local HF folder or .gguf file.
+    #[arg(long)]
+    pub model: String,
+    /// A PEFT adapter folder (adapter_config.json + adapter_model.safetensors).
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
+    /// One user message; without it, chat interactively on stdin.
+    #[arg(long)]
+    pub prompt: Option<String>,
+    #[arg(long)]
+    pub system: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    pub max_new_tokens: usize,
+    /// 0 decodes greedily.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    #[arg(long)]
+    pub top_p: Option<f64>,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    #[arg(long, default_value = "main")]
+    pub revision: String,
+    /// Storage of the base's projection weights; use what the adapter was trained with.
+    #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
+    pub quantization: String,
+}

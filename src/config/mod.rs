@@ -1,0 +1,481 @@
+//! The TOML schema of a training run. Every section rejects unknown keys, and every error names
+//! the file and the key path (`train.lr`), so a typo never silently falls back to a default.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::quant::Quantization;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    // not a `source`: the message already holds it, and `{:#}` would say it twice
+    #[error("{file}: cannot read: {error}")]
+    Read { file: PathBuf, error: std::io::Error },
+    #[error("{file}: {key}: {message}")]
+    Invalid { file: PathBuf, key: String, message: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub model: ModelSection,
+    #[serde(default)]
+    pub lora: LoraSection,
+    pub data: DataSection,
+    #[serde(default)]
+    pub train: TrainSection,
+    #[serde(default)]
+    pub optim: AdafactorSection,
+    #[serde(default)]
+    pub checkpoint: CheckpointSection,
+    #[serde(default)]
+    pub output: OutputSection,
+}
+
+/// Where the base model comes from: a Hub repo id, a local HF folder, or a `.gguf` file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub source: String,
+    #[serde(default = "default_revision")]
+    pub revision: String,
+    /// Storage of the frozen projection weights: "nf4" (QLoRA, the default) or "none" (dense).
+    #[serde(default)]
+    pub quantization: QuantizationKind,
+    /// Quantize NF4's absmax values to 8 bits (bitsandbytes' `bnb_4bit_use_double_quant`).
+    #[serde(default = "default_double_quant")]
+    pub double_quant: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuantizationKind {
+    #[default]
+    Nf4,
+    None,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+// `default` lets a section name only the keys it changes; unknown keys are still errors.
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSection {
+    pub r: usize,
+    pub alpha: f64,
+    pub dropout: f64,
+    pub target_modules: Vec<String>,
+    pub rslora: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataFormat {
+    /// `{"messages": [{"role": ..., "content": ...}, ...]}` per line (OpenAI / HF chat format).
+    Messages,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TruncationSide {
+    /// Keep the start of the conversation (drop the tail).
+    Right,
+    /// Keep the end of the conversation (drop the head).
+    Left,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSection {
+    pub train: PathBuf,
+    #[serde(default)]
+    pub eval: Option<PathBuf>,
+    #[serde(default = "default_format")]
+    pub format: DataFormat,
+    #[serde(default = "default_max_seq_len")]
+    pub max_seq_len: usize,
+    #[serde(default = "default_truncation")]
+    pub truncation_side: TruncationSide,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    Cosine,
+    Linear,
+    Constant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeDtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+// `default` lets a section name only the keys it changes; unknown keys are still errors.
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSection {
+    /// Rows per micro-batch, or "auto": the largest that fits, probed on the GPU before training.
+    pub batch_size: BatchSize,
+    pub grad_accum: usize,
+    /// Passes over the training set; ignored when `max_steps` is set.
+    pub epochs: f64,
+    /// Optimizer steps; overrides `epochs` when present.
+    pub max_steps: Option<usize>,
+    pub lr: f64,
+    pub schedule: Schedule,
+    pub warmup_steps: usize,
+    pub weight_decay: f64,
+    /// Global-norm gradient clipping; 0 turns it off.
+    pub max_grad_norm: f64,
+    pub seed: u64,
+    pub compute_dtype: ComputeDtype,
+    /// `auto` (the first GPU when built with CUDA and one is present, else the CPU), `cpu`,
+    /// `cuda` or `cuda:N`; `lora-ft train --device` overrides it.
+    pub device: String,
+    /// Share of the GPU's memory the run may use, as PyTorch's per-process memory fraction:
+    /// omitted, 0.90 on cards up to 32 GiB and 0.92 above (the rest is the reserve for the CUDA
+    /// context, cuBLAS workspaces and pool fragmentation). A step whose peak goes over it stops
+    /// the run with the numbers and what to lower. Ignored on the CPU.
+    pub max_vram_fraction: Option<f64>,
+    /// On a GPU, the checkpoints and an untied lm_head wait in page-locked host memory during a
+    /// step, copied on a second stream while the GPU computes (host RAM: one layer input per
+    /// layer, plus lm_head). `false` keeps everything on the GPU.
+    pub host_offload: bool,
+    /// Evaluate every N optimizer steps (0: only at the end).
+    pub eval_every: usize,
+    /// Cap on eval batches per evaluation (0: the whole eval set).
+    pub eval_batches: usize,
+    pub log_every: usize,
+}
+
+/// `train.batch_size`: a number of rows (at least 1, checked as it is read), or "auto".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchSize {
+    Fixed(usize),
+    /// The largest batch of `data.max_seq_len` tokens that fits the GPU budget, probed before
+    /// training (`train::auto_batch`).
+    Auto,
+}
+
+impl Serialize for BatchSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            BatchSize::Fixed(n) => s.serialize_u64(*n as u64),
+            BatchSize::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for BatchSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(BatchSizeVisitor)
+    }
+}
+
+struct BatchSizeVisitor;
+
+impl serde::de::Visitor<'_> for BatchSizeVisitor {
+    type Value = BatchSize;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a positive integer or \"auto\"")
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<BatchSize, E> {
+        match usize::try_from(n) {
+            Ok(n) if n > 0 => Ok(BatchSize::Fixed(n)),
+            _ => Err(E::custom("must be at least 1 (or \"auto\")")),
+        }
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<BatchSize, E> {
+        self.visit_i64(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<BatchSize, E> {
+        match s {
+            "auto" => Ok(BatchSize::Auto),
+            _ => Err(E::invalid_value(serde::de::Unexpected::Str(s), &self)),
+        }
+    }
+}
+
+/// Adafactor. `flavor = "torch"` follows `torch.optim.Adafactor`, `"hf"` follows
+/// `transformers.optimization.Adafactor` (relative step, parameter scaling, beta1).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+// `default` lets a section name only the keys it changes; unknown keys are still errors.
+#[serde(deny_unknown_fields, default)]
+pub struct AdafactorSection {
+    pub flavor: AdafactorFlavor,
+    /// Exponent of the second-moment decay schedule: beta2_t = 1 - t^decay_rate.
+    pub decay_rate: f64,
+    /// Regularizer added to squared gradients (hf: eps[0]; torch: eps1, `None` = dtype eps).
+    pub eps1: Option<f64>,
+    /// Lower bound of the parameter RMS used for relative steps (hf: eps[1]; torch: eps2).
+    pub eps2: f64,
+    /// Update clipping threshold (hf: clip_threshold; torch: d).
+    pub clip_threshold: f64,
+    /// First moment; off by default, which is what saves Adam's memory.
+    pub beta1: Option<f64>,
+    /// hf only: lr = min(1e-2, 1/sqrt(t)) scaled by the parameter RMS.
+    pub relative_step: bool,
+    pub scale_parameter: bool,
+    pub warmup_init: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdafactorFlavor {
+    Torch,
+    Hf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+// `default` lets a section name only the keys it changes; unknown keys are still errors.
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointSection {
+    /// Save a checkpoint every N optimizer steps (0: only at the end).
+    pub every: usize,
+    /// Keep only the newest N checkpoints (0: keep all).
+    pub keep_last: usize,
+    /// "auto": continue from the newest complete checkpoint in `output.dir` (a partial or corrupt
+    /// one is skipped with a warning); "never": start from step 0.
+    pub resume: ResumeMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResumeMode {
+    #[default]
+    Auto,
+    Never,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+// `default` lets a section name only the keys it changes; unknown keys are still errors.
+#[serde(deny_unknown_fields, default)]
+pub struct OutputSection {
+    /// Run directory: checkpoints/, metrics.jsonl.
+    pub dir: PathBuf,
+    /// Adapter name: the adapter is exported to `adapters/<name>/`.
+    pub adapter_name: String,
+    pub adapters_dir: PathBuf,
+}
+
+fn default_revision() -> String {
+    "main".into()
+}
+fn default_double_quant() -> bool {
+    true
+}
+fn default_format() -> DataFormat {
+    DataFormat::Messages
+}
+fn default_max_seq_len() -> usize {
+    1024
+}
+fn default_truncation() -> TruncationSide {
+    TruncationSide::Right
+}
+
+pub const ALL_TARGET_MODULES: [&str; 7] =
+    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        Self {
+            r: 16,
+            alpha: 32.0,
+            dropout: 0.05,
+            target_modules: ALL_TARGET_MODULES.iter().map(|s| s.to_string()).collect(),
+            rslora: false,
+        }
+    }
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        Self {
+            batch_size: BatchSize::Fixed(4),
+            grad_accum: 1,
+            epochs: 1.0,
+            max_steps: None,
+            lr: 2e-4,
+            schedule: Schedule::Cosine,
+            warmup_steps: 0,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            seed: 42,
+            compute_dtype: ComputeDtype::F16,
+            device: "auto".into(),
+            max_vram_fraction: None,
+            host_offload: true,
+            eval_every: 0,
+            eval_batches: 0,
+            log_every: 1,
+        }
+    }
+}
+
+impl Default for AdafactorSection {
+    fn default() -> Self {
+        // transformers' Adafactor with an absolute learning rate (relative_step and
+        // scale_parameter off), HF's advice for fine-tuning. torch.optim.Adafactor always scales
+        // the step by the parameter's RMS, so a zero-initialised lora_B barely moves
+        // (eps2 · lr per step): it is kept as `flavor = "torch"` for like-for-like comparisons.
+        Self {
+            flavor: AdafactorFlavor::Hf,
+            decay_rate: -0.8,
+            eps1: None,
+            eps2: 1e-3,
+            clip_threshold: 1.0,
+            beta1: None,
+            relative_step: false,
+            scale_parameter: false,
+            warmup_init: false,
+        }
+    }
+}
+
+impl Default for CheckpointSection {
+    fn default() -> Self {
+        Self { every: 0, keep_last: 2, resume: ResumeMode::Auto }
+    }
+}
+
+impl Default for OutputSection {
+    fn default() -> Self {
+        Self { dir: "runs/default".into(), adapter_name: "default".into(), adapters_dir: "adapters".into() }
+    }
+}
+
+impl ModelSection {
+    /// How `CausalLm::load` stores the projection weights.
+    pub fn quantization(&self) -> Quantization {
+        match self.quantization {
+            QuantizationKind::Nf4 => Quantization::Nf4 { double_quant: self.double_quant },
+            QuantizationKind::None => Quantization::None,
+        }
+    }
+
+    /// `source` with `${LORA_FT_CACHE}` (default `~/.cache/lora-ft`) and a leading `~/`
+    /// expanded, so shipped configs can point at the demo model wherever the cache is.
+    pub fn expanded_source(&self) -> String {
+        let cache = crate::fixtures::cache_dir().display().to_string();
+        let s = self.source.replace("${LORA_FT_CACHE}", &cache);
+        match (s.strip_prefix("~/"), std::env::var_os("HOME")) {
+            (Some(rest), Some(home)) => format!("{}/{rest}", home.to_string_lossy()),
+            _ => s,
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file. Relative data paths stay relative to the working
+    /// directory (as users type them on the command line).
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|error| ConfigError::Read { file: path.to_path_buf(), error })?;
+        Self::from_toml(&text, path)
+    }
+
+    pub fn from_toml(text: &str, file: &Path) -> Result<Self, ConfigError> {
+        let de = toml::Deserializer::new(text);
+        let cfg: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            let message = e.into_inner().message().trim().to_string();
+            ConfigError::Invalid { file: file.to_path_buf(), key, message }
+        })?;
+        cfg.validate().map_err(|(key, message)| ConfigError::Invalid {
+            file: file.to_path_buf(),
+            key: key.to_string(),
+            message,
+        })?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let l = &self.lora;
+        check(l.r > 0, "lora.r", "must be at least 1")?;
+        check(l.alpha > 0.0, "lora.alpha", "must be positive")?;
+        check((0.0..1.0).contains(&l.dropout), "lora.dropout", "must be in [0, 1)")?;
+        check(!l.target_modules.is_empty(), "lora.target_modules", "must name at least one module")?;
+        let device = self.train.device.as_str();
+        let cuda_n = device.strip_prefix("cuda:").is_some_and(|n| n.parse::<usize>().is_ok());
+        check(
+            matches!(device, "auto" | "cpu" | "cuda") || cuda_n,
+            "train.device",
+            "must be auto, cpu, cuda or cuda:N",
+        )?;
+        if let Some(f) = self.train.max_vram_fraction {
+            check(f > 0.0 && f <= 1.0, "train.max_vram_fraction", "must be in (0, 1]")?;
+        }
+        for m in &l.target_modules {
+            if !ALL_TARGET_MODULES.contains(&m.as_str()) {
+                return Err((
+                    "lora.target_modules",
+                    format!("unknown module {m:?}; expected some of {ALL_TARGET_MODULES:?}"),
+                ));
+            }
+        }
+        check(self.data.max_seq_len >= 2, "data.max_seq_len", "must be at least 2")?;
+        let t = &self.train;
+        check(t.batch_size != BatchSize::Fixed(0), "train.batch_size", "must be at least 1")?;
+        check(t.grad_accum > 0, "train.grad_accum", "must be at least 1")?;
+        check(t.lr > 0.0 && t.lr.is_finite(), "train.lr", "must be a positive number")?;
+        check(t.max_steps != Some(0), "train.max_steps", "must be at least 1")?;
+        check(t.epochs > 0.0 || t.max_steps.is_some(), "train.epochs", "must be positive")?;
+        check(t.weight_decay >= 0.0, "train.weight_decay", "must be >= 0")?;
+        check(t.max_grad_norm >= 0.0, "train.max_grad_norm", "must be >= 0 (0 turns clipping off)")?;
+        check(t.log_every > 0, "train.log_every", "must be at least 1")?;
+        let o = &self.optim;
+        check(o.decay_rate < 0.0, "optim.decay_rate", "must be negative (beta2_t = 1 - t^decay_rate)")?;
+        check(o.clip_threshold > 0.0, "optim.clip_threshold", "must be positive")?;
+        if let Some(b) = o.beta1 {
+            check((0.0..1.0).contains(&b), "optim.beta1", "must be in [0, 1)")?;
+        }
+        check(
+            o.flavor == AdafactorFlavor::Hf || !(o.relative_step || o.scale_parameter || o.warmup_init),
+            "optim.flavor",
+            "relative_step, scale_parameter and warmup_init need flavor = \"hf\"",
+        )?;
+        let torch = o.flavor == AdafactorFlavor::Torch;
+        check(
+            !(torch && o.beta1.is_some()),
+            "optim.beta1",
+            "torch.optim.Adafactor has no beta1: use flavor = \"hf\"",
+        )?;
+        check(
+            !torch || o.clip_threshold >= 1.0,
+            "optim.clip_threshold",
+            "must be >= 1 with flavor = \"torch\" (its d)",
+        )?;
+        check(!o.warmup_init || o.relative_step, "optim.warmup_init", "needs relative_step = true")?;
+        check(!self.output.adapter_name.is_empty(), "output.adapter_name", "must not be empty")?;
+        Ok(())
+    }
+
+    /// LoRA scale: alpha / r, or alpha / sqrt(r) with rsLoRA.
+    pub fn lora_scale(&self) -> f64 {
+        let r = self.lora.r as f64;
+        if self.lora.rslora {
+            self.lora.alpha / r.sqrt()
+        } else {
+            self.lora.alpha / r
+        }
+    }
+}
+
+fn check(ok: bool, key: &'static str, message: &str) -> Result<(), (&'static str, String)> {
+    if ok {
+        Ok(())
+    } else {
+        Err((key, message.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,109 @@
+use super::*;
+
+const MINIMAL: &str = r#"
+[model]
+source = "HuggingFaceTB/SmolLM2-135M-Instruct"
+[data]
+train = "datasets/customer-service/train.jsonl"
+"#;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::from_toml(text, Path::new("run.toml"))
+}
+
+#[test]
+fn minimal_config_takes_defaults() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(c.lora.r, 16);
+    assert_eq!(c.lora.target_modules.len(), 7);
+    assert_eq!(c.train.schedule, Schedule::Cosine);
+    assert_eq!(c.model.revision, "main");
+    assert_eq!(c.model.quantization(), Quantization::Nf4 { double_quant: true });
+    assert_eq!(c.lora_scale(), 2.0);
+}
+
+#[test]
+fn unknown_key_names_file_and_path() {
+    let err = parse(&format!("{MINIMAL}[train]\nlearning_rate = 1e-4\n")).unwrap_err().to_string();
+    assert!(err.starts_with("run.toml: train"), "{err}");
+    assert!(err.contains("learning_rate"), "{err}");
+}
+
+#[test]
+fn a_missing_config_file_is_named() {
+    let err = Config::from_file(Path::new("configs/no-such.toml")).unwrap_err().to_string();
+    assert!(err.starts_with("configs/no-such.toml: cannot read: No such file"), "{err}");
+}
+
+#[test]
+fn wrong_type_names_key_path() {
+    let err = parse(&format!("{MINIMAL}[lora]\nr = \"sixteen\"\n")).unwrap_err().to_string();
+    assert!(err.starts_with("run.toml: lora.r:"), "{err}");
+}
+
+#[test]
+fn invalid_value_names_key_path() {
+    let err = parse(&format!("{MINIMAL}[lora]\ntarget_modules = [\"qkv\"]\n")).unwrap_err().to_string();
+    assert!(err.starts_with("run.toml: lora.target_modules:"), "{err}");
+    let err = parse(&format!("{MINIMAL}[train]\nlr = -1.0\n")).unwrap_err().to_string();
+    assert!(err.starts_with("run.toml: train.lr:"), "{err}");
+}
+
+#[test]
+fn shipped_configs_parse() {
+    for name in ["quickstart", "mistral-7b", "mistral-7b-48g", "llama2-13b", "llama2-13b-48g"] {
+        let path = std::path::PathBuf::from(format!("configs/{name}.toml"));
+        Config::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
+fn quantization_is_nf4_or_none() {
+    let model = |extra: &str| format!("[model]\nsource = \"m\"\n{extra}\n[data]\ntrain = \"t.jsonl\"\n");
+    let c = parse(&model("quantization = \"nf4\"\ndouble_quant = false")).unwrap();
+    assert_eq!(c.model.quantization(), Quantization::Nf4 { double_quant: false });
+    let c = parse(&model("quantization = \"none\"")).unwrap();
+    assert_eq!(c.model.quantization(), Quantization::None);
+    let err = parse(&model("quantization = \"int4\"")).unwrap_err().to_string();
+    assert!(err.starts_with("run.toml: model.quantization:"), "{err}");
+}
+
+#[test]
+fn device_defaults_to_auto_and_is_checked() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!((c.train.device.as_str(), c.train.compute_dtype), ("auto", ComputeDtype::F16));
+    assert_eq!(parse(&format!("{MINIMAL}[train]\ndevice = \"cuda:1\"\n")).unwrap().train.device, "cuda:1");
+    let err = parse(&format!("{MINIMAL}[train]\ndevice = \"gpu0\"\n")).unwrap_err().to_string();
+    assert!(err.contains("train.device"), "{err}");
+}
+
+#[test]
+fn batch_size_is_a_positive_integer_or_auto() {
+    let batch = |v: &str| parse(&format!("{MINIMAL}[train]\nbatch_size = {v}\n")).map(|c| c.train.batch_size);
+    assert_eq!(parse(MINIMAL).unwrap().train.batch_size, BatchSize::Fixed(4));
+    assert_eq!(batch("12").unwrap(), BatchSize::Fixed(12));
+    assert_eq!(batch("\"auto\"").unwrap(), BatchSize::Auto);
+    for (value, message) in [
+        ("\"big\"", "expected a positive integer or \"auto\""),
+        ("4.5", "expected a positive integer or \"auto\""),
+        ("0", "must be at least 1"),
+        ("-2", "must be at least 1"),
+    ] {
+        let err = batch(value).unwrap_err().to_string();
+        assert!(err.starts_with("run.toml: train.batch_size:") && err.contains(message), "{value}: {err}");
+    }
+}
+
+#[test]
+fn batch_size_is_written_back_as_it_is_read() {
+    for (size, json) in [(BatchSize::Fixed(8), "8"), (BatchSize::Auto, "\"auto\"")] {
+        assert_eq!(serde_json::to_string(&size).unwrap(), json);
+        assert_eq!(serde_json::from_str::<BatchSize>(json).unwrap(), size);
+    }
+}
+
+#[test]
+fn rslora_scale_is_alpha_over_sqrt_r() {
+    let c = parse(&format!("{MINIMAL}[lora]\nr = 16\nalpha = 8\nrslora = true\n")).unwrap();
+    assert_eq!(c.lora_scale(), 2.0);
+}

@@ -1,0 +1,448 @@
+//! Causal attention through cuDNN's fused SDPA (`cudnn_sdpa.cpp`) where cuDNN 9 is found when
+//! the program runs; the project's kernels (`flash.rs`) everywhere else. On the H100 cuDNN's
+//! Hopper engines run the 2048-token attention of a training step ~3× faster than `flash.rs`
+//! (benches/profile_mistral-7b.md).
+//!
+//! `LORA_FT_ATTENTION` picks: `auto` (default: cuDNN when it loads and takes the call),
+//! `cudnn` (an error when it cannot), or `flash` (the project's kernels). `LORA_FT_CUDNN` names
+//! the library file when `libcudnn.so.9` is not on the loader's path. cuDNN takes the training
+//! shape — as many queries as keys, a sliding window no shorter than the sequence — and the
+//! flash kernels the rest (decoding with a cache, a window that cuts).
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use candle_core::{Result, Tensor};
+
+/// Which attention implementation runs on CUDA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Auto = 0,
+    Cudnn = 1,
+    Flash = 2,
+}
+
+const UNSET: u8 = u8::MAX;
+/// Set once a cuDNN graph is refused in `auto` mode, so the run warns once and stays on flash.
+const REFUSED: u8 = u8::MAX - 1;
+static MODE: AtomicU8 = AtomicU8::new(UNSET);
+
+fn mode_from_env() -> Mode {
+    match std::env::var("LORA_FT_ATTENTION").as_deref() {
+        Ok("cudnn") => Mode::Cudnn,
+        Ok("flash") => Mode::Flash,
+        Ok("auto") | Err(_) => Mode::Auto,
+        Ok(other) => {
+            tracing::warn!("LORA_FT_ATTENTION={other} is not auto, cudnn or flash: using auto");
+            Mode::Auto
+        }
+    }
+}
+
+/// The mode in force (`LORA_FT_ATTENTION` until `set_mode`), `Flash` once cuDNN refused in `auto`.
+pub fn mode() -> Mode {
+    match MODE.load(Ordering::Relaxed) {
+        UNSET => {
+            let m = mode_from_env();
+            let _ = MODE.compare_exchange(UNSET, m as u8, Ordering::Relaxed, Ordering::Relaxed);
+            mode()
+        }
+        1 => Mode::Cudnn,
+        2 | REFUSED => Mode::Flash,
+        _ => Mode::Auto,
+    }
+}
+
+/// Overrides `LORA_FT_ATTENTION` for the rest of the process (tests and `bench attention`).
+pub fn set_mode(m: Mode) {
+    MODE.store(m as u8, Ordering::Relaxed);
+}
+
+/// Whether cuDNN takes this call: the mode allows it, as many queries as keys, no window that
+/// cuts, and cuDNN loaded.
+fn applies(q: &Tensor, k: &Tensor, window: Option<usize>) -> Result<bool> {
+    if mode() == Mode::Flash {
+        return Ok(false);
+    }
+    let (t, s) = (q.dim(2)?, k.dim(2)?);
+    Ok(t == s && window.is_none_or(|w| w >= s) && ffi::version().is_some())
+}
+
+/// cuDNN could not take a call it should have: an error in `cudnn` mode, else a warning and the
+/// flash kernels from now on.
+fn refused(what: &str) -> Result<()> {
+    if mode() == Mode::Cudnn {
+        candle_core::bail!("LORA_FT_ATTENTION=cudnn, but {what}");
+    }
+    tracing::warn!("cuDNN attention unavailable ({what}); using the flash kernels");
+    MODE.store(REFUSED, Ordering::Relaxed);
+    Ok(())
+}
+
+/// q `[b, h, t, d]`, k/v `[b, kv, t, d]` → (context `[b, h, t, d]` (a view of `[b, t, h, d]`,
+/// as `flash::forward`), stats `[b, h, t]` f32: the row log-sum-exp in natural-log units), or
+/// `None` where cuDNN does not take the call.
+pub fn forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<usize>,
+) -> Result<Option<(Tensor, Tensor)>> {
+    if !applies(q, k, window)? {
+        if mode() == Mode::Cudnn {
+            refused(&format!("cuDNN does not take this call ({})", ffi::why_not()))?;
+        }
+        return Ok(None);
+    }
+    match ffi::forward(q, k, v)? {
+        Ok(out) => Ok(Some(out)),
+        Err(why) => refused(&why).map(|_| None),
+    }
+}
+
+/// The backward of `forward`'s output: (dq, dk, dv) with dk/dv summed to the kv heads (`[b, h,
+/// t, d]` views of `[b, t, h, d]` memory, the projections' layout), or `None`
+/// where cuDNN refuses the graph (the caller then runs the flash backward on `stats` × log2 e).
+pub fn backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    context: &Tensor,
+    stats: &Tensor,
+    d_context: &Tensor,
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    match ffi::backward(q, k, v, context, stats, d_context)? {
+        Ok(grads) => Ok(Some(grads)),
+        Err(why) => refused(&why).map(|_| None),
+    }
+}
+
+#[cfg(lora_ft_cudnn)]
+mod ffi {
+    use std::ffi::{c_char, c_void, CStr, CString};
+    use std::sync::OnceLock;
+
+    use std::sync::Arc;
+
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
+    use candle_core::cuda_backend::CudaDType;
+    use candle_core::{bail, DType, Result, Tensor, WithDType};
+    use half::{bf16, f16};
+
+    use crate::cuda::{cuda_device, view, wrap};
+
+    #[repr(C)]
+    #[derive(Default)]
+    struct SdpaDesc {
+        batch: i64,
+        heads: i64,
+        kv_heads: i64,
+        seq: i64,
+        head_dim: i64,
+        bf16: i32,
+        scale: f32,
+        q: [i64; 4],
+        k: [i64; 4],
+        v: [i64; 4],
+        o: [i64; 4],
+        d_o: [i64; 4],
+        dq: [i64; 4],
+        dk: [i64; 4],
+        dv: [i64; 4],
+    }
+
+    type Ptr = *mut c_void;
+    extern "C" {
+        fn lft_cudnn_load(path: *const c_char, err: *mut c_char, len: usize) -> i64;
+        fn lft_cudnn_sdpa_workspace(
+            d: *const SdpaDesc,
+            backward: i32,
+            stream: Ptr,
+            bytes: *mut i64,
+            err: *mut c_char,
+            len: usize,
+        ) -> i32;
+        fn lft_cudnn_sdpa_forward(
+            d: *const SdpaDesc,
+            stream: Ptr,
+            q: Ptr,
+            k: Ptr,
+            v: Ptr,
+            o: Ptr,
+            stats: Ptr,
+            workspace: Ptr,
+            err: *mut c_char,
+            len: usize,
+        ) -> i32;
+        fn lft_cudnn_sdpa_backward(
+            d: *const SdpaDesc,
+            stream: Ptr,
+            q: Ptr,
+            k: Ptr,
+            v: Ptr,
+            o: Ptr,
+            d_o: Ptr,
+            stats: Ptr,
+            dq: Ptr,
+            dk: Ptr,
+            dv: Ptr,
+            workspace: Ptr,
+            err: *mut c_char,
+            len: usize,
+        ) -> i32;
+    }
+
+    const ERR_LEN: usize = 1024;
+
+    fn message(buf: &[u8]) -> String {
+        CStr::from_bytes_until_nul(buf).map_or_else(|_| "?".into(), |m| m.to_string_lossy().into_owned())
+    }
+
+    static LOADED: OnceLock<std::result::Result<i64, String>> = OnceLock::new();
+
+    fn load() -> &'static std::result::Result<i64, String> {
+        LOADED.get_or_init(|| {
+            let path = std::env::var("LORA_FT_CUDNN").unwrap_or_default();
+            let c_path = CString::new(path).map_err(|e| e.to_string())?;
+            let mut err = [0u8; ERR_LEN];
+            let version = unsafe { lft_cudnn_load(c_path.as_ptr(), err.as_mut_ptr().cast(), ERR_LEN) };
+            if version < 90000 {
+                let why =
+                    if version == 0 { message(&err) } else { format!("cuDNN {version} is older than 9.0") };
+                tracing::info!("cuDNN not loaded ({why}): attention runs on the flash kernels");
+                return Err(why);
+            }
+            tracing::info!("cuDNN {version} loaded: attention runs on its fused SDPA");
+            Ok(version)
+        })
+    }
+
+    /// cuDNN's version (e.g. 91900) when it loaded.
+    pub fn version() -> Option<i64> {
+        load().as_ref().ok().copied()
+    }
+
+    pub fn why_not() -> String {
+        match load() {
+            Ok(_) => "queries and keys differ in length, or a sliding window cuts".into(),
+            Err(why) => why.clone(),
+        }
+    }
+
+    fn strides(t: &Tensor) -> Result<[i64; 4]> {
+        let (_, l) = t.storage_and_layout();
+        let s = l.stride();
+        if s.len() != 4 || s[3] != 1 || l.start_offset() % 8 != 0 || s[..3].iter().any(|x| x % 8 != 0) {
+            bail!("cuDNN attention needs [b, h, rows, d] with unit, 16-byte aligned rows, got {s:?}");
+        }
+        Ok([s[0] as i64, s[1] as i64, s[2] as i64, 1])
+    }
+
+    /// (b, h, t, d) strides of `[b, t, h, d]` memory.
+    fn thd_strides(h: usize, t: usize, d: usize) -> [i64; 4] {
+        [(t * h * d) as i64, d as i64, (h * d) as i64, 1]
+    }
+
+    fn desc(q: &Tensor, k: &Tensor) -> Result<SdpaDesc> {
+        let (b, h, t, d) = q.dims4()?;
+        let kv = k.dim(1)?;
+        Ok(SdpaDesc {
+            batch: b as i64,
+            heads: h as i64,
+            kv_heads: kv as i64,
+            seq: t as i64,
+            head_dim: d as i64,
+            bf16: i32::from(q.dtype() == DType::BF16),
+            scale: (1.0 / (d as f64).sqrt()) as f32,
+            q: strides(q)?,
+            k: strides(k)?,
+            // the context is written as [b, t, h, d], the layout the output projection reads
+            o: thd_strides(h, t, d),
+            ..Default::default()
+        })
+    }
+
+    /// The graph's workspace from the pool (counted like every other allocation), or the reason
+    /// cuDNN refused the graph.
+    fn workspace(
+        dev: &candle_core::CudaDevice,
+        d: &SdpaDesc,
+        backward: bool,
+    ) -> Result<std::result::Result<Option<CudaSlice<u8>>, String>> {
+        let stream = dev.cuda_stream();
+        let mut bytes = 0i64;
+        let mut err = [0u8; ERR_LEN];
+        let rc = unsafe {
+            lft_cudnn_sdpa_workspace(
+                d,
+                i32::from(backward),
+                stream.cu_stream() as Ptr,
+                &mut bytes,
+                err.as_mut_ptr().cast(),
+                ERR_LEN,
+            )
+        };
+        if rc != 0 {
+            return Ok(Err(format!("cuDNN refused the graph: {}", message(&err))));
+        }
+        Ok(Ok(if bytes > 0 { Some(unsafe { dev.alloc::<u8>(bytes as usize)? }) } else { None }))
+    }
+
+    fn check(rc: i32, err: &[u8], what: &str) -> Result<()> {
+        if rc != 0 {
+            bail!("cuDNN attention {what}: {}", message(err));
+        }
+        Ok(())
+    }
+
+    pub type Outcome<T> = Result<std::result::Result<T, String>>;
+
+    /// The device address of `t`'s first element. The caller holds `t` (and so its memory) across
+    /// the call, and everything runs on the device's one stream, so no guard outlives this.
+    fn address<T: CudaDType>(t: &Tensor, stream: &Arc<CudaStream>) -> Result<Ptr> {
+        let (storage, _) = t.storage_and_layout();
+        let v = view::<T>(&storage, t)?;
+        let (p, _sync) = v.device_ptr(stream);
+        Ok(p as Ptr)
+    }
+
+    fn slice_address<T>(x: &CudaSlice<T>, stream: &Arc<CudaStream>) -> Ptr {
+        x.device_ptr(stream).0 as Ptr
+    }
+
+    pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor) -> Outcome<(Tensor, Tensor)> {
+        match q.dtype() {
+            DType::F16 => forward_typed::<f16>(q, k, v),
+            DType::BF16 => forward_typed::<bf16>(q, k, v),
+            dt => bail!("cuDNN attention takes f16 or bf16, not {dt:?}"),
+        }
+    }
+
+    /// `x` itself where cuDNN can read its strides (a `[b, t, h, d]` view included), else a copy.
+    fn readable(x: &Tensor) -> Result<Tensor> {
+        if strides(x).is_ok() {
+            return Ok(x.clone());
+        }
+        x.contiguous()
+    }
+
+    fn forward_typed<T: CudaDType + WithDType + DeviceRepr>(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Outcome<(Tensor, Tensor)> {
+        let (q, k, v) = (readable(q)?, readable(k)?, readable(v)?);
+        let mut d = desc(&q, &k)?;
+        d.v = strides(&v)?;
+        let dev = cuda_device(&q)?;
+        let ws = match workspace(&dev, &d, false)? {
+            Ok(ws) => ws,
+            Err(why) => return Ok(Err(why)),
+        };
+        let (b, h, t, hd) = q.dims4()?;
+        let stream = dev.cuda_stream();
+        let out = unsafe { dev.alloc::<T>(b * h * t * hd)? };
+        let stats = unsafe { dev.alloc::<f32>(b * h * t)? };
+        let mut err = [0u8; ERR_LEN];
+        let (qp, kp, vp) =
+            (address::<T>(&q, &stream)?, address::<T>(&k, &stream)?, address::<T>(&v, &stream)?);
+        let (op, sp) = (slice_address(&out, &stream), slice_address(&stats, &stream));
+        let wp = ws.as_ref().map_or(std::ptr::null_mut(), |w| slice_address(w, &stream));
+        let (s, e) = (stream.cu_stream() as Ptr, err.as_mut_ptr().cast());
+        let rc = unsafe { lft_cudnn_sdpa_forward(&d, s, qp, kp, vp, op, sp, wp, e, ERR_LEN) };
+        check(rc, &err, "forward")?;
+        drop(ws);
+        let context = wrap(out, &dev, &[b, t, h, hd]).transpose(1, 2)?;
+        Ok(Ok((context, wrap(stats, &dev, &[b, h, t]))))
+    }
+
+    pub fn backward(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        context: &Tensor,
+        stats: &Tensor,
+        d_context: &Tensor,
+    ) -> Outcome<(Tensor, Tensor, Tensor)> {
+        match q.dtype() {
+            DType::F16 => backward_typed::<f16>(q, k, v, context, stats, d_context),
+            DType::BF16 => backward_typed::<bf16>(q, k, v, context, stats, d_context),
+            dt => bail!("cuDNN attention takes f16 or bf16, not {dt:?}"),
+        }
+    }
+
+    fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        context: &Tensor,
+        stats: &Tensor,
+        d_context: &Tensor,
+    ) -> Outcome<(Tensor, Tensor, Tensor)> {
+        let (q, k, v, stats) = (readable(q)?, readable(k)?, readable(v)?, stats.contiguous()?);
+        let (context, d_context) = (readable(context)?, readable(d_context)?);
+        let (b, h, t, hd) = q.dims4()?;
+        let kvh = k.dim(1)?;
+        let mut d = desc(&q, &k)?;
+        d.v = strides(&v)?;
+        d.o = strides(&context)?;
+        d.d_o = strides(&d_context)?;
+        // gradients in the projections' [b, t, h, d] layout, returned as [b, h, t, d] views
+        d.dq = thd_strides(h, t, hd);
+        d.dk = thd_strides(kvh, t, hd);
+        d.dv = d.dk;
+        let dev = cuda_device(&q)?;
+        let ws = match workspace(&dev, &d, true)? {
+            Ok(ws) => ws,
+            Err(why) => return Ok(Err(why)),
+        };
+        let stream = dev.cuda_stream();
+        let dq = unsafe { dev.alloc::<T>(b * h * t * hd)? };
+        let dk = unsafe { dev.alloc::<T>(b * kvh * t * hd)? };
+        let dv = unsafe { dev.alloc::<T>(b * kvh * t * hd)? };
+        let mut err = [0u8; ERR_LEN];
+        let (qp, kp, vp) =
+            (address::<T>(&q, &stream)?, address::<T>(&k, &stream)?, address::<T>(&v, &stream)?);
+        let (op, dop) = (address::<T>(&context, &stream)?, address::<T>(&d_context, &stream)?);
+        let sp = address::<f32>(&stats, &stream)?;
+        let [dqp, dkp, dvp] = [&dq, &dk, &dv].map(|x| slice_address(x, &stream));
+        let wp = ws.as_ref().map_or(std::ptr::null_mut(), |w| slice_address(w, &stream));
+        let (s, e) = (stream.cu_stream() as Ptr, err.as_mut_ptr().cast());
+        let rc =
+            unsafe { lft_cudnn_sdpa_backward(&d, s, qp, kp, vp, op, dop, sp, dqp, dkp, dvp, wp, e, ERR_LEN) };
+        check(rc, &err, "backward")?;
+        drop(ws);
+        let heads = |x, n| wrap(x, &dev, &[b, t, n, hd]).transpose(1, 2);
+        Ok(Ok((heads(dq, h)?, heads(dk, kvh)?, heads(dv, kvh)?)))
+    }
+}
+
+/// Built without the cuDNN headers (`CUDNN_INCLUDE` unset): the flash kernels only.
+#[cfg(not(lora_ft_cudnn))]
+mod ffi {
+    use candle_core::{Result, Tensor};
+
+    pub type Outcome<T> = Result<std::result::Result<T, String>>;
+
+    pub fn version() -> Option<i64> {
+        None
+    }
+
+    pub fn why_not() -> String {
+        "this binary was built without the cuDNN headers".into()
+    }
+
+    pub fn forward(_: &Tensor, _: &Tensor, _: &Tensor) -> Outcome<(Tensor, Tensor)> {
+        Ok(Err(why_not()))
+    }
+
+    pub fn backward(
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+    ) -> Outcome<(Tensor, Tensor, Tensor)> {
+        Ok(Err(why_not()))
+    }
+}

@@ -1,0 +1,132 @@
+//! The fused RMSNorm and SwiGLU kernels of `kernels/elementwise.cu` (CUDA only). `ops.rs` calls
+//! them for CUDA tensors and keeps the composed ops as the CPU path and the tests' reference.
+
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::{bail, Result, Tensor, WithDType};
+
+use crate::cuda::{blocks, by_dtype, cuda_device, suffix, view, wrap};
+
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/elementwise.ptx"));
+const MODULE: &str = "lora_ft_elementwise";
+const THREADS: u32 = 256;
+
+fn rows_cols(x: &Tensor) -> Result<(usize, usize)> {
+    let cols = x.dims().last().copied().unwrap_or(1).max(1);
+    Ok((x.elem_count() / cols, cols))
+}
+
+/// y = w ⊙ round(x · rsqrt(mean(x²) + eps)) over the last dim.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    by_dtype!(x.dtype(), rms_norm_typed(x, weight, eps))
+}
+
+fn rms_norm_typed<T: CudaDType + WithDType + DeviceRepr>(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let (x, w) = (x.contiguous()?, w.to_dtype(x.dtype())?.contiguous()?);
+    let (rows, cols) = rows_cols(&x)?;
+    let dev = cuda_device(&x)?;
+    let y = unsafe { dev.alloc::<T>(rows * cols)? };
+    let func = dev.get_or_load_custom_func(&format!("rms_norm_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    {
+        let (xs, ws) = (x.storage_and_layout().0, w.storage_and_layout().0);
+        let (xv, wv) = (view::<T>(&xs, &x)?, view::<T>(&ws, &w)?);
+        let (cols_i, eps) = (cols as i32, eps as f32);
+        let mut l = func.builder();
+        l.arg(&xv).arg(&wv).arg(&y).arg(&cols_i).arg(&eps);
+        unsafe { l.launch(blocks(rows, THREADS)) }.w()?;
+    }
+    Ok(wrap(y, &dev, x.dims()))
+}
+
+/// d(x) of `rms_norm` given d(y); the normaliser is recomputed from x.
+pub fn rms_norm_backward(x: &Tensor, weight: &Tensor, eps: f64, dy: &Tensor) -> Result<Tensor> {
+    by_dtype!(x.dtype(), rms_norm_backward_typed(x, weight, eps, dy))
+}
+
+fn rms_norm_backward_typed<T: CudaDType + WithDType + DeviceRepr>(
+    x: &Tensor,
+    w: &Tensor,
+    eps: f64,
+    dy: &Tensor,
+) -> Result<Tensor> {
+    let (x, w, dy) = (x.contiguous()?, w.to_dtype(x.dtype())?.contiguous()?, dy.contiguous()?);
+    if x.dims() != dy.dims() {
+        bail!("rms_norm_backward: x {:?} and dy {:?} differ", x.dims(), dy.dims());
+    }
+    let (rows, cols) = rows_cols(&x)?;
+    let dev = cuda_device(&x)?;
+    let dx = unsafe { dev.alloc::<T>(rows * cols)? };
+    let func =
+        dev.get_or_load_custom_func(&format!("rms_norm_backward_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    {
+        let g = [&x, &w, &dy].map(|t| t.storage_and_layout().0);
+        let (xv, wv, dyv) = (view::<T>(&g[0], &x)?, view::<T>(&g[1], &w)?, view::<T>(&g[2], &dy)?);
+        let (cols_i, eps) = (cols as i32, eps as f32);
+        let mut l = func.builder();
+        l.arg(&xv).arg(&wv).arg(&dyv).arg(&dx).arg(&cols_i).arg(&eps);
+        unsafe { l.launch(blocks(rows, THREADS)) }.w()?;
+    }
+    Ok(wrap(dx, &dev, x.dims()))
+}
+
+/// Enough blocks to fill the GPU; the kernels stride over the rest.
+fn elementwise_blocks(n: usize) -> usize {
+    n.div_ceil(THREADS as usize).clamp(1, 65_535)
+}
+
+/// a = silu(g) ⊙ u.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    by_dtype!(gate.dtype(), swiglu_typed(gate, up))
+}
+
+fn swiglu_typed<T: CudaDType + WithDType + DeviceRepr>(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    let (gate, up) = (gate.contiguous()?, up.contiguous()?);
+    if gate.dims() != up.dims() {
+        bail!("swiglu: gate {:?} and up {:?} differ", gate.dims(), up.dims());
+    }
+    let n = gate.elem_count();
+    let dev = cuda_device(&gate)?;
+    let a = unsafe { dev.alloc::<T>(n)? };
+    let func = dev.get_or_load_custom_func(&format!("swiglu_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    {
+        let g = [&gate, &up].map(|t| t.storage_and_layout().0);
+        let (gv, uv) = (view::<T>(&g[0], &gate)?, view::<T>(&g[1], &up)?);
+        let n_i = n as i64;
+        let mut l = func.builder();
+        l.arg(&gv).arg(&uv).arg(&a).arg(&n_i);
+        unsafe { l.launch(blocks(elementwise_blocks(n), THREADS)) }.w()?;
+    }
+    Ok(wrap(a, &dev, gate.dims()))
+}
+
+/// (d_gate, d_up) of `swiglu` given d(a), from one kernel pass.
+pub fn swiglu_backward(gate: &Tensor, up: &Tensor, da: &Tensor) -> Result<(Tensor, Tensor)> {
+    by_dtype!(gate.dtype(), swiglu_backward_typed(gate, up, da))
+}
+
+fn swiglu_backward_typed<T: CudaDType + WithDType + DeviceRepr>(
+    gate: &Tensor,
+    up: &Tensor,
+    da: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let (gate, up, da) = (gate.contiguous()?, up.contiguous()?, da.contiguous()?);
+    if gate.dims() != up.dims() || gate.dims() != da.dims() {
+        bail!("swiglu_backward: gate {:?}, up {:?} and da {:?} differ", gate.dims(), up.dims(), da.dims());
+    }
+    let n = gate.elem_count();
+    let dev = cuda_device(&gate)?;
+    let d_gate_up = unsafe { dev.alloc::<T>(2 * n)? };
+    let func = dev.get_or_load_custom_func(&format!("swiglu_backward_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    {
+        let g = [&gate, &up, &da].map(|t| t.storage_and_layout().0);
+        let (gv, uv, dav) = (view::<T>(&g[0], &gate)?, view::<T>(&g[1], &up)?, view::<T>(&g[2], &da)?);
+        let n_i = n as i64;
+        let mut l = func.builder();
+        l.arg(&gv).arg(&uv).arg(&dav).arg(&d_gate_up).arg(&n_i);
+        unsafe { l.launch(blocks(elementwise_blocks(n), THREADS)) }.w()?;
+    }
+    let mut shape = vec![2];
+    shape.extend_from_slice(gate.dims());
+    let both = wrap(d_gate_up, &dev, &shape);
+    Ok((both.get(0)?, both.get(1)?))
+}

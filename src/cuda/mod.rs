@@ -1,0 +1,101 @@
+//! The bottom floor of the CUDA build: every kernel (`*.cu`, the cuDNN shim `cudnn_sdpa.cpp`)
+//! beside the thin Rust wrapper that loads and launches it, and the plumbing they share (this
+//! file: the device slice behind a tensor, fresh outputs wrapped back into tensors, the
+//! kernel-name suffix of a dtype; `dtype.cuh` and `block_reduce.cuh` for the kernels). Nothing
+//! here imports the model, the quantizer or the optimizer: they call down into it.
+//!
+//! | kernel | wrapper | used by |
+//! |---|---|---|
+//! | `nf4.cu` | `nf4.rs` | `quant` (quantize, dequantize, NF4 GEMM inputs) |
+//! | `adafactor.cu` | `adafactor.rs` | `optim` (the fused Adafactor step, the global norm) |
+//! | `flash_attention.cu` | `flash.rs` | `model::ops::attention` |
+//! | `cudnn_sdpa.cpp` | `cudnn_sdpa.rs` | `model::ops::attention` (cuDNN's fused SDPA) |
+//! | `softmax.cu` | `softmax.rs` | `model::ops::attention` (the composed path's softmax) |
+//! | `elementwise.cu` | `elementwise.rs` | `model::ops::{norm, mlp}` (RMSNorm, SwiGLU) |
+//! | `cross_entropy.cu` | `cross_entropy.rs` | `model::ops::{loss, lm_head}` |
+//! | `dropout.cu` | `dropout.rs` | `model::lora::dropout` |
+//! | `embedding.cu` | `mapped.rs` | `model::ops::{embedding, lm_head}` (tables in mapped host memory) |
+//! | (cuBLAS) | `gemm.rs` | `model::ops::product_sum` (GEMMs summed into one buffer) |
+
+pub mod adafactor;
+pub mod cross_entropy;
+pub mod cudnn_sdpa;
+pub mod dropout;
+pub mod elementwise;
+pub mod flash;
+pub mod gemm;
+pub mod mapped;
+pub mod nf4;
+pub mod softmax;
+
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, LaunchConfig};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::op::BackpropOp;
+use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Result, Storage, Tensor, WithDType};
+
+/// The CUDA device a tensor lives on.
+pub fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
+    match t.device() {
+        Device::Cuda(d) => Ok(d.clone()),
+        _ => bail!("this kernel runs on CUDA tensors only"),
+    }
+}
+
+/// The device memory of `t` from its first element (`storage` is `t.storage_and_layout().0`,
+/// held by the caller for as long as the view is used).
+pub fn view<'a, T: CudaDType>(storage: &'a Storage, t: &Tensor) -> Result<CudaView<'a, T>> {
+    let Storage::Cuda(s) = storage else { bail!("this kernel runs on CUDA tensors only") };
+    Ok(s.as_cuda_slice::<T>()?.slice(t.layout().start_offset()..))
+}
+
+/// A kernel's freshly written output as a (contiguous, untracked) tensor.
+pub fn wrap<T: CudaDType + WithDType>(out: CudaSlice<T>, dev: &CudaDevice, shape: &[usize]) -> Tensor {
+    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(out, dev.clone()));
+    Tensor::from_storage(storage, shape, BackpropOp::none(), false)
+}
+
+/// Runs `f::<T>(args)` with T the element type of `dtype` (f32, f16 or bf16; others are an error).
+macro_rules! by_dtype {
+    ($dtype:expr, $f:ident ( $($arg:expr),* )) => {
+        match $dtype {
+            candle_core::DType::F32 => $f::<f32>($($arg),*),
+            candle_core::DType::F16 => $f::<half::f16>($($arg),*),
+            candle_core::DType::BF16 => $f::<half::bf16>($($arg),*),
+            dt => candle_core::bail!("the CUDA kernels take f32, f16 or bf16, not {dt:?}"),
+        }
+    };
+}
+pub(crate) use by_dtype;
+
+/// The device address of `t`'s first element (f32, f16, bf16 or u32), for kernels and copies
+/// that take raw pointers; the caller keeps `t` alive until the work that uses it is queued and
+/// ordered before any free.
+pub fn address(t: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<u64> {
+    match t.dtype() {
+        DType::U32 => address_typed::<u32>(t, stream),
+        dtype => by_dtype!(dtype, address_typed(t, stream)),
+    }
+}
+
+fn address_typed<T: CudaDType>(t: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<u64> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(s) = &*storage else { bail!("this kernel runs on CUDA tensors only") };
+    let view = s.as_cuda_slice::<T>()?.slice(layout.start_offset()..);
+    let (ptr, _record) = view.device_ptr(stream);
+    Ok(ptr)
+}
+
+/// The suffix of a kernel instantiated for `dtype`.
+pub fn suffix(dtype: DType) -> Result<&'static str> {
+    Ok(match dtype {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        dt => bail!("the CUDA kernels take f32, f16 or bf16, not {dt:?}"),
+    })
+}
+
+/// `blocks` blocks of `threads` threads, no dynamic shared memory.
+pub fn blocks(blocks: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}

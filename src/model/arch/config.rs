@@ -1,0 +1,143 @@
+//! An HF `config.json` as written (serde): the sizes the planner reads, and the keys each family
+//! declaration (`family.rs`) maps onto the typed `Architecture`.
+
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ModelConfig {
+    #[serde(default)]
+    pub architectures: Vec<String>,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+    #[serde(default)]
+    pub rope_scaling: Option<serde_json::Value>,
+    /// transformers ≥ 5 writes `{"rope_theta": …, "rope_type": "default"}` here.
+    #[serde(default)]
+    pub rope_parameters: Option<serde_json::Value>,
+    #[serde(default = "default_max_pos")]
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub mlp_bias: bool,
+    #[serde(default)]
+    pub bos_token_id: Option<serde_json::Value>,
+    #[serde(default)]
+    pub eos_token_id: Option<serde_json::Value>,
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_theta() -> f64 {
+    10000.0
+}
+fn default_max_pos() -> usize {
+    4096
+}
+fn default_act() -> String {
+    "silu".into()
+}
+
+impl ModelConfig {
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let de = &mut serde_json::Deserializer::from_str(&text);
+        let cfg: ModelConfig = serde_path_to_error::deserialize(de)
+            .map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.path(), e.inner()))?;
+        super::Architecture::from_config(&cfg)
+            .with_context(|| format!("{}: unsupported model", path.display()))?;
+        Ok(cfg)
+    }
+
+    /// RoPE base frequency: `rope_parameters.rope_theta` (transformers ≥ 5) or `rope_theta`.
+    pub fn rope_theta(&self) -> f64 {
+        self.rope_parameters
+            .as_ref()
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(|t| t.as_f64())
+            .unwrap_or(self.rope_theta)
+    }
+
+    pub fn num_kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads)
+    }
+
+    /// Parameters of the full model (embeddings, projections, norms, lm_head unless tied): the N
+    /// of the usual 6·N training FLOPs per token (Mistral-7B: 7.24e9).
+    pub fn parameter_count(&self) -> usize {
+        let (h, i) = (self.hidden_size, self.intermediate_size);
+        let q = self.num_attention_heads * self.head_dim();
+        let kv = self.num_key_value_heads.unwrap_or(self.num_attention_heads) * self.head_dim();
+        let layer = h * q * 2 + h * kv * 2 + 3 * h * i + 2 * h;
+        let heads = if self.tie_word_embeddings { 1 } else { 2 };
+        self.num_hidden_layers * layer + heads * self.vocab_size * h + h
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(json: serde_json::Value) -> ModelConfig {
+        serde_json::from_value(json).unwrap()
+    }
+
+    /// A config.json with no heads is refused by name, not a division by zero in the planner.
+    #[test]
+    fn zero_sizes_are_refused() {
+        let dir = std::env::temp_dir().join(format!("lora-ft-zero-heads-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("config.json");
+        std::fs::write(
+            &file,
+            r#"{"vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 0}"#,
+        )
+        .unwrap();
+        let err = format!("{:#}", ModelConfig::from_file(&file).unwrap_err());
+        assert!(err.contains("config.json") && err.contains("head counts must be positive"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// The published sizes: Mistral-7B 7,241,732,096; Llama-2-13B 13,015,864,320;
+    /// SmolLM2-135M (tied embeddings) 134,515,008.
+    #[test]
+    fn parameter_count_matches_the_published_sizes() {
+        let mistral = config(serde_json::json!({"vocab_size": 32000, "hidden_size": 4096,
+            "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8}));
+        assert_eq!(mistral.parameter_count(), 7_241_732_096);
+        let llama13 = config(serde_json::json!({"vocab_size": 32000, "hidden_size": 5120,
+            "intermediate_size": 13824, "num_hidden_layers": 40, "num_attention_heads": 40}));
+        assert_eq!(llama13.parameter_count(), 13_015_864_320);
+        let smollm2 = config(serde_json::json!({"vocab_size": 49152, "hidden_size": 576,
+            "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+            "num_key_value_heads": 3, "tie_word_embeddings": true}));
+        assert_eq!(smollm2.parameter_count(), 134_515_008);
+    }
+}

@@ -1,0 +1,343 @@
+//! The typed description of a decoder architecture, and the family declarations that map a
+//! config.json onto it.
+//!
+//! Every decoder family lora-ft meets is the Llama decoder (pre-norm → attention with RoPE →
+//! pre-norm → gated MLP) with a handful of differences: how RoPE is scaled, biases on q/k/v,
+//! per-head norms on q and k, a head_dim that is not hidden/heads, tied embeddings, sliding
+//! windows (on every layer or on some), soft-capped logits, a (1 + w) norm, norms after the
+//! sublayers too, another activation, a scaled embedding, another query scale. [`Architecture`]
+//! names each of them once; the layers branch on it, never on a model's name. A family is one
+//! [`Family`] entry: its `architectures` name in config.json, and a function that reads that
+//! family's keys into an `Architecture` (starting from [`Architecture::llama`]) — Mistral below
+//! is Llama plus a sliding window.
+//!
+//! [`Architecture::check_supported`] is the one place that says which of these the layers compute
+//! today; anything else is refused there by name before a weight is read.
+
+use anyhow::{bail, Context};
+
+use super::config::ModelConfig;
+
+/// One family: its `architectures` name in config.json and how its keys map onto the description.
+pub struct Family {
+    pub architecture: &'static str,
+    pub describe: fn(&ModelConfig) -> anyhow::Result<Architecture>,
+}
+
+/// Every family lora-ft reads, in the order they are tried.
+pub const FAMILIES: &[Family] = &[
+    Family { architecture: "LlamaForCausalLM", describe: llama },
+    Family { architecture: "MistralForCausalLM", describe: mistral },
+];
+
+/// Llama 2 / 3.x: the base every other family is written against.
+fn llama(c: &ModelConfig) -> anyhow::Result<Architecture> {
+    Architecture::llama(c)
+}
+
+/// Mistral: Llama with a sliding window on every layer (keys more than `sliding_window - 1`
+/// positions back are masked, as HF does); v0.3 and Nemo set `sliding_window: null`.
+fn mistral(c: &ModelConfig) -> anyhow::Result<Architecture> {
+    let mut a = Architecture::llama(c)?;
+    a.windows = vec![c.sliding_window; c.num_hidden_layers];
+    Ok(a)
+}
+
+/// The MLP's gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// silu(gate) ⊙ up (SwiGLU): Llama, Mistral, Qwen.
+    Silu,
+    /// gelu_pytorch_tanh(gate) ⊙ up (GeGLU): Gemma.
+    GeluTanh,
+}
+
+/// How RoPE's frequencies are scaled for long contexts (`rope_scaling` / `rope_parameters`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by `factor`.
+    Linear { factor: f64 },
+    /// NTK-aware: the base grows with the sequence past the original length.
+    Dynamic { factor: f64 },
+    /// YaRN: frequencies interpolated between `beta_fast` and `beta_slow`, attention scaled.
+    Yarn { factor: f64, original_max_position: usize, beta_fast: f64, beta_slow: f64 },
+    /// Llama 3.1's: low frequencies divided by `factor`, high ones kept, a smooth ramp between.
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position: usize },
+}
+
+/// RoPE as a model uses it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeSpec {
+    pub theta: f64,
+    pub scaling: RopeScaling,
+    pub max_positions: usize,
+}
+
+/// What differs between decoder families, for one model. Sizes are those of config.json.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Architecture {
+    /// The `architectures` name it was read as.
+    pub family: &'static str,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    /// Explicit in config.json where it is not hidden/heads (Mistral Nemo, Qwen3, Gemma).
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    /// Added to every norm weight: 0 (w ⊙ x̂), or 1 for Gemma's (1 + w) ⊙ x̂.
+    pub norm_weight_offset: f64,
+    /// Norms after the attention and MLP outputs too, before the residual add (Gemma 2/3).
+    pub post_sublayer_norms: bool,
+    pub rope: RopeSpec,
+    /// Biases on q, k and v (Qwen2/2.5; frozen, LoRA adds to the projection).
+    pub qkv_bias: bool,
+    /// RMSNorm over each head of q and of k before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    pub activation: Activation,
+    /// lm_head is the embedding table.
+    pub tied_embeddings: bool,
+    /// The embedding output multiplied by this (Gemma: sqrt(hidden)).
+    pub embedding_scale: Option<f64>,
+    /// Scores are q·k × this: 1/sqrt(head_dim), or Gemma's 1/sqrt(query_pre_attn_scalar).
+    pub query_scale: f64,
+    /// Attention scores soft-capped: cap · tanh(s / cap) (Gemma 2).
+    pub attention_softcap: Option<f64>,
+    /// Final logits soft-capped likewise (Gemma 2).
+    pub final_logit_softcap: Option<f64>,
+    /// Each layer's sliding window (`None`: full causal attention), one entry per layer, so
+    /// families that alternate local and global layers need no other field.
+    pub windows: Vec<Option<usize>>,
+}
+
+impl Architecture {
+    /// The description of `c` by its family (`architectures[0]`; none given reads as Llama).
+    pub fn from_config(c: &ModelConfig) -> anyhow::Result<Self> {
+        let name = c.architectures.first().map(String::as_str).unwrap_or("LlamaForCausalLM");
+        let Some(family) = FAMILIES.iter().find(|f| f.architecture == name) else {
+            let known: Vec<&str> = FAMILIES.iter().map(|f| f.architecture).collect();
+            bail!("architectures: {name} (lora-ft reads {})", known.join(", "));
+        };
+        let arch = (family.describe)(c).with_context(|| format!("reading {name}"))?;
+        arch.check_supported()?;
+        Ok(arch)
+    }
+
+    /// The Llama decoder with `c`'s sizes: what each family starts from.
+    pub fn llama(c: &ModelConfig) -> anyhow::Result<Self> {
+        let sizes = [c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size];
+        if c.num_attention_heads == 0 || c.num_kv_heads() == 0 || sizes.contains(&0) {
+            bail!("hidden_size, intermediate_size, num_hidden_layers, vocab_size and the head counts must be positive");
+        }
+        if !c.num_attention_heads.is_multiple_of(c.num_kv_heads()) {
+            bail!("num_key_value_heads must divide num_attention_heads");
+        }
+        if c.mlp_bias {
+            bail!("mlp_bias: biased MLP projections are not supported");
+        }
+        let activation = match c.hidden_act.as_str() {
+            "silu" | "swish" => Activation::Silu,
+            "gelu_pytorch_tanh" | "gelu_tanh" => Activation::GeluTanh,
+            other => bail!("hidden_act: {other:?} (lora-ft computes silu and gelu_pytorch_tanh)"),
+        };
+        let head_dim = c.head_dim();
+        Ok(Self {
+            family: "LlamaForCausalLM",
+            vocab_size: c.vocab_size,
+            hidden_size: c.hidden_size,
+            intermediate_size: c.intermediate_size,
+            num_layers: c.num_hidden_layers,
+            num_heads: c.num_attention_heads,
+            num_kv_heads: c.num_kv_heads(),
+            head_dim,
+            rms_norm_eps: c.rms_norm_eps,
+            norm_weight_offset: 0.0,
+            post_sublayer_norms: false,
+            rope: RopeSpec {
+                theta: c.rope_theta(),
+                scaling: rope_scaling(c)?,
+                max_positions: c.max_position_embeddings,
+            },
+            qkv_bias: c.attention_bias,
+            qk_norm: false,
+            activation,
+            tied_embeddings: c.tie_word_embeddings,
+            embedding_scale: None,
+            query_scale: 1.0 / (head_dim as f64).sqrt(),
+            attention_softcap: None,
+            final_logit_softcap: None,
+            windows: vec![None; c.num_hidden_layers],
+        })
+    }
+
+    /// The one place that says what the layers compute today; the rest is refused by name.
+    pub fn check_supported(&self) -> anyhow::Result<()> {
+        let refuse = |what: &str| bail!("{what} is not supported yet ({})", self.family);
+        if self.activation != Activation::Silu {
+            return refuse("hidden_act other than silu");
+        }
+        if self.rope.scaling != RopeScaling::None {
+            return refuse(&format!("rope_scaling {:?}", self.rope.scaling));
+        }
+        if self.qkv_bias {
+            return refuse("attention_bias (biased q/k/v projections)");
+        }
+        if self.qk_norm {
+            return refuse("q/k norms");
+        }
+        if self.norm_weight_offset != 0.0 || self.post_sublayer_norms {
+            return refuse("Gemma's norms");
+        }
+        if self.embedding_scale.is_some()
+            || self.attention_softcap.is_some()
+            || self.final_logit_softcap.is_some()
+        {
+            return refuse("embedding scaling and logit soft-capping");
+        }
+        if (self.query_scale - 1.0 / (self.head_dim as f64).sqrt()).abs() > 1e-12 {
+            return refuse("a query scale other than 1/sqrt(head_dim)");
+        }
+        if self.windows.iter().any(|w| *w != self.windows[0]) {
+            return refuse("different sliding windows per layer");
+        }
+        Ok(())
+    }
+
+    /// The sliding window of layer `l` (`None`: full causal attention).
+    pub fn window(&self, l: usize) -> Option<usize> {
+        self.windows.get(l).copied().flatten()
+    }
+}
+
+/// `rope_scaling` (transformers < 5) or `rope_parameters` (≥ 5), typed; `rope_type` or the older
+/// `type` names the kind.
+fn rope_scaling(c: &ModelConfig) -> anyhow::Result<RopeScaling> {
+    let Some(p) = c.rope_scaling.as_ref().filter(|s| !s.is_null()).or(c.rope_parameters.as_ref()) else {
+        return Ok(RopeScaling::None);
+    };
+    let key = if c.rope_scaling.as_ref().is_some_and(|s| !s.is_null()) {
+        "rope_scaling"
+    } else {
+        "rope_parameters"
+    };
+    let kind = p.get("rope_type").or_else(|| p.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
+    let num = |name: &str| -> anyhow::Result<f64> {
+        p.get(name)
+            .and_then(|v| v.as_f64())
+            .with_context(|| format!("{key}.{name}: a number is required for {kind:?}"))
+    };
+    let original = || -> anyhow::Result<usize> {
+        let v = p.get("original_max_position_embeddings").and_then(|v| v.as_u64());
+        Ok(v.map(|v| v as usize).unwrap_or(c.max_position_embeddings))
+    };
+    Ok(match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear { factor: num("factor")? },
+        "dynamic" => RopeScaling::Dynamic { factor: num("factor")? },
+        "yarn" => RopeScaling::Yarn {
+            factor: num("factor")?,
+            original_max_position: original()?,
+            beta_fast: p.get("beta_fast").and_then(|v| v.as_f64()).unwrap_or(32.0),
+            beta_slow: p.get("beta_slow").and_then(|v| v.as_f64()).unwrap_or(1.0),
+        },
+        "llama3" => RopeScaling::Llama3 {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_position: original()?,
+        },
+        other => {
+            bail!("{key}.rope_type: {other:?} (lora-ft reads default, linear, dynamic, yarn and llama3)")
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(json: serde_json::Value) -> ModelConfig {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn base() -> serde_json::Value {
+        serde_json::json!({"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 8})
+    }
+
+    /// The family decides the window, not the sizes: the same config as Llama has none, as
+    /// Mistral the window on every layer.
+    #[test]
+    fn mistral_is_llama_with_a_window_on_every_layer() {
+        let mut json = base();
+        json["sliding_window"] = 4096.into();
+        let llama = Architecture::from_config(&config(json.clone())).unwrap();
+        assert_eq!(llama.windows, vec![None; 4]);
+        json["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+        let mistral = Architecture::from_config(&config(json)).unwrap();
+        assert_eq!(mistral.windows, vec![Some(4096); 4]);
+        assert_eq!((mistral.head_dim, mistral.num_kv_heads), (128, 8));
+        assert_eq!(mistral.query_scale, 1.0 / 128f64.sqrt());
+        assert_eq!(Architecture { windows: llama.windows.clone(), family: mistral.family, ..mistral }, llama);
+    }
+
+    /// An explicit head_dim (Mistral Nemo: 5120 hidden, 32 heads of 128) is read, not derived.
+    #[test]
+    fn an_explicit_head_dim_is_kept() {
+        let mut json = base();
+        json["hidden_size"] = 5120.into();
+        json["head_dim"] = 128.into();
+        json["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+        let a = Architecture::from_config(&config(json)).unwrap();
+        assert_eq!(a.head_dim, 128);
+        assert_ne!(a.head_dim * a.num_heads, a.hidden_size);
+    }
+
+    /// Llama 3.1's rope_scaling is read into its typed form, in both spellings transformers
+    /// writes, and refused by `check_supported` (one place) until the layers compute it.
+    #[test]
+    fn rope_scaling_is_typed_and_refused_in_one_place() {
+        let mut json = base();
+        json["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        let c = config(json.clone());
+        let want = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 8192,
+        };
+        let a = Architecture::llama(&c).unwrap();
+        assert_eq!(a.rope.scaling, want);
+        let err = format!("{:#}", Architecture::from_config(&c).unwrap_err());
+        assert!(err.contains("rope_scaling") && err.contains("not supported yet"), "{err}");
+        json.as_object_mut().unwrap().remove("rope_scaling");
+        json["rope_parameters"] =
+            serde_json::json!({"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5});
+        let a = Architecture::llama(&config(json)).unwrap();
+        assert_eq!(
+            a.rope,
+            RopeSpec { theta: 5e5, scaling: RopeScaling::Linear { factor: 2.0 }, max_positions: 4096 }
+        );
+    }
+
+    #[test]
+    fn unknown_families_and_missing_keys_are_named() {
+        let mut json = base();
+        json["architectures"] = serde_json::json!(["GPT2LMHeadModel"]);
+        let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
+        assert!(err.contains("GPT2LMHeadModel") && err.contains("MistralForCausalLM"), "{err}");
+        let mut json = base();
+        json["rope_scaling"] = serde_json::json!({"type": "yarn"});
+        let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
+        assert!(err.contains("rope_scaling.factor"), "{err}");
+        let mut json = base();
+        json["hidden_act"] = "relu".into();
+        let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
+        assert!(err.contains("hidden_act") && err.contains("relu"), "{err}");
+    }
+}

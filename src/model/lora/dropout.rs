@@ -1,0 +1,86 @@
+//! LoRA dropout as a pure function of (seed, element index): element i of the input is kept unless
+//! the top 32 bits of SplitMix64(seed, i) fall under p·2³², and kept values are scaled by 1/(1-p)
+//! as `torch.nn.Dropout` does. Nothing is stored between the forward and the backward's recompute,
+//! the CUDA kernel (`kernels/dropout.cu`) draws on the device, and CPU and GPU draw the same mask.
+
+use candle_core::{DType, Result, Tensor};
+
+/// The seed of one dropout mask.
+#[derive(Debug, Clone, Copy)]
+pub struct DropoutSeed(pub u64);
+
+fn mix(seed: u64, i: u64) -> u64 {
+    let mut z = seed.wrapping_add((i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Elements with a hash under this are dropped.
+fn drop_below(p: f64) -> u32 {
+    (p * 4_294_967_296.0).min(u32::MAX as f64) as u32
+}
+
+/// x with dropout rate `p` applied (same shape and dtype). `p = 0` returns x.
+pub fn dropout(x: &Tensor, seed: DropoutSeed, p: f64) -> Result<Tensor> {
+    if p <= 0.0 {
+        return Ok(x.clone());
+    }
+    let keep_scale = (1.0 / (1.0 - p)) as f32;
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        return crate::cuda::dropout::dropout(x, seed.0, drop_below(p), keep_scale);
+    }
+    let below = drop_below(p);
+    let mask: Vec<f32> = (0..x.elem_count() as u64)
+        .map(|i| if ((mix(seed.0, i) >> 32) as u32) < below { 0.0 } else { keep_scale })
+        .collect();
+    let mask = Tensor::from_vec(mask, x.shape(), x.device())?;
+    let dtype = x.dtype();
+    if dtype == DType::F32 {
+        x.contiguous()?.mul(&mask)
+    } else {
+        x.to_dtype(DType::F32)?.mul(&mask)?.to_dtype(dtype)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn dropout_drops_about_p_scales_the_rest_and_is_a_function_of_the_seed() {
+        let x = Tensor::ones((400, 250), DType::F32, &Device::Cpu).unwrap();
+        let y = dropout(&x, DropoutSeed(7), 0.1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let dropped = y.iter().filter(|&&v| v == 0.0).count() as f64 / y.len() as f64;
+        assert!((dropped - 0.1).abs() < 0.005, "dropped {dropped}");
+        assert!(y.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.9).abs() < 1e-6));
+        let again =
+            dropout(&x, DropoutSeed(7), 0.1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(y, again);
+        let other =
+            dropout(&x, DropoutSeed(8), 0.1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_ne!(y, other);
+        assert_eq!(
+            dropout(&x, DropoutSeed(7), 0.0).unwrap().to_vec2::<f32>().unwrap(),
+            x.to_vec2::<f32>().unwrap()
+        );
+    }
+
+    /// The device draws the same mask as the CPU.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_dropout_equals_the_cpu_mask() {
+        let gpu = Device::new_cuda(0).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (123, 457), &Device::Cpu).unwrap();
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let xd = x.to_dtype(dtype).unwrap();
+            let cpu = dropout(&xd, DropoutSeed(99), 0.3).unwrap().to_dtype(DType::F32).unwrap();
+            let on_gpu = dropout(&xd.to_device(&gpu).unwrap(), DropoutSeed(99), 0.3).unwrap();
+            let on_gpu = on_gpu.to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap();
+            let diff = (cpu - on_gpu).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(diff < 1e-2, "{dtype:?}: {diff}");
+        }
+    }
+}

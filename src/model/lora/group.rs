@@ -1,0 +1,158 @@
+//! The LoRA half of the projections that read one input (q/k/v, gate/up, or one projection
+//! alone), run together: h = x·[A₁; …; Aₙ]ᵀ is one skinny GEMM that reads x once instead of n
+//! times, and each out_i += h_i·(scale_i·B_i)ᵀ. The backward reads x once more for all the A
+//! gradients, [dh₁ … dhₙ]ᵀ·x, and adds the input gradient [dh₁ … dhₙ]·[A₁; …; Aₙ] in one GEMM.
+//! `LayerSaved` keeps a group from the recompute, so the backward neither converts the weights
+//! nor recomputes h again. Without dropout only: each projection draws its own dropout mask on
+//! x (PEFT's rule), so with dropout on, `LoraLinear`'s per-projection path runs instead.
+
+use candle_core::{Result, Tensor};
+
+use super::linear::{LoraGrad, LoraLinear};
+use crate::model::ops::product_sum::{Product, ProductSum};
+use crate::profile::section;
+
+/// One group's LoRA weights in the compute dtype and its low-rank activations.
+pub struct LoraGroup {
+    /// [A₁; …; Aₙ], `[Σr, in]`.
+    a: Tensor,
+    /// scale_i·B_i, `[out_i, r_i]`.
+    scaled_b: Vec<Tensor>,
+    scales: Vec<f64>,
+    ranks: Vec<usize>,
+    /// x·aᵀ, `[n, Σr]`.
+    h: Tensor,
+}
+
+impl LoraGroup {
+    /// The group of `projs` on input x `[n, in]`, or `None` when one of them has no adapter or
+    /// `dropout` is on for one of them (then the per-projection path runs).
+    pub fn forward(projs: &[&LoraLinear], x: &Tensor, dropout: bool) -> Result<Option<Self>> {
+        let Some(adapters) = projs.iter().map(|p| p.lora.as_ref()).collect::<Option<Vec<_>>>() else {
+            return Ok(None);
+        };
+        if adapters.is_empty() || (dropout && adapters.iter().any(|l| l.dropout > 0.0)) {
+            return Ok(None);
+        }
+        let (dev, dtype) = (x.device(), x.dtype());
+        let (a, scaled_b) = section("lora.weights", dev, || {
+            let parts = adapters.iter().map(|l| l.lora_a.as_tensor().detach()).collect::<Vec<_>>();
+            let a = if parts.len() == 1 { parts[0].clone() } else { Tensor::cat(&parts, 0)? };
+            let scaled_b = adapters
+                .iter()
+                .map(|l| (l.lora_b.as_tensor().detach() * l.scale)?.to_dtype(dtype))
+                .collect::<Result<Vec<_>>>()?;
+            Ok::<_, candle_core::Error>((a.to_dtype(dtype)?, scaled_b))
+        })?;
+        let h = section("lora.x_a", dev, || x.matmul(&a.t()?))?;
+        let scales = adapters.iter().map(|l| l.scale).collect();
+        let ranks = adapters.iter().map(|l| l.rank()).collect();
+        Ok(Some(Self { a, scaled_b, scales, ranks, h }))
+    }
+
+    /// Columns of projection i in h (and rows in a).
+    fn span(&self, i: usize) -> (usize, usize) {
+        (self.ranks[..i].iter().sum(), self.ranks[i])
+    }
+
+    /// h_i `[n, r_i]`, contiguous (a copy of n·r values when the group has several members).
+    fn h_part(&self, i: usize) -> Result<Tensor> {
+        if self.ranks.len() == 1 {
+            return Ok(self.h.clone());
+        }
+        let (start, len) = self.span(i);
+        self.h.narrow(1, start, len)?.contiguous()
+    }
+
+    /// out += h_i·(scale_i·B_i)ᵀ: projection i's low-rank output.
+    pub fn add_output(&self, i: usize, out: &mut ProductSum) -> Result<()> {
+        let h = self.h_part(i)?;
+        section("lora.h_b", h.device(), || {
+            out.add_product(Product { lhs: &h, rhs: &self.scaled_b[i], rhs_transposed: true })
+        })
+    }
+
+    /// Given x and each member's output gradient dy_i, adds the low-rank input gradient to dx and
+    /// returns the members' adapter gradients (compute dtype), in order.
+    pub fn backward(&self, x: &Tensor, dys: &[&Tensor], dx: &mut ProductSum) -> Result<Vec<LoraGrad>> {
+        section("lora.backward", x.device(), || {
+            let mut dhs = Vec::with_capacity(dys.len());
+            let mut grad_b = Vec::with_capacity(dys.len());
+            for (i, dy) in dys.iter().enumerate() {
+                let h = self.h_part(i)?;
+                grad_b.push((dy.t()?.matmul(&h)? * self.scales[i])?); // [out, r]
+                dhs.push(dy.matmul(&self.scaled_b[i])?); // [n, r]
+            }
+            let dh = if dhs.len() == 1 { dhs.remove(0) } else { Tensor::cat(&dhs, 1)? };
+            let grad_a = dh.t()?.matmul(x)?; // [Σr, in]
+            dx.add_product(Product { lhs: &dh, rhs: &self.a, rhs_transposed: false })?;
+            grad_b
+                .into_iter()
+                .enumerate()
+                .map(|(i, lora_b)| {
+                    let (start, len) = self.span(i);
+                    Ok(LoraGrad { lora_a: grad_a.narrow(0, start, len)?, lora_b })
+                })
+                .collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::reference::random_layer;
+    use candle_core::Device;
+
+    fn assert_close(a: &Tensor, b: &Tensor, what: &str) {
+        let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let size = b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff <= 1e-5 * size.max(1.0), "{what}: max diff {diff} (max {size})");
+    }
+
+    /// q/k/v and gate/up of a random layer through one group each equal every projection's own
+    /// path: outputs, adapter gradients and the summed input gradient.
+    #[test]
+    fn a_group_equals_its_projections_run_one_by_one() -> Result<()> {
+        let dev = Device::Cpu;
+        let layer = random_layer(32, 48, 4, 2, 3, 21);
+        let x = Tensor::randn(0f32, 1.0, (7, 32), &dev)?;
+        for members in [&[0usize, 1, 2][..], &[4, 5][..]] {
+            let projs: Vec<&LoraLinear> = members.iter().map(|&p| &layer.proj[p]).collect();
+            let group = LoraGroup::forward(&projs, &x, false)?.expect("every member has an adapter");
+            let dys = projs
+                .iter()
+                .map(|p| Tensor::randn(0f32, 1.0, (7, p.base.dims().0), &dev))
+                .collect::<Result<Vec<_>>>()?;
+            let (mut dx_group, mut dx_own) = (ProductSum::new(), ProductSum::new());
+            let grads = group.backward(&x, &dys.iter().collect::<Vec<_>>(), &mut dx_group)?;
+            for (i, p) in projs.iter().enumerate() {
+                let mut out = ProductSum::new();
+                group.add_output(i, &mut out)?;
+                p.base_forward_into(&x, &mut out)?;
+                assert_close(&out.finish()?, &p.forward(&x, None)?, "output");
+                p.base_backward_into(&dys[i], &mut dx_group)?;
+                let own = p.backward_into(&x, &dys[i], None, &mut dx_own)?.expect("an adapter");
+                assert_close(&grads[i].lora_a, &own.lora_a, "grad A");
+                assert_close(&grads[i].lora_b, &own.lora_b, "grad B");
+            }
+            assert_close(&dx_group.finish()?, &dx_own.finish()?, "dx");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn dropout_or_a_member_without_adapter_leaves_the_projections_on_their_own() -> Result<()> {
+        let layer = random_layer(32, 48, 4, 2, 3, 5);
+        let x = Tensor::randn(0f32, 1.0, (3, 32), &Device::Cpu)?;
+        let mut dropped = layer.proj[0].clone();
+        dropped.lora.as_mut().expect("an adapter").dropout = 0.1;
+        assert!(LoraGroup::forward(&[&dropped, &layer.proj[1]], &x, true)?.is_none());
+        // eval mode draws no mask: the group runs
+        assert!(LoraGroup::forward(&[&dropped, &layer.proj[1]], &x, false)?.is_some());
+        let mut bare = layer.proj[1].clone();
+        bare.lora = None;
+        assert!(LoraGroup::forward(&[&layer.proj[0], &bare], &x, false)?.is_none());
+        Ok(())
+    }
+}

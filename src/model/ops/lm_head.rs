@@ -1,0 +1,310 @@
+//! The output projection, on the device or streamed from the host.
+//!
+//! A training step uses lm_head once, for the loss, and it is the largest dense tensor of the
+//! frozen model (313 MiB for Llama-2-13B in f16). On CUDA the trainer moves an untied lm_head to
+//! mapped page-locked host memory; the loss then streams it in, `VOCAB_CHUNK` rows at a time,
+//! each chunk copied on the copy stream while the previous one computes, with an online
+//! log-sum-exp over the chunks (kernels/cross_entropy.cu) and the gradient accumulated in f32.
+//! The target rows of the gradient's one-hot term are gathered straight from mapped memory.
+
+use candle_core::{Result, Tensor};
+
+use super::loss::{cross_entropy, LossOutput};
+
+/// lm_head rows per streamed chunk: 40 MiB at hidden 5120 in f16, two on the device at once.
+pub const VOCAB_CHUNK: usize = 4096;
+
+/// Where lm_head `[vocab, hidden]` lives.
+pub enum LmHead {
+    Device(Tensor),
+    #[cfg(feature = "cuda")]
+    Host(host::HostLmHead),
+}
+
+impl LmHead {
+    /// Logits `[n, vocab]` of hidden states `[n, hidden]`, in the compute dtype.
+    pub fn logits(&self, h: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Device(w) => h.matmul(&w.t()?),
+            #[cfg(feature = "cuda")]
+            Self::Host(w) => w.logits(h),
+        }
+    }
+
+    /// The summed cross-entropy of `hidden` against `targets` (see loss.rs `cross_entropy`).
+    pub fn cross_entropy(
+        &self,
+        hidden: &Tensor,
+        targets: &[i64],
+        grad_scale: Option<f64>,
+        chunk_rows: usize,
+    ) -> Result<LossOutput> {
+        match self {
+            Self::Device(w) => cross_entropy(hidden, w, targets, grad_scale, chunk_rows),
+            #[cfg(feature = "cuda")]
+            Self::Host(w) => w.cross_entropy(hidden, targets, grad_scale),
+        }
+    }
+
+    /// The tensor, when it is on the device.
+    pub fn on_device(&self) -> Option<&Tensor> {
+        match self {
+            Self::Device(w) => Some(w),
+            #[cfg(feature = "cuda")]
+            Self::Host(_) => None,
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub mod host {
+    use std::sync::Arc;
+
+    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+    use candle_core::cuda_backend::{CudaDType, WrapErr};
+    use candle_core::{bail, DType, Device, Result, Shape, Tensor, WithDType};
+
+    use super::VOCAB_CHUNK;
+    use crate::cuda::mapped::MappedTable;
+    use crate::cuda::{address, blocks, by_dtype, cuda_device, suffix};
+    use crate::model::activations::offload::{CopyStream, InFlight};
+    use crate::model::ops::loss::{LossOutput, IGNORE_INDEX};
+
+    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/cross_entropy.ptx"));
+    const MODULE: &str = "lora_ft_cross_entropy";
+    const THREADS: u32 = 512;
+    /// The online softmax's statistics and the gradient accumulator.
+    const STATS: DType = DType::F32;
+
+    pub struct HostLmHead {
+        table: Arc<MappedTable>,
+        copies: CopyStream,
+        hidden: usize,
+        chunk_rows: usize,
+    }
+
+    impl HostLmHead {
+        /// A host copy of the device tensor `w` (`None` where the driver will not map it).
+        pub fn new(w: &Tensor) -> Result<Option<Self>> {
+            Self::with_chunk(w, VOCAB_CHUNK)
+        }
+
+        pub fn with_chunk(w: &Tensor, chunk_rows: usize) -> Result<Option<Self>> {
+            let hidden = w.dim(1)?;
+            let Some(table) = MappedTable::for_table(&w.to_device(&Device::Cpu)?, w.device()) else {
+                return Ok(None);
+            };
+            Ok(Some(Self {
+                table,
+                copies: CopyStream::new(w.device())?,
+                hidden,
+                chunk_rows: chunk_rows.max(1),
+            }))
+        }
+
+        /// Each chunk's first row and its rows on the device, the next one's copy overlapping.
+        fn for_each_chunk(&self, mut f: impl FnMut(usize, &Tensor) -> Result<()>) -> Result<()> {
+            let vocab = self.table.rows();
+            let mut next = Some(self.fetch(0)?);
+            for start in (0..vocab).step_by(self.chunk_rows) {
+                let w = next.take().expect("fetched").finish()?;
+                if start + self.chunk_rows < vocab {
+                    next = Some(self.fetch(start + self.chunk_rows)?);
+                }
+                f(start, &w)?;
+            }
+            Ok(())
+        }
+
+        fn fetch(&self, start: usize) -> Result<InFlight> {
+            let rows = self.chunk_rows.min(self.table.rows() - start);
+            let dtype = self.table.dtype();
+            let row_bytes = self.hidden * dtype.size_in_bytes();
+            let shape = Shape::from((rows, self.hidden));
+            self.copies.to_device(self.table.pinned(), start * row_bytes, &shape, dtype)
+        }
+
+        pub fn logits(&self, h: &Tensor) -> Result<Tensor> {
+            let mut parts = Vec::new();
+            self.for_each_chunk(|_, w| {
+                parts.push(h.matmul(&w.t()?)?);
+                Ok(())
+            })?;
+            Tensor::cat(&parts, 1)
+        }
+
+        pub fn cross_entropy(
+            &self,
+            hidden: &Tensor,
+            targets: &[i64],
+            grad_scale: Option<f64>,
+        ) -> Result<LossOutput> {
+            let device = hidden.device();
+            let rows: Vec<u32> =
+                (0..targets.len() as u32).filter(|&i| targets[i as usize] != IGNORE_INDEX).collect();
+            let n = rows.len();
+            if n == 0 {
+                let d_hidden = grad_scale.map(|_| hidden.zeros_like()).transpose()?;
+                return Ok(LossOutput { loss_sum: 0.0, n_tokens: 0, d_hidden });
+            }
+            let idx = Tensor::new(rows.as_slice(), device)?;
+            let tgt: Vec<u32> = rows.iter().map(|&i| targets[i as usize] as u32).collect();
+            let tgt = Tensor::from_vec(tgt, n, device)?;
+            let hs = hidden.index_select(&idx, 0)?.contiguous()?;
+            let stats = Stats::new(n, self.hidden, grad_scale.is_some(), device)?;
+            self.for_each_chunk(|start, w| stats.add_chunk(&hs, w, &tgt, start))?;
+            let loss_sum = stats.loss()?.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+            let d_hidden = match grad_scale {
+                None => None,
+                Some(scale) => {
+                    let d_rows = stats.d_rows(&self.table.gather(&tgt)?, scale)?;
+                    Some(hidden.zeros_like()?.index_add(&idx, &d_rows, 0)?)
+                }
+            };
+            Ok(LossOutput { loss_sum, n_tokens: n, d_hidden })
+        }
+    }
+
+    /// The online softmax's per-row state, and the f32 gradient accumulator when one is asked.
+    struct Stats {
+        max: Tensor,
+        sum: Tensor,
+        z_target: Tensor,
+        alpha: Tensor,
+        acc: Option<Tensor>,
+    }
+
+    impl Stats {
+        fn new(n: usize, hidden: usize, grads: bool, device: &Device) -> Result<Self> {
+            Ok(Self {
+                max: Tensor::full(f32::NEG_INFINITY, n, device)?,
+                sum: Tensor::zeros(n, STATS, device)?,
+                z_target: Tensor::zeros(n, STATS, device)?,
+                alpha: Tensor::zeros(n, STATS, device)?,
+                acc: if grads { Some(Tensor::zeros((n, hidden), STATS, device)?) } else { None },
+            })
+        }
+
+        fn add_chunk(&self, hs: &Tensor, w: &Tensor, tgt: &Tensor, start: usize) -> Result<()> {
+            let logits = hs.matmul(&w.t()?)?.contiguous()?;
+            by_dtype!(logits.dtype(), chunk_typed(self, &logits, w, tgt, start))
+        }
+
+        fn loss(&self) -> Result<Tensor> {
+            let dev = cuda_device(&self.max)?;
+            let n = self.max.elem_count();
+            let loss = Tensor::zeros(n, STATS, &self.max.device().clone())?;
+            let stream = dev.cuda_stream();
+            let func = dev.get_or_load_custom_func("streamed_loss", MODULE, PTX)?;
+            let ptr = |t: &Tensor| address(t, &stream);
+            let (m, s, z, out, rows) =
+                (ptr(&self.max)?, ptr(&self.sum)?, ptr(&self.z_target)?, ptr(&loss)?, n as i32);
+            let mut l = func.builder();
+            l.arg(&m).arg(&s).arg(&z).arg(&out).arg(&rows);
+            unsafe { l.launch(blocks(n.div_ceil(256), 256)) }.w()?;
+            Ok(loss)
+        }
+
+        fn d_rows(&self, w_target: &Tensor, grad_scale: f64) -> Result<Tensor> {
+            by_dtype!(w_target.dtype(), finish_typed(self, w_target, grad_scale))
+        }
+    }
+
+    fn chunk_typed<T: CudaDType + WithDType + DeviceRepr>(
+        stats: &Stats,
+        logits: &Tensor,
+        w: &Tensor,
+        tgt: &Tensor,
+        start: usize,
+    ) -> Result<()> {
+        let dev = cuda_device(logits)?;
+        let stream = dev.cuda_stream();
+        let (n, chunk) = logits.dims2()?;
+        let sfx = suffix(T::DTYPE)?;
+        let ptr = |t: &Tensor| address(t, &stream);
+        let (lg, tg, z) = (ptr(logits)?, ptr(tgt)?, ptr(&stats.z_target)?);
+        let (start, chunk_i, rows) = (start as i32, chunk as i32, n as i32);
+        let func = dev.get_or_load_custom_func(&format!("target_logit_{sfx}"), MODULE, PTX)?;
+        let mut l = func.builder();
+        l.arg(&lg).arg(&tg).arg(&z).arg(&start).arg(&chunk_i).arg(&rows);
+        unsafe { l.launch(blocks(n.div_ceil(256), 256)) }.w()?;
+
+        let (m, s, a, write_exp) =
+            (ptr(&stats.max)?, ptr(&stats.sum)?, ptr(&stats.alpha)?, stats.acc.is_some() as i32);
+        let func = dev.get_or_load_custom_func(&format!("online_softmax_chunk_{sfx}"), MODULE, PTX)?;
+        let mut l = func.builder();
+        l.arg(&lg).arg(&m).arg(&s).arg(&a).arg(&chunk_i).arg(&write_exp);
+        unsafe { l.launch(blocks(n, THREADS)) }.w()?;
+
+        let Some(acc) = &stats.acc else { return Ok(()) };
+        let part = logits.matmul(w)?.contiguous()?; // Σ_v exp(z_v − m_new) · w_v
+        let (ac, pt, len, cols) = (ptr(acc)?, ptr(&part)?, part.elem_count() as i64, part.dim(1)? as i32);
+        let func = dev.get_or_load_custom_func(&format!("rescale_add_{sfx}"), MODULE, PTX)?;
+        let mut l = func.builder();
+        l.arg(&ac).arg(&pt).arg(&a).arg(&len).arg(&cols);
+        unsafe { l.launch(elementwise(part.elem_count())) }.w()?;
+        Ok(())
+    }
+
+    fn finish_typed<T: CudaDType + WithDType + DeviceRepr>(
+        stats: &Stats,
+        w_target: &Tensor,
+        grad_scale: f64,
+    ) -> Result<Tensor> {
+        let Some(acc) = &stats.acc else { bail!("the streamed loss kept no gradient") };
+        let dev = cuda_device(acc)?;
+        let stream = dev.cuda_stream();
+        let d_rows = Tensor::zeros(acc.shape(), T::DTYPE, acc.device())?;
+        let ptr = |t: &Tensor| address(t, &stream);
+        let (ac, wt, s, out) = (ptr(acc)?, ptr(w_target)?, ptr(&stats.sum)?, ptr(&d_rows)?);
+        let (len, cols, scale) = (acc.elem_count() as i64, acc.dim(1)? as i32, grad_scale as f32);
+        let func =
+            dev.get_or_load_custom_func(&format!("streamed_finish_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+        let mut l = func.builder();
+        l.arg(&ac).arg(&wt).arg(&s).arg(&out).arg(&len).arg(&cols).arg(&scale);
+        unsafe { l.launch(elementwise(acc.elem_count())) }.w()?;
+        Ok(d_rows)
+    }
+
+    fn elementwise(len: usize) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+        blocks(len.div_ceil(256).min(65535 * 4), 256)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::model::ops::loss::cross_entropy;
+
+        /// Streamed in chunks that do not divide the vocabulary, against the device loss: the
+        /// same loss and hidden gradient, ignored rows included; and the same logits.
+        #[test]
+        fn streamed_loss_matches_the_device_loss() {
+            let gpu = Device::new_cuda(0).unwrap();
+            let max_abs = |t: &Tensor| t.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            let targets = [3, -100, 0, 299, -100, 2, 7, 150, 9, 10, -100];
+            for (dtype, tol) in [(DType::F32, 1e-5), (DType::F16, 2e-3), (DType::BF16, 2e-2)] {
+                let hidden = Tensor::randn(0f32, 1.0, (11, 32), &gpu).unwrap().to_dtype(dtype).unwrap();
+                let head = Tensor::randn(0f32, 1.0, (300, 32), &gpu).unwrap().to_dtype(dtype).unwrap();
+                let want = cross_entropy(&hidden, &head, &targets, Some(0.25), 4).unwrap();
+                let streamed = HostLmHead::with_chunk(&head, 64).unwrap().expect("maps");
+                let got = streamed.cross_entropy(&hidden, &targets, Some(0.25)).unwrap();
+                assert_eq!(got.n_tokens, want.n_tokens);
+                let rel = (got.loss_sum - want.loss_sum).abs() / want.loss_sum.abs();
+                assert!(rel < 1e-4, "{dtype:?} loss {} vs {}", got.loss_sum, want.loss_sum);
+                let f32_of = |t: Tensor| t.to_dtype(DType::F32).unwrap();
+                let (wd, gd) = (f32_of(want.d_hidden.unwrap()), f32_of(got.d_hidden.unwrap()));
+                let err = max_abs(&(&gd - &wd).unwrap()) / max_abs(&wd);
+                assert!(err < tol, "{dtype:?} gradient {err}");
+                let eval = streamed.cross_entropy(&hidden, &targets, None).unwrap();
+                assert!(
+                    (eval.loss_sum - got.loss_sum).abs() < 1e-4 * got.loss_sum.abs()
+                        && eval.d_hidden.is_none()
+                );
+                let logits = f32_of(streamed.logits(&hidden).unwrap());
+                let want_logits = f32_of(hidden.matmul(&head.t().unwrap()).unwrap());
+                let err = max_abs(&(logits - &want_logits).unwrap()) / max_abs(&want_logits);
+                assert!(err < tol, "{dtype:?} logits {err}");
+            }
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! Each op of the decoder with its forward and its hand-written backward side by side (llm.c's
+//! rule): what the forward returns is what the backward reads. The CUDA path of each calls its
+//! kernel in `crate::cuda`; the composed candle ops are the CPU path and the tests' reference.
+
+pub mod attention;
+pub mod embedding;
+pub mod lm_head;
+pub mod loss;
+pub mod mlp;
+pub mod norm;
+pub mod product_sum;
+pub mod rope;
+#[cfg(test)]
+pub(crate) mod test_util;
+
+pub use mlp::{swiglu, swiglu_backward};
+pub use norm::{rms_norm, rms_norm_backward};
+pub use rope::Rope;

@@ -1,0 +1,61 @@
+//! RMSNorm with its hand-written backward. candle's fused version has no autograd, and we would
+//! not want its autograd anyway (DESIGN.md), so the backward is written beside the forward.
+
+use candle_core::{DType, Result, Tensor, D};
+
+use crate::profile::section;
+
+/// RMSNorm as HF computes it: in f32, y = w ⊙ (x · rsqrt(mean(x²) + eps)), cast back.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    section("norm", x.device(), || {
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            return crate::cuda::elementwise::rms_norm(x, weight, eps);
+        }
+        let xf = x.to_dtype(DType::F32)?;
+        let normed = xf.broadcast_mul(&inv_rms(&xf, eps)?)?.to_dtype(x.dtype())?;
+        normed.broadcast_mul(weight)
+    })
+}
+
+/// rsqrt(mean(x²) + eps) per row, `[n, 1]`, of f32 rows.
+fn inv_rms(xf: &Tensor, eps: f64) -> Result<Tensor> {
+    (xf.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()
+}
+
+/// dx = r ⊙ g − x ⊙ r³ ⊙ mean(g ⊙ x), with g = dy ⊙ w and r = inv_rms (recomputed from x: the
+/// backward reads x anyway, so keeping r from the forward would save nothing).
+pub fn rms_norm_backward(x: &Tensor, weight: &Tensor, eps: f64, dy: &Tensor) -> Result<Tensor> {
+    section("norm.backward", x.device(), || {
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            return crate::cuda::elementwise::rms_norm_backward(x, weight, eps, dy);
+        }
+        let xf = x.to_dtype(DType::F32)?;
+        let inv_rms = inv_rms(&xf, eps)?;
+        let g = dy.broadcast_mul(weight)?.to_dtype(DType::F32)?;
+        let mean_gx = (&g * &xf)?.mean_keepdim(D::Minus1)?;
+        let r3 = inv_rms.powf(3.0)?;
+        let dx = (g.broadcast_mul(&inv_rms)? - xf.broadcast_mul(&(r3 * mean_gx)?)?)?;
+        dx.to_dtype(x.dtype())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{autograd_grad, max_rel, randn};
+    use super::*;
+
+    #[test]
+    fn rms_norm_backward_matches_autograd() {
+        let x = randn(&[5, 16], 1);
+        let w = (randn(&[16], 2) + 1.0).unwrap();
+        let dy = randn(&[5, 16], 3);
+        let y = rms_norm(&x, &w, 1e-5).unwrap();
+        let y_ref = candle_nn::ops::rms_norm_slow(&x, &w, 1e-5).unwrap();
+        assert!(max_rel(&y, &y_ref) < 1e-6);
+        let dx = rms_norm_backward(&x, &w, 1e-5, &dy).unwrap();
+        let dx_ref = autograd_grad(&x, |x| candle_nn::ops::rms_norm_slow(x, &w, 1e-5), &dy);
+        assert!(max_rel(&dx, &dx_ref) < 1e-5, "{}", max_rel(&dx, &dx_ref));
+    }
+}

@@ -1,0 +1,255 @@
+//! A sum of matrix products, accumulated in one buffer. A LoRA projection's output is
+//! x·Wᵀ + h·Bᵀ, and a layer's input gradient sums such products over the projections that read
+//! the same input (q, k, v; gate, up). On CUDA each product is accumulated onto the buffer by
+//! cuBLAS (beta = 1), so there is no `[n, out]` temporary per product and no separate add pass;
+//! on the CPU (and as the tests' reference) each product is a matmul and the sum an add.
+
+use candle_core::{bail, Result, Tensor};
+
+/// `lhs · op(rhs)`, row-major: `lhs` is `[m, k]`; `rhs` is `[k, n]`, or `[n, k]` when
+/// `rhs_transposed` (a weight stored `[out, in]`).
+pub struct Product<'a> {
+    pub lhs: &'a Tensor,
+    pub rhs: &'a Tensor,
+    pub rhs_transposed: bool,
+}
+
+impl Product<'_> {
+    /// (m, k, n), checked.
+    pub fn dims(&self) -> Result<(usize, usize, usize)> {
+        let (m, k) = self.lhs.dims2()?;
+        let (r0, r1) = self.rhs.dims2()?;
+        let (rk, n) = if self.rhs_transposed { (r1, r0) } else { (r0, r1) };
+        if rk != k {
+            bail!(
+                "product of {:?} and {:?}{}: inner dimensions differ",
+                self.lhs.dims(),
+                self.rhs.dims(),
+                if self.rhs_transposed { "ᵀ" } else { "" }
+            );
+        }
+        Ok((m, k, n))
+    }
+
+    /// The checked product as cuBLAS takes it.
+    #[cfg(feature = "cuda")]
+    fn gemm(&self) -> Result<crate::cuda::gemm::Gemm<'_>> {
+        let (m, k, n) = self.dims()?;
+        Ok(crate::cuda::gemm::Gemm {
+            lhs: self.lhs,
+            rhs: self.rhs,
+            rhs_transposed: self.rhs_transposed,
+            m,
+            k,
+            n,
+        })
+    }
+
+    /// The product as a new tensor (the composed path).
+    pub fn compute(&self) -> Result<Tensor> {
+        self.dims()?;
+        if self.rhs_transposed {
+            self.lhs.matmul(&self.rhs.t()?)
+        } else {
+            self.lhs.matmul(self.rhs)
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct ProductSum(Sum);
+
+#[derive(Default)]
+enum Sum {
+    #[default]
+    Empty,
+    Composed(Tensor),
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::gemm::CudaSum),
+}
+
+impl ProductSum {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// sum += lhs · op(rhs).
+    pub fn add_product(&mut self, p: Product) -> Result<()> {
+        self.0 = match std::mem::take(&mut self.0) {
+            #[cfg(feature = "cuda")]
+            Sum::Empty if p.lhs.device().is_cuda() => {
+                Sum::Cuda(crate::cuda::gemm::CudaSum::start(&p.gemm()?)?)
+            }
+            Sum::Empty => Sum::Composed(p.compute()?),
+            Sum::Composed(sum) => Sum::Composed((sum + p.compute()?)?),
+            #[cfg(feature = "cuda")]
+            Sum::Cuda(mut sum) => {
+                sum.add_product(&p.gemm()?)?;
+                Sum::Cuda(sum)
+            }
+        };
+        Ok(())
+    }
+
+    /// sum += t (`t` is `[m, n]`).
+    pub fn add_tensor(&mut self, t: &Tensor) -> Result<()> {
+        self.0 = match std::mem::take(&mut self.0) {
+            #[cfg(feature = "cuda")]
+            Sum::Empty if t.device().is_cuda() => Sum::Cuda(crate::cuda::gemm::CudaSum::from_tensor(t)?),
+            Sum::Empty => Sum::Composed(t.clone()),
+            Sum::Composed(sum) => Sum::Composed((sum + t)?),
+            #[cfg(feature = "cuda")]
+            Sum::Cuda(mut sum) => {
+                sum.add_tensor(t)?;
+                Sum::Cuda(sum)
+            }
+        };
+        Ok(())
+    }
+
+    /// sum[:, col0 .. col0 + n] += lhs · op(rhs), in a sum `width` columns wide: the product of
+    /// an input with a slice of a weight's rows (starts the sum at zero when it is empty).
+    pub fn add_product_to_columns(&mut self, p: Product, col0: usize, width: usize) -> Result<()> {
+        let (m, _, n) = p.dims()?;
+        if col0 + n > width {
+            bail!("columns {col0}..{} of a sum {width} wide", col0 + n);
+        }
+        if (col0, n) == (0, width) {
+            return self.add_product(p);
+        }
+        self.0 = match std::mem::take(&mut self.0) {
+            #[cfg(feature = "cuda")]
+            Sum::Empty if p.lhs.device().is_cuda() => {
+                let mut sum = crate::cuda::gemm::CudaSum::zeros(p.lhs, (m, width))?;
+                sum.add_product_to_columns(&p.gemm()?, col0)?;
+                Sum::Cuda(sum)
+            }
+            Sum::Empty => {
+                let zeros = Tensor::zeros((m, width), p.lhs.dtype(), p.lhs.device())?;
+                Sum::Composed(add_to_columns(zeros, &p, col0)?)
+            }
+            Sum::Composed(sum) => Sum::Composed(add_to_columns(sum, &p, col0)?),
+            #[cfg(feature = "cuda")]
+            Sum::Cuda(mut sum) => {
+                sum.add_product_to_columns(&p.gemm()?, col0)?;
+                Sum::Cuda(sum)
+            }
+        };
+        Ok(())
+    }
+
+    pub fn finish(self) -> Result<Tensor> {
+        match self.0 {
+            Sum::Empty => bail!("an empty sum of products"),
+            Sum::Composed(t) => Ok(t),
+            #[cfg(feature = "cuda")]
+            Sum::Cuda(sum) => Ok(sum.finish()),
+        }
+    }
+}
+
+/// The composed `add_product_to_columns`.
+fn add_to_columns(sum: Tensor, p: &Product, col0: usize) -> Result<Tensor> {
+    let product = p.compute()?;
+    let (m, n) = product.dims2()?;
+    let updated = (sum.narrow(1, col0, n)? + product)?;
+    sum.slice_assign(&[0..m, col0..col0 + n], &updated)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    fn randn(shape: &[usize], seed: u64) -> Tensor {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let v: Vec<f32> = (0..shape.iter().product()).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_abs(t: &Tensor) -> f32 {
+        t.abs().unwrap().max_all().unwrap().to_dtype(DType::F32).unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    /// x·Wᵀ + h·Bᵀ + dh·A + r with the shapes of a LoRA projection, `rhs` both ways round.
+    fn terms(dev: &Device, dtype: DType) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) {
+        let on = |t: Tensor| t.to_dtype(dtype).unwrap().to_device(dev).unwrap();
+        let (n, d_in, d_out, r) = (37, 96, 80, 8);
+        (
+            on(randn(&[n, d_in], 1)),     // x
+            on(randn(&[d_out, d_in], 2)), // w, stored [out, in]
+            on(randn(&[n, r], 3)),        // h
+            on(randn(&[d_out, r], 4)),    // b, stored [out, r]
+            on(randn(&[n, r], 5)),        // dh
+            on(randn(&[r, d_out], 6)),    // a, [r, out] (not transposed)
+            on(randn(&[n, d_out], 7)),    // residual
+        )
+    }
+
+    fn sum(dev: &Device, dtype: DType) -> Tensor {
+        let (x, w, h, b, dh, a, res) = terms(dev, dtype);
+        let mut s = ProductSum::new();
+        s.add_product(Product { lhs: &h, rhs: &b, rhs_transposed: true }).unwrap();
+        s.add_tensor(&res).unwrap();
+        s.add_product(Product { lhs: &x, rhs: &w, rhs_transposed: true }).unwrap();
+        s.add_product(Product { lhs: &dh, rhs: &a, rhs_transposed: false }).unwrap();
+        s.finish().unwrap().to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn sum_is_the_sum_of_the_matmuls() {
+        let (x, w, h, b, dh, a, res) = terms(&Device::Cpu, DType::F32);
+        let want = (((h.matmul(&b.t().unwrap()).unwrap() + &res).unwrap()
+            + x.matmul(&w.t().unwrap()).unwrap())
+        .unwrap()
+            + dh.matmul(&a).unwrap())
+        .unwrap();
+        assert_eq!(max_abs(&(sum(&Device::Cpu, DType::F32) - &want).unwrap()), 0.0);
+    }
+
+    #[test]
+    fn mismatched_inner_dimensions_are_an_error() {
+        let (x, w, ..) = terms(&Device::Cpu, DType::F32);
+        let mut s = ProductSum::new();
+        let err = s.add_product(Product { lhs: &x, rhs: &w, rhs_transposed: false }).unwrap_err();
+        assert!(err.to_string().contains("inner dimensions differ"), "{err}");
+        assert!(ProductSum::new().finish().is_err());
+    }
+
+    /// cuBLAS accumulation (beta = 1, axpy) against the composed CPU sum.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_sum_matches_the_composed_cpu_sum() {
+        let gpu = Device::new_cuda(0).unwrap();
+        let want = sum(&Device::Cpu, DType::F32);
+        for (dtype, tol) in [(DType::F32, 1e-5), (DType::F16, 2e-3), (DType::BF16, 1e-2)] {
+            let err = max_abs(&(sum(&gpu, dtype) - &want).unwrap()) / max_abs(&want);
+            println!("{dtype:?}: {err:.2e}");
+            assert!(err < tol, "{dtype:?}: {err}");
+        }
+    }
+
+    /// Products into column slices (a weight read a slice of rows at a time), starting from an
+    /// empty sum, on cuBLAS against the plain product on the CPU.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_column_products_match_the_whole_product() {
+        let gpu = Device::new_cuda(0).unwrap();
+        let (x, w) = (randn(&[37, 64], 11), randn(&[90, 64], 12));
+        let want = x.matmul(&w.t().unwrap()).unwrap();
+        for (dtype, tol) in [(DType::F32, 1e-5), (DType::F16, 2e-3), (DType::BF16, 1e-2)] {
+            let on = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(&gpu).unwrap();
+            let (xg, wg) = (on(&x), on(&w));
+            let mut s = ProductSum::new();
+            for (r0, len) in [(50, 40), (0, 50)] {
+                let rows = wg.narrow(0, r0, len).unwrap();
+                s.add_product_to_columns(Product { lhs: &xg, rhs: &rows, rhs_transposed: true }, r0, 90)
+                    .unwrap();
+            }
+            let got = s.finish().unwrap().to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap();
+            let err = max_abs(&(got - &want).unwrap()) / max_abs(&want);
+            assert!(err < tol, "{dtype:?}: {err}");
+        }
+    }
+}

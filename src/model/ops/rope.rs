@@ -1,0 +1,114 @@
+//! Rotary position embedding, forward and backward (a rotation by the opposite angle).
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::{DType, Device, Result, Tensor};
+
+use crate::profile::section;
+
+/// Rotary position embedding in HF's "rotate_half" layout. The cos/sin tables `[len, head_dim/2]`
+/// are computed on first use for the positions needed so far (rounded up to a power of two), not
+/// for all `max_position_embeddings`: 32k positions would hold 8 MiB that training never reads.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Tensor,
+    max_pos: usize,
+    dtype: DType,
+    tables: Arc<Mutex<Option<(Tensor, Tensor)>>>,
+}
+
+impl Rope {
+    pub fn new(head_dim: usize, theta: f64, max_pos: usize, dtype: DType, device: &Device) -> Result<Self> {
+        let half = head_dim / 2;
+        // Computed in f64 and rounded once, as close to HF's f32 inv_freq as the angles allow.
+        let inv_freq: Vec<f32> =
+            (0..half).map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32).collect();
+        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+        Ok(Self { inv_freq, max_pos, dtype, tables: Arc::new(Mutex::new(None)) })
+    }
+
+    fn tables(&self, offset: usize, len: usize) -> Result<(Tensor, Tensor)> {
+        let end = offset + len;
+        if end > self.max_pos {
+            candle_core::bail!("position {end} is past max_position_embeddings ({})", self.max_pos);
+        }
+        let mut cached =
+            self.tables.lock().map_err(|_| candle_core::Error::Msg("RoPE cache poisoned".into()))?;
+        if cached.as_ref().is_none_or(|(cos, _)| cos.dim(0).unwrap_or(0) < end) {
+            let rows = end.next_power_of_two().max(256).min(self.max_pos);
+            let pos = Tensor::arange(0u32, rows as u32, self.inv_freq.device())?.to_dtype(DType::F32)?;
+            let angles = pos.reshape((rows, 1))?.broadcast_mul(&self.inv_freq)?;
+            *cached = Some((angles.cos()?.to_dtype(self.dtype)?, angles.sin()?.to_dtype(self.dtype)?));
+        }
+        let (cos, sin) = cached.as_ref().expect("filled above");
+        Ok((cos.narrow(0, offset, len)?, sin.narrow(0, offset, len)?))
+    }
+
+    /// x `[b, heads, t, head_dim]` at positions offset..offset+t.
+    pub fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
+        let (cos, sin) = self.tables(offset, x.dim(2)?)?;
+        section("rope", x.device(), || rotate(x, &cos, &sin))
+    }
+
+    /// RoPE is a rotation, so its backward is the rotation by the opposite angle.
+    pub fn backward(&self, dy: &Tensor, offset: usize) -> Result<Tensor> {
+        let (cos, sin) = self.tables(offset, dy.dim(2)?)?;
+        section("rope", dy.device(), || rotate(dy, &cos, &sin.neg()?))
+    }
+}
+
+/// x `[b, h, t, d]` rotated. A view of `[b, t, h, d]` memory (the projections' own layout, which
+/// the CUDA attention reads strided) is rotated in that layout and returned as the same kind of
+/// view, so no transpose is ever copied; anything else is made `[b, h, t, d]`-contiguous.
+fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let thd = x.transpose(1, 2)?;
+    if thd.is_contiguous() && !x.is_contiguous() {
+        return candle_nn::rotary_emb::rope_thd(&thd, cos, sin)?.transpose(1, 2);
+    }
+    candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{autograd_grad, max_rel, randn};
+    use super::*;
+    use candle_core::D;
+
+    fn rope_slow(x: &Tensor, rope: &Rope) -> Result<Tensor> {
+        let (cos, sin) = rope.tables(0, x.dim(2)?)?;
+        let cos = Tensor::cat(&[&cos, &cos], D::Minus1)?;
+        let sin = Tensor::cat(&[&sin, &sin], D::Minus1)?;
+        let half = x.dim(D::Minus1)? / 2;
+        let rotated =
+            Tensor::cat(&[&x.narrow(D::Minus1, half, half)?.neg()?, &x.narrow(D::Minus1, 0, half)?], 3)?;
+        x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
+    }
+
+    #[test]
+    fn rope_matches_rotate_half_and_backward_matches_autograd() {
+        let rope = Rope::new(8, 10000.0, 32, DType::F32, &Device::Cpu).unwrap();
+        let x = randn(&[2, 3, 7, 8], 4);
+        let dy = randn(&[2, 3, 7, 8], 5);
+        assert!(max_rel(&rope.apply(&x, 0).unwrap(), &rope_slow(&x, &rope).unwrap()) < 1e-6);
+        let dx = rope.backward(&dy, 0).unwrap();
+        let dx_ref = autograd_grad(&x, |x| rope_slow(x, &rope), &dy);
+        assert!(max_rel(&dx, &dx_ref) < 1e-6);
+    }
+
+    /// RoPE on a `[b, h, t, d]` view of `[b, t, h, d]` memory (rotated in place of layout) equals
+    /// RoPE on the contiguous heads, forward and backward, and stays a view.
+    #[test]
+    fn rope_on_a_head_view_equals_rope_on_contiguous_heads() {
+        let rope = Rope::new(16, 10_000.0, 64, DType::F32, &Device::Cpu).unwrap();
+        let thd = randn(&[2, 7, 3, 16], 21);
+        let view = thd.transpose(1, 2).unwrap();
+        let contiguous = view.contiguous().unwrap();
+        for offset in [0, 5] {
+            let (a, b) = (rope.apply(&view, offset).unwrap(), rope.apply(&contiguous, offset).unwrap());
+            assert!(!a.is_contiguous() && a.transpose(1, 2).unwrap().is_contiguous());
+            assert_eq!(max_rel(&a.contiguous().unwrap(), &b), 0.0);
+            let (a, b) = (rope.backward(&view, offset).unwrap(), rope.backward(&contiguous, offset).unwrap());
+            assert!(max_rel(&a.contiguous().unwrap(), &b) < 1e-6);
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! The memory planner behind `lora-ft estimate`: a training run's peak GPU memory predicted from
+//! the model's config.json and the run's settings, before anything is loaded.
+//!
+//! The model follows what the trainer keeps (src/model/decoder.rs, layer.rs): the frozen model
+//! and the adapters with their optimizer state stay for the whole run; the forward keeps one
+//! f16 input per layer (the checkpoints); the backward's peak is the first layer it reaches —
+//! every checkpoint still alive, that layer's recomputed activations, and the three
+//! intermediate-size gradients of the SwiGLU backward — and the loss before it holds one chunk
+//! of logits and their gradient. Peak = the frozen parts + the larger of those two moments.
+//! Checked against the peaks measured on the H100 (benches/train_*.md) in this file's tests.
+
+use serde::Serialize;
+
+use crate::model::decoder::LOSS_CHUNK_ROWS;
+use crate::model::lora::linear::{MIN_SLICE_VALUES, WHOLE_WEIGHT_TOKENS};
+use crate::model::{ModelConfig, PROJECTIONS};
+
+/// What a run trains on, as far as memory goes.
+#[derive(Debug, Clone)]
+pub struct RunShape {
+    /// Bytes of the compute dtype (2 for f16/bf16, 4 for f32).
+    pub dtype_bytes: usize,
+    /// NF4 storage of the projections (`Some(double_quant)`), or dense (`None`).
+    pub nf4: Option<bool>,
+    pub lora_r: usize,
+    pub target_modules: Vec<String>,
+    /// Adafactor's first moment (`beta1`) is kept per parameter when set.
+    pub first_moment: bool,
+    /// Embedding table in host memory (an untied model on a GPU, see model/embedding.rs).
+    pub embeddings_on_host: bool,
+    /// Rows of logits per loss chunk.
+    pub loss_chunk_rows: usize,
+    /// Gradient accumulation over micro-batches: the f32 gradients live through the next
+    /// micro-batch's backward.
+    pub accumulates_gradients: bool,
+    /// LoRA dropout on: each projection keeps its own dropped input for its backward.
+    pub lora_dropout: bool,
+    /// Checkpoints and an untied lm_head wait in host memory (`train.host_offload`).
+    pub host_offload: bool,
+}
+
+/// Predicted bytes of each part of the peak, for `tokens` = batch × sequence length per step.
+#[derive(Debug, Clone, Serialize)]
+pub struct Estimate {
+    pub tokens: usize,
+    /// Projections (NF4 codes and statistics, or dense), lm_head, norms, RoPE tables, and the
+    /// embedding table when it lives on the device.
+    pub base_weights: u64,
+    /// LoRA A and B (f32) and Adafactor's state.
+    pub lora_and_optimizer: u64,
+    /// The layer inputs on the device when the backward starts: all of them, or with host
+    /// offload the few still leaving or already fetched.
+    pub checkpoints: u64,
+    /// One backward layer: its recomputed activations and the SwiGLU backward's gradients.
+    pub layer_recompute: u64,
+    /// The loss: one chunk of logits and their gradient, or with lm_head streamed, two vocab
+    /// chunks of it, one chunk of logits and the f32 hidden-gradient accumulator.
+    pub loss_chunk: u64,
+    /// The adapters' gradients (compute dtype), all alive when the backward reaches layer 0.
+    pub gradients: u64,
+    /// cuBLAS and the largest slice of a dequantized weight.
+    pub workspace: u64,
+    /// One layer input.
+    #[serde(skip)]
+    checkpoint_bytes: u64,
+}
+
+/// Layer inputs on the device with host offload: the last two pushed and the one fetched.
+const RESIDENT_CHECKPOINTS: u64 = 3;
+
+impl Estimate {
+    /// The peak: the frozen parts and the larger of two moments — the backward's start (the
+    /// checkpoints with the first layer's recompute, or the loss before it) and its end (every
+    /// gradient with layer 0's recompute).
+    pub fn peak(&self) -> u64 {
+        let fixed = self.base_weights + self.lora_and_optimizer + self.workspace;
+        let start = self.checkpoints + self.layer_recompute.max(self.loss_chunk);
+        let end = self.gradients + self.layer_recompute + self.checkpoints.min(self.resident_checkpoints());
+        fixed + start.max(end)
+    }
+
+    /// Bytes of the checkpoints that stay on the device with host offload (checkpoints.rs: two
+    /// still leaving and one fetched), whatever the number of layers.
+    fn resident_checkpoints(&self) -> u64 {
+        self.checkpoint_bytes * RESIDENT_CHECKPOINTS
+    }
+}
+
+/// cuBLAS workspace and other per-run buffers the pool holds.
+const FIXED_WORKSPACE: u64 = 8 << 20;
+
+/// The seven projections' (out, in) dims.
+fn projection_dims(m: &ModelConfig) -> [(usize, usize); 7] {
+    let (h, i) = (m.hidden_size, m.intermediate_size);
+    let (q, kv) = (m.num_attention_heads * m.head_dim(), m.num_kv_heads() * m.head_dim());
+    [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+}
+
+fn stored_weight_bytes(n: u64, run: &RunShape) -> u64 {
+    match run.nf4 {
+        // packed codes, one absmax code per 64 values, one f32 scale per 256 codes
+        Some(true) => n.div_ceil(2) + n.div_ceil(64) + n.div_ceil(64 * 256) * 4,
+        Some(false) => n.div_ceil(2) + n.div_ceil(64) * 4,
+        None => n * run.dtype_bytes as u64,
+    }
+}
+
+/// Predicts the parts of the peak for `tokens` tokens per step.
+pub fn estimate(m: &ModelConfig, run: &RunShape, tokens: usize) -> Estimate {
+    let (layers, h, i) = (m.num_hidden_layers as u64, m.hidden_size as u64, m.intermediate_size as u64);
+    let (b, t) = (run.dtype_bytes as u64, tokens as u64);
+    let dims = projection_dims(m);
+    let projections: u64 = dims.iter().map(|&(o, n)| stored_weight_bytes((o * n) as u64, run)).sum();
+    let table = m.vocab_size as u64 * h * b;
+    let tables_on_device = if m.tie_word_embeddings || !run.embeddings_on_host { 1 } else { 0 };
+    // an untied lm_head is streamed from the host with offload (model/lm_head.rs)
+    let lm_head = if m.tie_word_embeddings || run.host_offload { 0 } else { table };
+    let rope = m.max_position_embeddings as u64 * m.head_dim() as u64 * b;
+    let norms = (2 * layers + 1) * h * b;
+    let base_weights = layers * projections + lm_head + tables_on_device * table + rope + norms;
+
+    let adapted = |name: &str| run.target_modules.iter().any(|t| t == name);
+    let r = run.lora_r as u64;
+    let per_layer: u64 = dims
+        .iter()
+        .zip(PROJECTIONS)
+        .filter(|(_, name)| adapted(name))
+        .map(|(&(o, n), _)| {
+            let (o, n) = (o as u64, n as u64);
+            let params = r * (n + o);
+            // A [r, in] and B [out, r], f32; factored second moments (row + column)
+            let factors = (r + n) + (o + r);
+            // the f32 accumulators of gradient accumulation
+            let kept_gradients = if run.accumulates_gradients { params } else { 0 };
+            (params + factors + kept_gradients + if run.first_moment { params } else { 0 }) * 4
+        })
+        .sum();
+
+    let (q, kv) = (dims[0].0 as u64, dims[1].0 as u64);
+    // n1, h1, n2, the gradient of the layer output and three more hidden-size temporaries (the
+    // third found by the H100 peaks at 39-90K tokens per step, benches/fits.md: the measured
+    // slope is one hidden-size f16 row per token above six); q and the context; k, v; gate and
+    // up kept, and d(act), d(gate), d(up) of the SwiGLU backward
+    let per_token = 7 * h + 2 * q + 2 * kv + 5 * i;
+    // the dropped inputs kept for the LoRA backward: 3h + i per token, fitted to the H100 peaks
+    // of the ready configs' shapes with dropout 0.05 (benches/train_*.md)
+    let per_token = per_token + if run.lora_dropout { 3 * h + i } else { 0 };
+    let largest_weight = dims.iter().map(|&(o, n)| (o * n) as u64).max().unwrap_or(0);
+    let checkpoint_bytes = t * h * b;
+    let all_checkpoints = layers * checkpoint_bytes;
+    let streamed = run.host_offload && !m.tie_word_embeddings;
+    Estimate {
+        tokens,
+        base_weights,
+        lora_and_optimizer: layers * per_layer,
+        checkpoints: if run.host_offload {
+            all_checkpoints.min(RESIDENT_CHECKPOINTS * checkpoint_bytes)
+        } else {
+            all_checkpoints
+        },
+        layer_recompute: t * per_token * b,
+        loss_chunk: if streamed { streamed_loss_bytes(m, t, b) } else { dense_loss_bytes(m, run, tokens, b) },
+        gradients: layers * lora_params_per_layer(m, run) * b,
+        workspace: FIXED_WORKSPACE + dequantized_slice(largest_weight, tokens, i) * b,
+        checkpoint_bytes,
+    }
+}
+
+/// One chunk of `[rows, vocab]` logits and their gradient (model/loss.rs).
+fn dense_loss_bytes(m: &ModelConfig, run: &RunShape, tokens: usize, b: u64) -> u64 {
+    2 * tokens.min(run.loss_chunk_rows) as u64 * m.vocab_size as u64 * b
+}
+
+/// The streamed loss (model/lm_head.rs): two vocab chunks of lm_head, one chunk of logits, the
+/// f32 accumulator, and the chunk's and the gradient's `[tokens, hidden]` rows.
+fn streamed_loss_bytes(m: &ModelConfig, tokens: u64, b: u64) -> u64 {
+    let (h, chunk) = (m.hidden_size as u64, crate::model::ops::lm_head::VOCAB_CHUNK as u64);
+    2 * chunk * h * b + tokens * (chunk * b + h * (4 + 3 * b))
+}
+
+/// LoRA parameters of one layer.
+fn lora_params_per_layer(m: &ModelConfig, run: &RunShape) -> u64 {
+    let adapted = |name: &str| run.target_modules.iter().any(|t| t == name);
+    projection_dims(m)
+        .iter()
+        .zip(PROJECTIONS)
+        .filter(|(_, name)| adapted(name))
+        .map(|(&(o, n), _)| run.lora_r as u64 * (o + n) as u64)
+        .sum()
+}
+
+/// Values of the largest weight dequantized at once (linear.rs `rows_per_slice`): whole from
+/// `WHOLE_WEIGHT_TOKENS` tokens on, else a slice no larger than the largest activation (at least
+/// 2^24 values).
+fn dequantized_slice(largest_weight: u64, tokens: usize, intermediate: u64) -> u64 {
+    if tokens >= WHOLE_WEIGHT_TOKENS {
+        return largest_weight;
+    }
+    largest_weight.min((MIN_SLICE_VALUES as u64).max(tokens as u64 * intermediate))
+}
+
+/// The largest batch at `seq` whose predicted peak is at most `budget` bytes (0 if none).
+pub fn largest_batch(m: &ModelConfig, run: &RunShape, seq: usize, budget: u64) -> usize {
+    largest_where(1 << 20, |batch| estimate(m, run, batch * seq).peak() <= budget)
+}
+
+/// The largest n in [0, limit) with `fits(n)`, for `fits` true up to some n and false after (the
+/// peak grows with the tokens); 0 when only 0 fits.
+fn largest_where(limit: usize, fits: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, limit);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// The planner's view of a training config: the run shape of `cfg` on a GPU.
+pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
+    use crate::config::{ComputeDtype, QuantizationKind};
+    RunShape {
+        dtype_bytes: if cfg.train.compute_dtype == ComputeDtype::F32 { 4 } else { 2 },
+        nf4: (cfg.model.quantization == QuantizationKind::Nf4).then_some(cfg.model.double_quant),
+        lora_r: cfg.lora.r,
+        target_modules: cfg.lora.target_modules.clone(),
+        first_moment: cfg.optim.beta1.is_some(),
+        embeddings_on_host: true,
+        loss_chunk_rows: LOSS_CHUNK_ROWS,
+        accumulates_gradients: cfg.train.grad_accum > 1,
+        lora_dropout: cfg.lora.dropout > 0.0,
+        host_offload: cfg.train.host_offload,
+    }
+}
+
+/// The longest sequence (a multiple of 64) whose predicted peak at `batch` is within `budget`.
+fn longest_seq(m: &ModelConfig, run: &RunShape, batch: usize, budget: u64) -> usize {
+    // in units of 64 tokens, up to 2^20
+    64 * largest_where(1 << 14, |units| estimate(m, run, units * 64 * batch).peak() <= budget)
+}
+
+/// `Err` with settings that fit when the predicted peak at (seq, batch) is over `budget`.
+pub fn check_fits(
+    m: &ModelConfig,
+    run: &RunShape,
+    (seq, batch): (usize, usize),
+    budget: u64,
+) -> Result<(), String> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let peak = estimate(m, run, seq * batch).peak();
+    if peak <= budget {
+        return Ok(());
+    }
+    let over = format!(
+        "predicted peak GPU memory {:.2} GiB at batch {batch} x {seq} tokens is over the budget of {:.2} GiB \
+         (train.max_vram_fraction of the card)",
+        gib(peak),
+        gib(budget)
+    );
+    let (b, s) = (largest_batch(m, run, seq, budget), longest_seq(m, run, batch, budget));
+    Err(match (b, s) {
+        (0, 0) => format!("{over}; not even batch 1 x 64 fits: use quantization = \"nf4\", fewer target modules, or a larger card"),
+        (0, s) => format!("{over}; data.max_seq_len = {s} fits at batch 1 (`lora-ft estimate CONFIG` shows the parts)"),
+        (b, s) => format!(
+            "{over}; what fits: train.batch_size = {b} (and train.grad_accum for the same effective batch), or \
+             data.max_seq_len = {s} at batch {batch} (`lora-ft estimate CONFIG` shows the parts)"
+        ),
+    })
+}
+
+/// `lora-ft estimate`'s report: the parts of the peak at the config's batch and sequence
+/// length, then the largest batch within `budget` bytes at each sequence length.
+pub fn report(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize), budget: u64) -> String {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let e = estimate(m, run, seq * batch);
+    let mut out = format!("predicted peak GPU memory at batch {batch} x {seq} tokens:\n");
+    for (what, bytes) in [
+        ("base weights", e.base_weights),
+        ("LoRA + optimizer state", e.lora_and_optimizer),
+        ("checkpointed activations", e.checkpoints),
+        ("one layer's recompute + backward", e.layer_recompute),
+        ("loss chunk (not at the same time)", e.loss_chunk),
+        ("gradients (at the backward's end)", e.gradients),
+        ("workspace", e.workspace),
+    ] {
+        out += &format!("  {what:<36} {:>8.2} GiB\n", gib(bytes));
+    }
+    out += &format!("  {:<36} {:>8.2} GiB   (budget {:.2} GiB)\n\n", "peak", gib(e.peak()), gib(budget));
+    out += "largest batch within the budget:\n";
+    let mut seqs = vec![512, 1024, 2048, 4096, seq];
+    seqs.sort_unstable();
+    seqs.dedup();
+    for s in seqs {
+        let b = largest_batch(m, run, s, budget);
+        let peak = if b > 0 { format!("{:.2} GiB", gib(estimate(m, run, b * s).peak())) } else { "-".into() };
+        out += &format!("  seq {s:>5}: batch {b:>4}   (peak {peak})\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

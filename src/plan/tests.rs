@@ -1,0 +1,222 @@
+use super::*;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn config(json: &str) -> ModelConfig {
+    serde_json::from_str(json).unwrap()
+}
+
+fn mistral_7b() -> ModelConfig {
+    config(
+        r#"{"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "max_position_embeddings": 32768}"#,
+    )
+}
+
+fn llama2_13b() -> ModelConfig {
+    config(
+        r#"{"vocab_size": 32000, "hidden_size": 5120, "intermediate_size": 13824,
+            "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40,
+            "max_position_embeddings": 4096}"#,
+    )
+}
+
+/// The benchmark's recipe: f16, NF4 + double quant, r = 16 on all seven projections,
+/// Adafactor without a first moment, embeddings on the host; everything else on the GPU (the
+/// runs measured before host offload, and `train.host_offload = false`).
+fn bench_run() -> RunShape {
+    RunShape {
+        dtype_bytes: 2,
+        nf4: Some(true),
+        lora_r: 16,
+        target_modules: PROJECTIONS.iter().map(|p| p.to_string()).collect(),
+        first_moment: false,
+        embeddings_on_host: true,
+        loss_chunk_rows: 1024,
+        accumulates_gradients: false,
+        lora_dropout: false,
+        host_offload: false,
+    }
+}
+
+/// The same with checkpoints and lm_head in host memory (the default).
+fn offload_run() -> RunShape {
+    RunShape { host_offload: true, ..bench_run() }
+}
+
+/// Within 10% of every peak measured on the H100 for the benchmark's shapes (commits 1bba014
+/// and 989aae8: benches/train_mistral-7b.md and benches/train_llama2-13b.md, "Now").
+#[test]
+fn estimates_are_within_ten_percent_of_the_measured_peaks() {
+    // (seq, batch, peak GiB)
+    type Peaks = [(usize, usize, f64); 6];
+    let measured: [(&str, ModelConfig, Peaks); 2] = [
+        (
+            "mistral-7b",
+            mistral_7b(),
+            [
+                (512, 2, 4.23),
+                (512, 4, 4.69),
+                (512, 8, 5.61),
+                (2048, 2, 5.61),
+                (2048, 4, 7.46),
+                (2048, 8, 11.15),
+            ],
+        ),
+        (
+            "llama2-13b",
+            llama2_13b(),
+            [
+                (512, 2, 7.29),
+                (512, 4, 7.91),
+                (512, 8, 9.20),
+                (2048, 2, 9.20),
+                (2048, 4, 11.70),
+                (2048, 8, 16.74),
+            ],
+        ),
+    ];
+    for (name, model, shapes) in measured {
+        for (seq, batch, peak_gib) in shapes {
+            let predicted = estimate(&model, &bench_run(), seq * batch).peak() as f64 / GIB;
+            let err = (predicted - peak_gib).abs() / peak_gib;
+            println!(
+                "{name} {seq}x{batch}: predicted {predicted:.2} GiB, measured {peak_gib:.2} ({:.1}%)",
+                100.0 * err
+            );
+            assert!(err < 0.10, "{name} {seq}x{batch}: predicted {predicted:.2} GiB, measured {peak_gib}");
+        }
+    }
+}
+
+/// The largest batches of benches/fits.md (39-90K tokens per step, commit 989aae8): within 2%,
+/// where a planner that misses a per-token term drifts.
+#[test]
+fn large_step_estimates_are_within_two_percent() {
+    let measured = [
+        ("mistral-7b", mistral_7b(), 2048, 19, 21.29),
+        ("mistral-7b", mistral_7b(), 512, 78, 21.76),
+        ("mistral-7b", mistral_7b(), 2048, 44, 44.36),
+        ("mistral-7b", mistral_7b(), 512, 177, 44.59),
+        ("llama2-13b", llama2_13b(), 2048, 11, 20.52),
+        ("llama2-13b", llama2_13b(), 512, 47, 21.46),
+        ("llama2-13b", llama2_13b(), 2048, 30, 44.47),
+        ("llama2-13b", llama2_13b(), 512, 120, 44.47),
+    ];
+    holds_within(&measured, &bench_run(), 0.02);
+}
+
+/// With host offload (checkpoints and lm_head in host memory), within 10% of the peaks
+/// measured on the H100 (benches/train_llama2-13b.md and train_mistral-7b.md, "Now").
+#[test]
+fn offload_estimates_are_within_ten_percent_of_the_measured_peaks() {
+    let measured = [
+        ("mistral-7b", mistral_7b(), 512, 2, 3.82),
+        ("mistral-7b", mistral_7b(), 512, 4, 4.05),
+        ("mistral-7b", mistral_7b(), 512, 8, 4.50),
+        ("mistral-7b", mistral_7b(), 2048, 4, 5.41),
+        ("mistral-7b", mistral_7b(), 2048, 8, 7.23),
+        ("llama2-13b", llama2_13b(), 512, 2, 6.72),
+        ("llama2-13b", llama2_13b(), 512, 4, 6.98),
+        ("llama2-13b", llama2_13b(), 512, 8, 7.52),
+        ("llama2-13b", llama2_13b(), 2048, 4, 8.53),
+        ("llama2-13b", llama2_13b(), 2048, 8, 10.60),
+    ];
+    holds_within(&measured, &offload_run(), 0.10);
+}
+
+/// The ready configs' shapes with LoRA dropout 0.05 (scripts/device/measure_configs.sh, commits
+/// 1bba014 and 989aae8), no accumulation.
+#[test]
+fn dropout_estimates_are_within_ten_percent_of_the_measured_peaks() {
+    let run = RunShape { lora_dropout: true, ..bench_run() };
+    let measured = [
+        ("mistral-7b", mistral_7b(), 1024, 4, 5.83),
+        ("mistral-7b", mistral_7b(), 2048, 16, 20.27),
+        ("llama2-13b", llama2_13b(), 1024, 8, 12.11),
+        ("llama2-13b", llama2_13b(), 2048, 16, 28.50),
+    ];
+    holds_within(&measured, &run, 0.10);
+}
+
+/// Each predicted peak within `tolerance` (relative) of the measured one.
+fn holds_within(measured: &[(&str, ModelConfig, usize, usize, f64)], run: &RunShape, tolerance: f64) {
+    for (name, model, seq, batch, peak_gib) in measured {
+        let predicted = estimate(model, run, seq * batch).peak() as f64 / GIB;
+        let err = (predicted - peak_gib).abs() / peak_gib;
+        println!("{name} {seq}x{batch}: predicted {predicted:.2} GiB, measured {peak_gib:.2}");
+        assert!(err < tolerance, "{name} {seq}x{batch}: predicted {predicted:.2} GiB, measured {peak_gib}");
+    }
+}
+
+/// LoRA values of one layer at r = 16 on all seven projections.
+fn values_lora(m: &ModelConfig) -> u64 {
+    projection_dims(m).iter().map(|&(o, n)| 16 * (o + n) as u64).sum()
+}
+
+#[test]
+fn the_parts_follow_the_settings() {
+    let (m, run) = (mistral_7b(), bench_run());
+    let e = estimate(&m, &run, 4096);
+    // NF4 with double quant: 0.5 + 1/64 bytes per value (bitsandbytes stores the same)
+    let projections = 32.0 * (2.0 * 4096.0 * 4096.0 + 2.0 * 1024.0 * 4096.0 + 3.0 * 14336.0 * 4096.0);
+    let nf4 = projections * (0.5 + 1.0 / 64.0);
+    assert!((e.base_weights as f64 - nf4) / GIB > 0.24 && (e.base_weights as f64 - nf4) / GIB < 0.30);
+    // f32 A [16, in] and B [out, 16] with their row and column factors, per projection
+    let values: u64 =
+        [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096), (14336, 4096), (14336, 4096), (4096, 14336)]
+            .iter()
+            .map(|&(o, n)| 16 * (n + o) + (16 + n) + (o + 16))
+            .sum();
+    assert_eq!(e.lora_and_optimizer, 32 * values * 4);
+    assert_eq!(e.checkpoints, 32 * 4096 * 4096 * 2);
+    let dense = estimate(&m, &RunShape { nf4: None, ..run.clone() }, 4096);
+    assert!(dense.base_weights > 3 * e.base_weights);
+    let on_device = estimate(&m, &RunShape { embeddings_on_host: false, ..run.clone() }, 4096);
+    assert_eq!(on_device.base_weights - e.base_weights, 32000 * 4096 * 2);
+    let offload = estimate(&m, &offload_run(), 4096);
+    assert_eq!(offload.checkpoints, 3 * 4096 * 4096 * 2);
+    assert_eq!(e.base_weights - offload.base_weights, 32000 * 4096 * 2, "lm_head streamed");
+    assert_eq!(offload.gradients, 32 * values_lora(&m) * 2);
+    let fewer = RunShape { target_modules: vec!["q_proj".into(), "v_proj".into()], ..run };
+    assert!(estimate(&m, &fewer, 4096).lora_and_optimizer < e.lora_and_optimizer / 5);
+}
+
+#[test]
+fn largest_batch_is_the_last_that_fits() {
+    let (m, run) = (mistral_7b(), bench_run());
+    let budget = (0.90 * 24.0 * GIB) as u64;
+    let b = largest_batch(&m, &run, 2048, budget);
+    assert!(estimate(&m, &run, b * 2048).peak() <= budget);
+    assert!(estimate(&m, &run, (b + 1) * 2048).peak() > budget);
+    assert!(b >= 8, "Mistral-7B trains 8 x 2048 on a 24 GB card, got {b}");
+    assert_eq!(largest_batch(&m, &run, 2048, 1 << 30), 0);
+}
+
+#[test]
+fn report_lists_the_parts_and_the_largest_batches() {
+    let text = report(&mistral_7b(), &bench_run(), (2048, 8), (0.90 * 24.0 * GIB) as u64);
+    assert!(text.contains("batch 8 x 2048"), "{text}");
+    assert!(text.contains("peak") && text.contains("(budget 21.60 GiB)"), "{text}");
+    let batch_2048 = largest_batch(&mistral_7b(), &bench_run(), 2048, (0.90 * 24.0 * GIB) as u64);
+    assert!(text.contains(&format!("seq  2048: batch {batch_2048:>4}")), "{text}");
+}
+
+#[test]
+fn an_over_budget_run_is_refused_with_settings_that_fit() {
+    let (m, run) = (llama2_13b(), bench_run());
+    let budget = (0.90 * 24.0 * GIB) as u64;
+    assert!(check_fits(&m, &run, (2048, 8), budget).is_ok());
+    let err = check_fits(&m, &run, (2048, 32), budget).unwrap_err();
+    let b = largest_batch(&m, &run, 2048, budget);
+    assert!(err.contains(&format!("train.batch_size = {b}")), "{err}");
+    let s = longest_seq(&m, &run, 32, budget);
+    assert!(err.contains(&format!("data.max_seq_len = {s} at batch 32")), "{err}");
+    assert!(estimate(&m, &run, 32 * s).peak() <= budget && estimate(&m, &run, 32 * (s + 64)).peak() > budget);
+    let err = check_fits(&m, &run, (2048, 1), 4 << 30).unwrap_err();
+    assert!(err.contains("not even batch 1"), "{err}");
+    // accumulation keeps the f32 gradients: more memory
+    let acc = RunShape { accumulates_gradients: true, ..run.clone() };
+    assert!(estimate(&m, &acc, 4096).peak() > estimate(&m, &run, 4096).peak());
+}

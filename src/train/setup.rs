@@ -1,0 +1,347 @@
+//! The run's setup: the device, the model with fresh adapters, the tokenized data, the batch
+//! size, the checkpoint to resume from; then the loop (`run_loop.rs`).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use candle_core::{DType, Device};
+
+use super::checkpoint::{self, TrainerState};
+use super::metrics::MetricsLog;
+use super::run_loop::{stop_on_signals, train_loop, RunContext};
+use super::step::{BatchStream, Trainer};
+use super::trace::Trace;
+use super::{auto_batch, TrainSummary};
+use crate::config::{BatchSize, ComputeDtype, Config, TrainSection};
+use crate::data::{BatchLoader, ChatTokenizer, TokenizedDataset};
+use crate::distributed::{Collective, ReduceOp};
+use crate::durable;
+use crate::model::{CausalLm, LoraSpec};
+use crate::optim::LrSchedule;
+
+pub fn lora_spec(cfg: &Config) -> LoraSpec {
+    LoraSpec {
+        r: cfg.lora.r,
+        alpha: cfg.lora.alpha,
+        dropout: cfg.lora.dropout,
+        target_modules: cfg.lora.target_modules.clone(),
+        rslora: cfg.lora.rslora,
+    }
+}
+
+pub fn compute_dtype(d: ComputeDtype) -> DType {
+    match d {
+        ComputeDtype::F32 => DType::F32,
+        ComputeDtype::F16 => DType::F16,
+        ComputeDtype::Bf16 => DType::BF16,
+    }
+}
+
+/// CUDA device 0 when built with `--features cuda` and a GPU is present, else the CPU.
+pub fn select_device() -> anyhow::Result<Device> {
+    parse_device("auto")
+}
+
+/// `auto` (as `select_device`), `cpu`, `cuda` or `cuda:N`. A GPU's memory pool keeps freed
+/// memory for reuse (`memory::retain_freed_memory`).
+pub fn parse_device(spec: &str) -> anyhow::Result<Device> {
+    let device = open_device(spec)?;
+    crate::memory::retain_freed_memory(&device);
+    Ok(device)
+}
+
+fn open_device(spec: &str) -> anyhow::Result<Device> {
+    match spec {
+        "auto" => Ok(Device::cuda_if_available(0)?),
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => {
+            Ok(Device::new_cuda(0).context("opening cuda:0 (was lora-ft built with --features cuda?)")?)
+        }
+        _ => {
+            let ordinal: usize = spec
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .with_context(|| format!("device {spec:?}: expected auto, cpu, cuda or cuda:N"))?;
+            let device = Device::new_cuda(ordinal)
+                .with_context(|| format!("opening {spec} (was lora-ft built with --features cuda?)"))?;
+            Ok(device)
+        }
+    }
+}
+
+/// The base model on `device` with fresh adapters, and the name PEFT should load it by.
+fn load_model(
+    cfg: &Config,
+    device: &Device,
+    budget: Option<crate::memory::VramBudget>,
+) -> anyhow::Result<(CausalLm, crate::hub::ModelFiles, String)> {
+    let source = cfg.model.expanded_source();
+    let files = crate::hub::resolve(&source, &cfg.model.revision)?;
+    // PEFT needs a base it can load: the imported folder rather than the .gguf file.
+    let base_model = if source.ends_with(".gguf") { files.dir.display().to_string() } else { source };
+    // before the load: a batch the planner says cannot fit is refused with settings that do
+    if let (BatchSize::Fixed(batch), Some(budget)) = (cfg.train.batch_size, budget) {
+        let m = crate::model::ModelConfig::from_file(&files.config)?;
+        let shape = (cfg.data.max_seq_len, batch);
+        crate::plan::check_fits(&m, &crate::plan::run_shape(cfg), shape, budget.bytes())
+            .map_err(anyhow::Error::msg)?;
+    }
+    let dtype = compute_dtype(cfg.train.compute_dtype);
+    tracing::info!(
+        "loading {} ({dtype:?} on {device:?}, {:?})",
+        files.dir.display(),
+        cfg.model.quantization()
+    );
+    let mut model = CausalLm::load(&files.config, &files.weights, dtype, cfg.model.quantization(), device)?;
+    model.add_lora(&lora_spec(cfg), cfg.train.seed)?;
+    set_host_offload(&mut model, cfg.train.host_offload)?;
+    Ok((model, files, base_model))
+}
+
+/// Checkpoints and lm_head in host memory during steps (CUDA), or everything on the device.
+pub fn set_host_offload(model: &mut CausalLm, on: bool) -> anyhow::Result<()> {
+    model.offload_checkpoints = on && model.device().is_cuda();
+    if on && model.stream_lm_head()? {
+        tracing::info!("lm_head streamed from page-locked host memory for the loss");
+    }
+    Ok(())
+}
+
+/// The tokenized training set (logged, checked against the model) and the evaluation set.
+fn load_data(
+    cfg: &Config,
+    dir: &Path,
+    vocab_size: usize,
+    log: bool,
+) -> anyhow::Result<(TokenizedDataset, Option<TokenizedDataset>, u32)> {
+    let tokenizer = ChatTokenizer::from_dir(dir)?;
+    let (max_len, side) = (cfg.data.max_seq_len, cfg.data.truncation_side);
+    let train_set = TokenizedDataset::from_jsonl(&cfg.data.train, &tokenizer, max_len, side)?;
+    let s = &train_set.stats;
+    if log {
+        tracing::info!(
+            "{}: {} rows, {} truncated, {} dropped (no trained token left), {} trained tokens",
+            cfg.data.train.display(),
+            s.rows,
+            s.truncated,
+            s.dropped,
+            s.trained_tokens
+        );
+    }
+    anyhow::ensure!(!train_set.examples.is_empty(), "{}: no usable rows", cfg.data.train.display());
+    check_token_ids(&train_set.examples, vocab_size, &cfg.data.train)?;
+    let eval_set = match &cfg.data.eval {
+        Some(path) => {
+            let set = TokenizedDataset::from_jsonl(path, &tokenizer, max_len, side)?;
+            check_token_ids(&set.examples, vocab_size, path)?;
+            Some(set)
+        }
+        None => None,
+    };
+    Ok((train_set, eval_set, tokenizer.pad_id()))
+}
+
+pub(super) fn train(
+    cfg: &Config,
+    trace_dir: Option<&Path>,
+    device: Device,
+    collective: Arc<dyn Collective>,
+) -> anyhow::Result<TrainSummary> {
+    let (rank, world_size) = (collective.rank(), collective.world_size());
+    let budget = crate::memory::VramBudget::of(&device, cfg.train.max_vram_fraction);
+    if cfg.train.batch_size == BatchSize::Auto && budget.is_none() {
+        anyhow::bail!(auto_batch::refused_on(&device));
+    }
+    let (model, files, base_model) = load_model(cfg, &device, budget)?;
+    let (train_set, eval_set, pad_id) = load_data(cfg, &files.dir, model.config().vocab_size, rank == 0)?;
+    let run_dir = cfg.output.dir.clone();
+    let start = match cfg.checkpoint.resume {
+        crate::config::ResumeMode::Auto => checkpoint::newest_complete(&run_dir)?,
+        crate::config::ResumeMode::Never => None,
+    };
+    let resumed = start.as_ref().map(|(_, state)| state);
+    let examples = train_set.examples.len();
+    let batch_size = agreed_batch_size(cfg, &model, examples, resumed, budget, &*collective)?;
+    // every rank builds the global batches (those of one process with batch_size × world_size
+    // rows, so the data order is the same for any number of ranks) and trains its shard
+    let global_batch = batch_size * world_size;
+    let eval_loader =
+        eval_set.map(|set| BatchLoader::new(Arc::new(set.examples), global_batch, pad_id, None));
+    let loader = BatchLoader::new(Arc::new(train_set.examples), global_batch, pad_id, Some(cfg.train.seed));
+    let total = total_steps(cfg, loader.num_batches());
+    if rank == 0 {
+        write_run_config(cfg, batch_size)?;
+    }
+    let schedule = LrSchedule::new(cfg.train.schedule, cfg.train.lr, cfg.train.warmup_steps, total);
+    let (max_grad_norm, seed) = (cfg.train.max_grad_norm, cfg.train.seed);
+    let mut trainer = Trainer::new(model, &cfg.optim, cfg.train.weight_decay, schedule, max_grad_norm, seed)?
+        .with_collective(collective);
+    let rows_per_step = global_batch * cfg.train.grad_accum;
+    let (start, epoch, row) = match start {
+        Some((dir, state)) => {
+            resume(&mut trainer, &dir, &state, (total, rows_per_step))?;
+            (state.step, state.epoch, state.resume_row(global_batch))
+        }
+        None => (0, 0, 0),
+    };
+    agree_on_start(&*trainer.collective, (start, epoch, row))?;
+    stop_on_signals();
+    let mut stream = BatchStream::new(loader, epoch, row);
+    let spec = lora_spec(cfg);
+    let mut log = match (rank, world_size) {
+        (0, 1) => MetricsLog::open(&run_dir.join("metrics.jsonl"), total, start)?,
+        (0, _) => MetricsLog::open(&run_dir.join("metrics.jsonl"), total, start)?.with_log_lines(),
+        _ => MetricsLog::silent(),
+    };
+    let trace = trace_dir
+        .filter(|_| rank == 0)
+        .map(|dir| Trace::start(dir, &trainer.model, &spec, &base_model, eval_loader.as_ref()))
+        .transpose()?;
+    let run = RunContext {
+        cfg,
+        eval_loader: eval_loader.as_ref(),
+        start,
+        total,
+        batch_size,
+        base_model: &base_model,
+        spec: &spec,
+    };
+    train_loop(&run, &mut trainer, &mut stream, &mut log, trace)
+}
+
+fn total_steps(cfg: &Config, batches_per_epoch: usize) -> usize {
+    cfg.train.max_steps.unwrap_or_else(|| {
+        ((cfg.train.epochs * batches_per_epoch as f64) / cfg.train.grad_accum as f64).ceil().max(1.0) as usize
+    })
+}
+
+/// `<output.dir>/config.json`: the config the run trains with, "auto" batch size resolved.
+fn write_run_config(cfg: &Config, batch_size: usize) -> anyhow::Result<()> {
+    let run_dir = &cfg.output.dir;
+    std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    let ran = Config {
+        train: TrainSection { batch_size: BatchSize::Fixed(batch_size), ..cfg.train.clone() },
+        ..cfg.clone()
+    };
+    durable::write_atomic(&run_dir.join("config.json"), serde_json::to_string_pretty(&ran)?.as_bytes())
+}
+
+/// Every rank must start at the same step and row: one that sees another checkpoint (an
+/// output.dir that is not shared between machines) would train other rows with other weights.
+fn agree_on_start(c: &dyn Collective, (step, epoch, row): (usize, u64, usize)) -> anyhow::Result<()> {
+    if c.world_size() == 1 {
+        return Ok(());
+    }
+    let ours = [step as f64, epoch as f64, row as f64];
+    let (mut low, mut high) = (ours, ours);
+    c.all_reduce_scalars(&mut low, ReduceOp::Min)?;
+    c.all_reduce_scalars(&mut high, ReduceOp::Max)?;
+    anyhow::ensure!(
+        low == high,
+        "the ranks do not start from the same checkpoint: rank {} starts at step {step} (epoch {epoch}, row {row}), \
+         others between step {} and {}; every rank must see the same output.dir (on several machines, a shared \
+         filesystem)",
+        c.rank(),
+        low[0],
+        high[0]
+    );
+    Ok(())
+}
+
+/// Every token id of the data must be a row of the embedding table (the GPU lookup reads an id
+/// past it as zeros; a tokenizer with more tokens than the model's table produces one).
+pub(super) fn check_token_ids(
+    examples: &[crate::data::Example],
+    vocab_size: usize,
+    file: &Path,
+) -> anyhow::Result<()> {
+    let max = examples.iter().flat_map(|e| e.input_ids.iter().copied()).max().unwrap_or(0);
+    anyhow::ensure!(
+        (max as usize) < vocab_size,
+        "{}: the tokenizer produced token id {max}, but the model's embedding table has {vocab_size} rows \
+         (tokenizer and model do not match)",
+        file.display()
+    );
+    Ok(())
+}
+
+/// The rows per micro-batch: the config's number; for "auto", the one of the checkpoint the run
+/// resumes from (its data position counts batches of that size), else probed on the GPU.
+pub(super) fn batch_size(
+    cfg: &Config,
+    model: &CausalLm,
+    examples: usize,
+    resumed: Option<&TrainerState>,
+    budget: Option<crate::memory::VramBudget>,
+) -> anyhow::Result<usize> {
+    match (cfg.train.batch_size, resumed.and_then(|s| s.batch_size)) {
+        (BatchSize::Fixed(batch), _) => Ok(batch),
+        (BatchSize::Auto, Some(batch)) => {
+            tracing::info!("batch_size = \"auto\": batch {batch}, as the checkpoint resumed from");
+            Ok(batch)
+        }
+        (BatchSize::Auto, None) => auto_batch::probe_batch_size(cfg, model, examples, budget),
+    }
+}
+
+/// `batch_size`, and for "auto" the smallest any rank's probe found: every rank must train
+/// the same rows per micro-batch.
+fn agreed_batch_size(
+    cfg: &Config,
+    model: &CausalLm,
+    examples: usize,
+    resumed: Option<&TrainerState>,
+    budget: Option<crate::memory::VramBudget>,
+    c: &dyn Collective,
+) -> anyhow::Result<usize> {
+    let ours = batch_size(cfg, model, examples, resumed, budget)?;
+    if c.world_size() == 1 || cfg.train.batch_size != BatchSize::Auto {
+        return Ok(ours);
+    }
+    let mut smallest = [ours as f64];
+    c.all_reduce_scalars(&mut smallest, ReduceOp::Min)?;
+    let agreed = smallest[0] as usize;
+    if agreed < ours {
+        tracing::info!("batch {ours} fits this GPU; every rank trains {agreed}, what fits the smallest");
+    }
+    Ok(agreed)
+}
+
+/// Continues from checkpoint `dir`: the adapter into the model's own adapters (the optimizer
+/// holds them), the optimizer state, the loss scaler. The schedule, the dropout seeds and the
+/// data order are functions of the step and the seed, so the run goes on as if never stopped;
+/// with another number of ranks the data goes on from the checkpoint's row.
+fn resume(
+    trainer: &mut Trainer,
+    dir: &Path,
+    state: &TrainerState,
+    (total, rows_per_step): (usize, usize),
+) -> anyhow::Result<()> {
+    tracing::info!("resuming from {} (step {} of {total})", dir.display(), state.step);
+    if state.total_steps != total {
+        tracing::warn!(
+            "the checkpoint was written for {} steps, this config runs {total}",
+            state.total_steps
+        );
+    }
+    if let Some(before) = state.rows_per_step.filter(|&r| r != rows_per_step) {
+        tracing::warn!(
+            "the checkpoint's run trained {before} rows per optimizer step, this one trains {rows_per_step} \
+             (batch_size x ranks x grad_accum): the data order goes on where it stopped, but the steps are not \
+             those of the first run; set train.batch_size or grad_accum to keep {before}"
+        );
+    }
+    crate::export::set_adapter_values(&trainer.model, dir)?;
+    let file = dir.join(checkpoint::OPTIMIZER_STATE);
+    let tensors = candle_core::safetensors::load(&file, &Device::Cpu)
+        .with_context(|| format!("reading {}", file.display()))?;
+    trainer
+        .optimizer
+        .load_state(&tensors, state.step as u64)
+        .with_context(|| format!("{}", file.display()))?;
+    if let Some(scaler) = &state.loss_scaler {
+        trainer.scaler = scaler.clone();
+    }
+    Ok(())
+}
