@@ -23,4 +23,6 @@ pub mod optim;
 pub mod plan;
 pub mod profile;
 pub mod quant;
+#[doc(hidden)]
+pub mod testing;
 pub mod train;
