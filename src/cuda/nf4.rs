@@ -13,6 +13,8 @@ use candle_core::{
 };
 use half::{bf16, f16};
 
+use super::suffix;
+
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/nf4.ptx"));
 const MODULE: &str = "lora_ft_nf4";
 const THREADS: u32 = 256; // a multiple of 32: one warp covers one 64-value block
@@ -50,15 +52,6 @@ pub fn dequantize_double(
     dtype: DType,
 ) -> Result<Tensor> {
     packed.apply_op3_no_bwd(codes, absmax2, &Nf4Dequantize { n, dtype, offset })
-}
-
-fn suffix(dtype: DType) -> Result<&'static str> {
-    Ok(match dtype {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        dt => bail!("NF4 kernels take f32, f16 or bf16, not {dt:?}"),
-    })
 }
 
 fn view<'a, T: CudaDType>(s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, T>> {

@@ -9,6 +9,8 @@ use candle_core::{
 };
 use half::{bf16, f16};
 
+use super::suffix;
+
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/softmax.ptx"));
 const MODULE: &str = "lora_ft_softmax";
 
@@ -22,15 +24,6 @@ pub fn causal_softmax(scores: &Tensor, q_pos0: usize, window: Option<usize>) -> 
 /// dS = P ⊙ (dP − rowsum(P ⊙ dP)) over the last dim.
 pub fn softmax_backward(probs: &Tensor, d_probs: &Tensor) -> Result<Tensor> {
     probs.contiguous()?.apply_op2_no_bwd(&d_probs.contiguous()?, &SoftmaxBackward)
-}
-
-fn suffix(dtype: DType) -> Result<&'static str> {
-    Ok(match dtype {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        dt => bail!("attention softmax takes f32, f16 or bf16, not {dt:?}"),
-    })
 }
 
 fn rows_cols(l: &Layout) -> Result<(usize, usize)> {

@@ -49,7 +49,7 @@ pub fn layer_forward(layer: &DecoderLayer, x: &Tensor, rope: &Rope, window: Opti
     let n_rep = layer.n_heads / layer.n_kv_heads;
     let (k, v) = (repeat_kv(&k, n_rep)?, repeat_kv(&v, n_rep)?);
     let scores = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?;
-    let scores = scores.broadcast_add(&causal_mask(t, t, 0, window, x.device())?)?;
+    let scores = scores.broadcast_add(&causal_mask(t, t, 0, window, x.device())?.to_dtype(x.dtype())?)?;
     let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
     let ctx = probs.matmul(&v)?.transpose(1, 2)?.reshape((b * t, layer.n_heads * hd))?;
     let h1 = (&x2 + linear(&ctx, &layer.proj[3])?)?;
@@ -108,6 +108,33 @@ pub fn random_layer(
     }
 }
 
+/// The projection with its weights in f64 (fresh `Var`s for the adapter): what the oracle runs
+/// on for the exact answer of a test (`crate::testing`).
+#[cfg(test)]
+pub(crate) fn linear_f64(l: &LoraLinear) -> LoraLinear {
+    let f64 = |t: &Tensor| t.to_dtype(candle_core::DType::F64).unwrap();
+    LoraLinear {
+        base: BaseWeight::Dense(f64(&l.base.dense().unwrap())),
+        lora: l.lora.as_ref().map(|a| LoraAdapter {
+            lora_a: Var::from_tensor(&f64(a.lora_a.as_tensor())).unwrap(),
+            lora_b: Var::from_tensor(&f64(a.lora_b.as_tensor())).unwrap(),
+            ..a.clone()
+        }),
+    }
+}
+
+/// The layer with every weight in f64 (see `linear_f64`).
+#[cfg(test)]
+pub(crate) fn layer_f64(layer: &DecoderLayer) -> DecoderLayer {
+    let f64 = |t: &Tensor| t.to_dtype(candle_core::DType::F64).unwrap();
+    DecoderLayer {
+        input_layernorm: f64(&layer.input_layernorm),
+        post_attention_layernorm: f64(&layer.post_attention_layernorm),
+        proj: layer.proj.clone().map(|p| linear_f64(&p)),
+        ..layer.clone()
+    }
+}
+
 /// The formula LoRA weights of the SmolLM2 golden case (parity_cases.json): for layer l and
 /// module m, A[i, j] = 0.02 sin(0.37i + 0.11j + 1.3l + m + 1), B[i, j] = 0.02 cos(0.23i + 0.17j
 /// + 0.7l + m + 2), in f64 then rounded to f32. Also the adapter of the PEFT loading test.
@@ -142,6 +169,7 @@ fn layer_of(key: &str) -> f64 {
 mod tests {
     use super::*;
     use crate::model::layer::LayerInput;
+    use crate::testing::assert_within_reference_error;
     use candle_core::{DType, Device};
 
     fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
@@ -172,17 +200,28 @@ mod tests {
 
         let xv = Var::from_tensor(&x).unwrap();
         let out_ref = layer_forward(&layer, xv.as_tensor(), &rope, window).unwrap();
-        assert!(max_rel(&out, &out_ref) < 1e-5, "forward {}", max_rel(&out, &out_ref));
+        // The oracle again in f64 on the same values: the exact answer. The f64 rope's tables are
+        // the f32 ones (computed in f32, then cast); everything else keeps the inputs' dtype.
+        let layer64 = layer_f64(&layer);
+        let rope64 = Rope::new(8, 10000.0, 64, DType::F64, &dev).unwrap();
+        let xv64 = Var::from_tensor(&x.to_dtype(DType::F64).unwrap()).unwrap();
+        let out_exact = layer_forward(&layer64, xv64.as_tensor(), &rope64, window).unwrap();
+        assert_within_reference_error("layer forward", &out, &out_ref, &out_exact);
         let g = (out_ref * &d_out).unwrap().sum_all().unwrap().backward().unwrap();
+        let d_out64 = d_out.to_dtype(DType::F64).unwrap();
+        let g64 = (out_exact * &d_out64).unwrap().sum_all().unwrap().backward().unwrap();
         let dx_ref = g.get(xv.as_tensor()).unwrap();
-        assert!(max_rel(&dx, dx_ref) < 1e-4, "dx {}", max_rel(&dx, dx_ref));
+        assert_within_reference_error("layer dx", &dx, dx_ref, g64.get(xv64.as_tensor()).unwrap());
         for (p, grad) in grads.iter().enumerate() {
-            let lora = layer.proj[p].lora.as_ref().unwrap();
+            let (lora, lora64) =
+                (layer.proj[p].lora.as_ref().unwrap(), layer64.proj[p].lora.as_ref().unwrap());
             let grad = grad.as_ref().unwrap();
             let ga = g.get(lora.lora_a.as_tensor()).unwrap();
             let gb = g.get(lora.lora_b.as_tensor()).unwrap();
-            assert!(max_rel(&grad.lora_a, ga) < 1e-4, "proj {p} A {}", max_rel(&grad.lora_a, ga));
-            assert!(max_rel(&grad.lora_b, gb) < 1e-4, "proj {p} B {}", max_rel(&grad.lora_b, gb));
+            let ga64 = g64.get(lora64.lora_a.as_tensor()).unwrap();
+            let gb64 = g64.get(lora64.lora_b.as_tensor()).unwrap();
+            assert_within_reference_error(&format!("proj {p} A"), &grad.lora_a, ga, ga64);
+            assert_within_reference_error(&format!("proj {p} B"), &grad.lora_b, gb, gb64);
         }
     }
 

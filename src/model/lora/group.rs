@@ -101,22 +101,19 @@ impl LoraGroup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::reference::random_layer;
-    use candle_core::Device;
-
-    fn assert_close(a: &Tensor, b: &Tensor, what: &str) {
-        let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-        let size = b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-        assert!(diff <= 1e-5 * size.max(1.0), "{what}: max diff {diff} (max {size})");
-    }
+    use crate::model::reference::{linear_f64, random_layer};
+    use crate::testing::assert_within_reference_error;
+    use candle_core::{DType, Device};
 
     /// q/k/v and gate/up of a random layer through one group each equal every projection's own
-    /// path: outputs, adapter gradients and the summed input gradient.
+    /// path: outputs, adapter gradients and the summed input gradient. Both are f32 paths of ours
+    /// that agree up to rounding; the own path run in f64 is the exact answer.
     #[test]
     fn a_group_equals_its_projections_run_one_by_one() -> Result<()> {
         let dev = Device::Cpu;
         let layer = random_layer(32, 48, 4, 2, 3, 21);
         let x = Tensor::randn(0f32, 1.0, (7, 32), &dev)?;
+        let x64 = x.to_dtype(DType::F64)?;
         for members in [&[0usize, 1, 2][..], &[4, 5][..]] {
             let projs: Vec<&LoraLinear> = members.iter().map(|&p| &layer.proj[p]).collect();
             let group = LoraGroup::forward(&projs, &x, false)?.expect("every member has an adapter");
@@ -124,19 +121,34 @@ mod tests {
                 .iter()
                 .map(|p| Tensor::randn(0f32, 1.0, (7, p.base.dims().0), &dev))
                 .collect::<Result<Vec<_>>>()?;
-            let (mut dx_group, mut dx_own) = (ProductSum::new(), ProductSum::new());
+            let (mut dx_group, mut dx_own, mut dx_exact) =
+                (ProductSum::new(), ProductSum::new(), ProductSum::new());
             let grads = group.backward(&x, &dys.iter().collect::<Vec<_>>(), &mut dx_group)?;
             for (i, p) in projs.iter().enumerate() {
+                let p64 = linear_f64(p);
+                let dy64 = dys[i].to_dtype(DType::F64)?;
                 let mut out = ProductSum::new();
                 group.add_output(i, &mut out)?;
                 p.base_forward_into(&x, &mut out)?;
-                assert_close(&out.finish()?, &p.forward(&x, None)?, "output");
+                let what = |name: &str| format!("members {members:?}, {i}: {name}");
+                assert_within_reference_error(
+                    &what("output"),
+                    &out.finish()?,
+                    &p.forward(&x, None)?,
+                    &p64.forward(&x64, None)?,
+                );
                 p.base_backward_into(&dys[i], &mut dx_group)?;
                 let own = p.backward_into(&x, &dys[i], None, &mut dx_own)?.expect("an adapter");
-                assert_close(&grads[i].lora_a, &own.lora_a, "grad A");
-                assert_close(&grads[i].lora_b, &own.lora_b, "grad B");
+                let exact = p64.backward_into(&x64, &dy64, None, &mut dx_exact)?.expect("an adapter");
+                assert_within_reference_error(&what("grad A"), &grads[i].lora_a, &own.lora_a, &exact.lora_a);
+                assert_within_reference_error(&what("grad B"), &grads[i].lora_b, &own.lora_b, &exact.lora_b);
             }
-            assert_close(&dx_group.finish()?, &dx_own.finish()?, "dx");
+            assert_within_reference_error(
+                &format!("members {members:?}: dx"),
+                &dx_group.finish()?,
+                &dx_own.finish()?,
+                &dx_exact.finish()?,
+            );
         }
         Ok(())
     }

@@ -218,11 +218,24 @@ pub fn attention_backward(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_within_reference_error;
     use candle_core::Var;
 
+    #[cfg(feature = "cuda")]
     fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
         let d = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         d / b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    /// The unchunked formula in composed candle ops, in the inputs' dtype throughout (candle's
+    /// softmax keeps f64): the reference, and in f64 its exact answer.
+    fn unchunked(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, n_rep: usize) -> Tensor {
+        let (kr, vr) = (repeat_kv(k, n_rep).unwrap(), repeat_kv(v, n_rep).unwrap());
+        let d = q.dim(D::Minus1).unwrap();
+        let scores = (q.matmul(&kr.t().unwrap()).unwrap() / (d as f64).sqrt()).unwrap();
+        let mask = mask.to_dtype(scores.dtype()).unwrap();
+        let probs = candle_nn::ops::softmax(&scores.broadcast_add(&mask).unwrap(), D::Minus1).unwrap();
+        probs.matmul(&vr).unwrap()
     }
 
     /// Across several query chunks (t > QUERY_CHUNK), GQA and a sliding window: the chunked forward
@@ -237,21 +250,26 @@ mod tests {
         let mask = causal_mask(t, t, 0, Some(300), &dev).unwrap();
         let d_ctx = Tensor::randn(0f32, 1.0, (b, h, t, d), &dev).unwrap();
 
-        let (kr, vr) = (repeat_kv(k.as_tensor(), 2).unwrap(), repeat_kv(v.as_tensor(), 2).unwrap());
-        let scores = (q.as_tensor().matmul(&kr.t().unwrap()).unwrap() / (d as f64).sqrt()).unwrap();
-        let probs = candle_nn::ops::softmax(&scores.broadcast_add(&mask).unwrap(), D::Minus1).unwrap();
-        let reference = probs.matmul(&vr).unwrap();
+        let reference = unchunked(q.as_tensor(), k.as_tensor(), v.as_tensor(), &mask, 2);
         let grads = (&reference * &d_ctx).unwrap().sum_all().unwrap().backward().unwrap();
+        // the same in f64: the exact answer
+        let f64 = |x: &Tensor| Var::from_tensor(&x.to_dtype(DType::F64).unwrap()).unwrap();
+        let (q64, k64, v64) = (f64(&q), f64(&k), f64(&v));
+        let exact = unchunked(q64.as_tensor(), k64.as_tensor(), v64.as_tensor(), &mask, 2);
+        let d_ctx64 = d_ctx.to_dtype(DType::F64).unwrap();
+        let grads64 = (&exact * &d_ctx64).unwrap().sum_all().unwrap().backward().unwrap();
 
         let (ctx, saved) =
             attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), Some(&mask), Some(300)).unwrap();
-        assert!(max_rel(&ctx, &reference) < 1e-5, "forward {}", max_rel(&ctx, &reference));
+        assert_within_reference_error("attention forward", &ctx, &reference, &exact);
         let (dq, dk, dv) =
             attention_backward(q.as_tensor(), k.as_tensor(), v.as_tensor(), None, Some(300), &saved, &d_ctx)
                 .unwrap();
-        for (name, ours, var) in [("dq", &dq, &q), ("dk", &dk, &k), ("dv", &dv, &v)] {
+        for (name, ours, var, var64) in [("dq", &dq, &q, &q64), ("dk", &dk, &k, &k64), ("dv", &dv, &v, &v64)]
+        {
             let want = grads.get(var.as_tensor()).unwrap();
-            assert!(max_rel(ours, want) < 1e-4, "{name} {}", max_rel(ours, want));
+            let exact = grads64.get(var64.as_tensor()).unwrap();
+            assert_within_reference_error(&format!("attention {name}"), ours, want, exact);
         }
     }
 

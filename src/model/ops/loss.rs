@@ -114,6 +114,7 @@ fn fused_chunk(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_within_reference_error;
     use candle_core::Device;
 
     #[test]
@@ -122,6 +123,8 @@ mod tests {
         assert_eq!(t, vec![2, 3, -100, 5, 6, -100]);
     }
 
+    /// Reference: full logits, candle_nn's cross-entropy (a mean), autograd; the same in f64
+    /// (log_softmax and nll keep the dtype) is the exact answer.
     #[test]
     fn loss_and_gradient_match_autograd() {
         let dev = Device::Cpu;
@@ -129,20 +132,25 @@ mod tests {
         let head = Tensor::randn(0f32, 1.0, (9, 4), &dev).unwrap();
         let targets = [3, -100, 0, 8, -100, 2];
         let out = cross_entropy(&hidden, &head, &targets, Some(0.25), 2).unwrap();
-        // Reference: full logits, candle_nn's cross-entropy (a mean), autograd.
-        let hv = candle_core::Var::from_tensor(&hidden).unwrap();
-        let keep = Tensor::new(&[0u32, 2, 3, 5], &dev).unwrap();
-        let logits = hv.as_tensor().index_select(&keep, 0).unwrap().matmul(&head.t().unwrap()).unwrap();
-        let tgt = Tensor::new(&[3u32, 0, 8, 2], &dev).unwrap();
-        let mean = candle_nn::loss::cross_entropy(&logits, &tgt).unwrap();
-        let expected_sum = mean.to_scalar::<f32>().unwrap() as f64 * 4.0;
+        // the mean loss and its gradient w.r.t. hidden, in the inputs' dtype
+        let reference = |hidden: &Tensor, head: &Tensor| {
+            let hv = candle_core::Var::from_tensor(hidden).unwrap();
+            let keep = Tensor::new(&[0u32, 2, 3, 5], &dev).unwrap();
+            let logits = hv.as_tensor().index_select(&keep, 0).unwrap().matmul(&head.t().unwrap()).unwrap();
+            let tgt = Tensor::new(&[3u32, 0, 8, 2], &dev).unwrap();
+            let mean = candle_nn::loss::cross_entropy(&logits, &tgt).unwrap();
+            let grads = mean.backward().unwrap();
+            (mean, grads.get(hv.as_tensor()).unwrap().clone())
+        };
+        let (mean, expected) = reference(&hidden, &head);
+        let f64 = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+        let (mean64, exact) = reference(&f64(&hidden), &f64(&head));
         assert_eq!(out.n_tokens, 4);
-        assert!((out.loss_sum - expected_sum).abs() < 1e-5 * expected_sum.abs());
+        let sum = |mean: &Tensor| (mean * 4.0).unwrap();
+        let ours = Tensor::new(out.loss_sum, &dev).unwrap();
+        assert_within_reference_error("loss sum", &ours, &sum(&mean), &sum(&mean64));
         // d(0.25 · sum) = d(mean · 4 · 0.25) = d(mean).
-        let grads = mean.backward().unwrap();
-        let expected = grads.get(hv.as_tensor()).unwrap();
-        let diff = (out.d_hidden.unwrap() - expected).unwrap().abs().unwrap().max_all().unwrap();
-        assert!(diff.to_scalar::<f32>().unwrap() < 1e-6);
+        assert_within_reference_error("d_hidden", &out.d_hidden.unwrap(), &expected, &exact);
     }
 
     /// The fused kernel against the composed chunk (f32, f16, bf16 logits), and the whole chunked

@@ -43,19 +43,26 @@ pub fn rms_norm_backward(x: &Tensor, weight: &Tensor, eps: f64, dy: &Tensor) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{autograd_grad, max_rel, randn};
+    use super::super::test_util::{autograd_grad, f64, randn};
     use super::*;
+    use crate::testing::assert_within_reference_error;
+    use candle_nn::ops::rms_norm_slow;
 
+    /// Against candle's unfused RMSNorm and its autograd, in f32 and (the exact answer) in f64:
+    /// `rms_norm_slow` keeps f64 as it is (only f16/bf16 go up to f32).
     #[test]
     fn rms_norm_backward_matches_autograd() {
         let x = randn(&[5, 16], 1);
         let w = (randn(&[16], 2) + 1.0).unwrap();
         let dy = randn(&[5, 16], 3);
+        let (x64, w64, dy64) = (f64(&x), f64(&w), f64(&dy));
         let y = rms_norm(&x, &w, 1e-5).unwrap();
-        let y_ref = candle_nn::ops::rms_norm_slow(&x, &w, 1e-5).unwrap();
-        assert!(max_rel(&y, &y_ref) < 1e-6);
+        let y_ref = rms_norm_slow(&x, &w, 1e-5).unwrap();
+        let y_exact = rms_norm_slow(&x64, &w64, 1e-5).unwrap();
+        assert_within_reference_error("rms_norm", &y, &y_ref, &y_exact);
         let dx = rms_norm_backward(&x, &w, 1e-5, &dy).unwrap();
-        let dx_ref = autograd_grad(&x, |x| candle_nn::ops::rms_norm_slow(x, &w, 1e-5), &dy);
-        assert!(max_rel(&dx, &dx_ref) < 1e-5, "{}", max_rel(&dx, &dx_ref));
+        let dx_ref = autograd_grad(&x, |x| rms_norm_slow(x, &w, 1e-5), &dy);
+        let dx_exact = autograd_grad(&x64, |x| rms_norm_slow(x, &w64, 1e-5), &dy64);
+        assert_within_reference_error("rms_norm dx", &dx, &dx_ref, &dx_exact);
     }
 }

@@ -70,12 +70,16 @@ fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{autograd_grad, max_rel, randn};
+    use super::super::test_util::{autograd_grad, f64, max_rel, randn};
     use super::*;
+    use crate::testing::assert_within_reference_error;
     use candle_core::D;
 
+    /// rotate_half in composed ops, on the rope's own (f32) tables in x's dtype: in f64 it is the
+    /// exact rotation by those tables.
     fn rope_slow(x: &Tensor, rope: &Rope) -> Result<Tensor> {
         let (cos, sin) = rope.tables(0, x.dim(2)?)?;
+        let (cos, sin) = (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?);
         let cos = Tensor::cat(&[&cos, &cos], D::Minus1)?;
         let sin = Tensor::cat(&[&sin, &sin], D::Minus1)?;
         let half = x.dim(D::Minus1)? / 2;
@@ -89,10 +93,14 @@ mod tests {
         let rope = Rope::new(8, 10000.0, 32, DType::F32, &Device::Cpu).unwrap();
         let x = randn(&[2, 3, 7, 8], 4);
         let dy = randn(&[2, 3, 7, 8], 5);
-        assert!(max_rel(&rope.apply(&x, 0).unwrap(), &rope_slow(&x, &rope).unwrap()) < 1e-6);
+        let (x64, dy64) = (f64(&x), f64(&dy));
+        let y_exact = rope_slow(&x64, &rope).unwrap();
+        let y = rope.apply(&x, 0).unwrap();
+        assert_within_reference_error("rope", &y, &rope_slow(&x, &rope).unwrap(), &y_exact);
         let dx = rope.backward(&dy, 0).unwrap();
         let dx_ref = autograd_grad(&x, |x| rope_slow(x, &rope), &dy);
-        assert!(max_rel(&dx, &dx_ref) < 1e-6);
+        let dx_exact = autograd_grad(&x64, |x| rope_slow(x, &rope), &dy64);
+        assert_within_reference_error("rope dx", &dx, &dx_ref, &dx_exact);
     }
 
     /// RoPE on a `[b, h, t, d]` view of `[b, t, h, d]` memory (rotated in place of layout) equals
@@ -100,6 +108,8 @@ mod tests {
     #[test]
     fn rope_on_a_head_view_equals_rope_on_contiguous_heads() {
         let rope = Rope::new(16, 10_000.0, 64, DType::F32, &Device::Cpu).unwrap();
+        // the same tables (computed in f32, then cast) for the exact backward of the contiguous heads
+        let rope64 = Rope::new(16, 10_000.0, 64, DType::F64, &Device::Cpu).unwrap();
         let thd = randn(&[2, 7, 3, 16], 21);
         let view = thd.transpose(1, 2).unwrap();
         let contiguous = view.contiguous().unwrap();
@@ -108,7 +118,13 @@ mod tests {
             assert!(!a.is_contiguous() && a.transpose(1, 2).unwrap().is_contiguous());
             assert_eq!(max_rel(&a.contiguous().unwrap(), &b), 0.0);
             let (a, b) = (rope.backward(&view, offset).unwrap(), rope.backward(&contiguous, offset).unwrap());
-            assert!(max_rel(&a.contiguous().unwrap(), &b) < 1e-6);
+            let exact = rope64.backward(&f64(&contiguous), offset).unwrap();
+            assert_within_reference_error(
+                &format!("rope backward on a view, offset {offset}"),
+                &a.contiguous().unwrap(),
+                &b,
+                &exact,
+            );
         }
     }
 }

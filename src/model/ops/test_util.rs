@@ -1,6 +1,7 @@
-//! Helpers of the ops' tests: seeded inputs, the relative error, candle's autograd as the oracle.
+//! Helpers of the ops' tests: seeded inputs, the relative error, candle's autograd as the oracle
+//! (in any dtype: run in f64 it gives the exact answer of `crate::testing`'s rule).
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 
 pub fn randn(shape: &[usize], seed: u64) -> Tensor {
     use rand::{Rng, SeedableRng};
@@ -8,6 +9,11 @@ pub fn randn(shape: &[usize], seed: u64) -> Tensor {
     let n: usize = shape.iter().product();
     let v: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+}
+
+/// The tensor in f64 (exact: every f32 is an f64), for the exact answer of a reference.
+pub fn f64(t: &Tensor) -> Tensor {
+    t.to_dtype(DType::F64).unwrap()
 }
 
 pub fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
