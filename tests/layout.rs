@@ -19,14 +19,8 @@ const FLOORS: &[&[&str]] = &[
 ];
 
 /// Inside `model/`, bottom floor first.
-const MODEL_FLOORS: &[&[&str]] = &[
-    &["arch", "activations"],
-    &["ops"],
-    &["lora"],
-    &["layer"],
-    &["decoder"],
-    &["reference"],
-];
+const MODEL_FLOORS: &[&[&str]] =
+    &[&["arch", "activations"], &["ops"], &["lora"], &["layer"], &["decoder"], &["reference"]];
 
 fn floor_of(floors: &[&[&str]], room: &str) -> Option<usize> {
     floors.iter().position(|f| f.contains(&room))
@@ -61,7 +55,9 @@ fn non_test_code(path: &Path) -> Option<String> {
 /// The rooms named after `prefix` (`crate::` or `crate::model::`) in `code`.
 fn rooms_named(code: &str, prefix: &str) -> BTreeSet<String> {
     code.match_indices(prefix)
-        .map(|(i, _)| code[i + prefix.len()..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect())
+        .map(|(i, _)| {
+            code[i + prefix.len()..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect()
+        })
         .filter(|room: &String| !room.is_empty())
         .collect()
 }
@@ -87,7 +83,8 @@ fn no_room_imports_a_room_above_it() {
             continue; // the binary and the crate root sit above every room
         }
         let Some(code) = non_test_code(path) else { continue };
-        let floor = floor_of(FLOORS, &room).unwrap_or_else(|| panic!("{}: room {room} is in no floor", path.display()));
+        let floor = floor_of(FLOORS, &room)
+            .unwrap_or_else(|| panic!("{}: room {room} is in no floor", path.display()));
         for other in rooms_named(&code, "crate::") {
             if other == room {
                 continue;
@@ -110,7 +107,9 @@ fn no_room_imports_a_room_above_it() {
                 }
                 match floor_of(MODEL_FLOORS, &other) {
                     Some(f) if f < floor => {}
-                    Some(_) => violations.push(format!("{}: model::{sub} imports model::{other}", path.display())),
+                    Some(_) => {
+                        violations.push(format!("{}: model::{sub} imports model::{other}", path.display()))
+                    }
                     None => {} // an item re-exported by model/mod.rs
                 }
             }
