@@ -14,7 +14,7 @@ use super::{cuda_device, view, wrap};
 
 /// `lhs · op(rhs)`, row-major, its dims checked by the caller (`model::ops::product_sum`):
 /// `lhs` `[m, k]`, `rhs` `[k, n]`, or `[n, k]` when `rhs_transposed`.
-pub struct Gemm<'a> {
+pub struct Operands<'a> {
     pub lhs: &'a Tensor,
     pub rhs: &'a Tensor,
     pub rhs_transposed: bool,
@@ -23,7 +23,7 @@ pub struct Gemm<'a> {
     pub n: usize,
 }
 
-impl Gemm<'_> {
+impl Operands<'_> {
     fn dims(&self) -> Result<(usize, usize, usize)> {
         Ok((self.m, self.k, self.n))
     }
@@ -69,7 +69,7 @@ pub struct CudaSum {
 
 impl CudaSum {
     /// A buffer holding `p` (written with beta = 0, so it need not be zeroed).
-    pub fn start(p: &Gemm) -> Result<Self> {
+    pub fn start(p: &Operands) -> Result<Self> {
         let (m, _, n) = p.dims()?;
         let mut sum = Self::alloc(p.lhs, (m, n))?;
         with_buffer!(&mut sum.out, out => gemm_into(p, out, 0.0))?;
@@ -123,14 +123,14 @@ impl CudaSum {
         Ok(())
     }
 
-    pub fn add_product(&mut self, p: &Gemm) -> Result<()> {
+    pub fn add_product(&mut self, p: &Operands) -> Result<()> {
         let (m, _, n) = p.dims()?;
         self.check("product", p.lhs.dtype(), (m, n))?;
         with_buffer!(&mut self.out, out => gemm_into(p, out, 1.0))
     }
 
     /// Columns [col0, col0 + n) += the product.
-    pub fn add_product_to_columns(&mut self, p: &Gemm, col0: usize) -> Result<()> {
+    pub fn add_product_to_columns(&mut self, p: &Operands, col0: usize) -> Result<()> {
         let (m, _, n) = p.dims()?;
         if p.lhs.dtype() != self.dtype || m != self.dims.0 || col0 + n > self.dims.1 {
             bail!(
@@ -161,7 +161,7 @@ impl CudaSum {
 
 /// out = lhs · op(rhs) + beta · out, row-major, as a column-major cuBLAS call on the transposes:
 /// outᵀ = op(rhs)ᵀ · lhsᵀ.
-fn gemm_into<T: BlasElement>(p: &Gemm, out: &mut CudaSlice<T>, beta: f64) -> Result<()>
+fn gemm_into<T: BlasElement>(p: &Operands, out: &mut CudaSlice<T>, beta: f64) -> Result<()>
 where
     CudaBlas: Gemm<T>,
 {
@@ -171,7 +171,7 @@ where
 
 /// The same into columns [col0, col0 + n) of a row-major output `width` columns wide.
 fn gemm_into_columns<T: BlasElement>(
-    p: &Gemm,
+    p: &Operands,
     out: &mut CudaSlice<T>,
     beta: f64,
     col0: usize,

@@ -73,7 +73,7 @@ pub mod host {
     use candle_core::cuda_backend::cudarc::driver::PinnedHostSlice;
     use candle_core::{DType, Device, Result, Shape, Tensor};
 
-    use super::offload::{CopyStream, InFlight};
+    use super::super::offload::{CopyStream, InFlight};
     use super::KEEP_ON_DEVICE;
 
     /// The copy stream and one host buffer per layer, kept from step to step (pinning is slow)

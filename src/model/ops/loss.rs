@@ -167,7 +167,7 @@ mod tests {
             let (want_loss, want_d) = composed_chunk(&l, &tgt, Some(0.5)).unwrap();
             let on_gpu = |t: &Tensor| t.to_device(&gpu).unwrap();
             let (losses, d) =
-                super::crate::cuda::cross_entropy::cross_entropy_rows(&on_gpu(&l), &on_gpu(&tgt), Some(0.5))
+                crate::cuda::cross_entropy::cross_entropy_rows(&on_gpu(&l), &on_gpu(&tgt), Some(0.5))
                     .unwrap();
             let loss = losses.to_dtype(DType::F64).unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap();
             assert!(
@@ -179,8 +179,7 @@ mod tests {
             let err = max_abs(&(d - &want_d).unwrap()) / max_abs(&want_d);
             assert!(err < tol, "{dtype:?} gradient {err}");
             let (_, none) =
-                super::crate::cuda::cross_entropy::cross_entropy_rows(&on_gpu(&l), &on_gpu(&tgt), None)
-                    .unwrap();
+                crate::cuda::cross_entropy::cross_entropy_rows(&on_gpu(&l), &on_gpu(&tgt), None).unwrap();
             assert!(none.is_none());
         }
         let hidden = Tensor::randn(0f32, 1.0, (11, 16), &cpu).unwrap();

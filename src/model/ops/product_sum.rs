@@ -33,9 +33,9 @@ impl Product<'_> {
 
     /// The checked product as cuBLAS takes it.
     #[cfg(feature = "cuda")]
-    fn gemm(&self) -> Result<crate::cuda::gemm::Gemm<'_>> {
+    fn gemm(&self) -> Result<crate::cuda::gemm::Operands<'_>> {
         let (m, k, n) = self.dims()?;
-        Ok(crate::cuda::gemm::Gemm {
+        Ok(crate::cuda::gemm::Operands {
             lhs: self.lhs,
             rhs: self.rhs,
             rhs_transposed: self.rhs_transposed,
