@@ -1,27 +1,57 @@
 #!/usr/bin/env bash
-# Here, before a GPU-machine run: builds the CUDA binary and test binaries (target/cuda) and packs
-# them, xz-compressed, into .gpu/ (git-ignored; name it in the device tool's `carry`), where
-# scripts/device/setup.sh unpacks them into /tmp/bin. With SMOLLM2_PART=1|2 it also puts that
-# half of the demo model's GGUF in .gpu/ (the whole file is over the 64 MiB a call carries:
-# scripts/device/tests.sh joins the halves from two calls on one warm machine).
-#   bash scripts/device/pack.sh [test names...]    (default: lora-ft, the lib tests and parity)
+# Here, before GPU-machine runs: packs what a run needs into a git-ignored folder to name in the
+# device tool's `carry` (64 MiB a call, the working tree included); on the machine, `mv` it to
+# .gpu, where scripts/device/setup.sh unpacks the *.xz into /tmp/bin and installs the *.whl.
+#   bash scripts/device/pack.sh cuda    # .gpu-cuda: the CUDA binary, its lib and parity test binaries
+#   bash scripts/device/pack.sh bench   # .gpu-bench: the CUDA binary, bitsandbytes, the PEFT anchor
+#   bash scripts/device/pack.sh cpu     # .gpu-cpu: the CPU build's binary and every test binary
+#   bash scripts/device/pack.sh gguf    # .gpu-gguf1, .gpu-gguf2: the demo model's GGUF in four
+#                                       # quarters (98 MB), two a call; scripts/device/tests.sh joins them
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-eval "$(bash scripts/cuda-toolchain.sh)"
-export CARGO_TARGET_DIR=target/cuda
-cargo build --release --features cuda --all-targets -q
-mkdir -p .gpu && rm -f .gpu/*.xz .gpu/smollm2.part*
-tests=("${@:-lib parity}")
-# test binaries by name: the newest target/cuda/release/deps/<name>-<hash> that is executable
-for t in ${tests[@]}; do
-  [ "$t" = lib ] && pattern=lora_ft || pattern=$t
-  bin=$(ls -t target/cuda/release/deps/${pattern}-* | grep -v '\.d$' | head -1)
-  xz -T2 -6 -c "$bin" > .gpu/t_$t.xz
-done
-xz -T2 -6 -c target/cuda/release/lora-ft > .gpu/lora-ft.xz
-if [ -n "${SMOLLM2_PART:-}" ]; then
-  gguf="${LORA_FT_CACHE:-$HOME/.cache/lora-ft}/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-  half=$(( ($(stat -c %s "$gguf") + 1) / 2 ))
-  if [ "$SMOLLM2_PART" = 1 ]; then head -c $half "$gguf" > .gpu/smollm2.part1; else tail -c +$((half + 1)) "$gguf" > .gpu/smollm2.part2; fi
-fi
-du -ch .gpu/* | tail -1
+
+# name=path of each test binary of a build (cargo's own list, not a guess from file names)
+test_binaries() {
+  cargo test --release "$@" --no-run --message-format=json 2>/dev/null | python3 -c '
+import sys, json
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["target"]["name"] + "=" + m["executable"])'
+}
+
+pack() { xz -T2 -6 -c "$1" > "$2"; }
+
+case "$1" in
+  cuda|bench)
+    eval "$(bash scripts/cuda-toolchain.sh)"
+    export CARGO_TARGET_DIR=target/cuda
+    cargo build --release --features cuda --all-targets -q
+    out=.gpu-$1; rm -rf $out; mkdir -p $out
+    pack target/cuda/release/lora-ft $out/lora-ft.xz
+    if [ "$1" = cuda ]; then
+      for entry in $(test_binaries --features cuda); do
+        name=${entry%%=*}; case $name in lora_ft) pack ${entry#*=} $out/t_lib.xz ;; parity) pack ${entry#*=} $out/t_parity.xz ;; esac
+      done
+    else
+      python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_24_x86_64 -d $out bitsandbytes==0.50.2
+      cp ../shared/anchors/peft_qlora_baseline.py $out/
+    fi ;;
+  cpu)
+    cargo build --release --all-targets -q
+    out=.gpu-cpu; rm -rf $out; mkdir -p $out
+    pack target/release/lora-ft $out/lora-ft-cpu.xz
+    for entry in $(test_binaries); do
+      name=${entry%%=*}; [ "$name" = lora-ft ] && name=main; [ "$name" = lora_ft ] && name=lib
+      pack ${entry#*=} $out/t_$name.xz
+    done ;;
+  gguf)
+    gguf="${LORA_FT_CACHE:-$HOME/.cache/lora-ft}/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    rm -rf .gpu-gguf1 .gpu-gguf2; mkdir -p .gpu-gguf1 .gpu-gguf2
+    quarter=$(( ($(stat -c %s "$gguf") + 3) / 4 ))
+    split -b $quarter -d -a 1 "$gguf" /tmp/smollm2.part
+    mv /tmp/smollm2.part0 /tmp/smollm2.part1 .gpu-gguf1/; mv /tmp/smollm2.part2 /tmp/smollm2.part3 .gpu-gguf2/ ;;
+  *) echo "usage: $0 cuda|bench|cpu|gguf" >&2; exit 2 ;;
+esac
+du -sh .gpu-* | sort -k2
