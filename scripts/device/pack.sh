@@ -2,7 +2,7 @@
 # Here, before GPU-machine runs: packs what a run needs into a git-ignored folder to name in the
 # device tool's `carry` (64 MiB a call, the working tree included); on the machine, `mv` it to
 # .gpu, where scripts/device/setup.sh unpacks the *.xz into /tmp/bin and installs the *.whl.
-#   bash scripts/device/pack.sh cuda    # .gpu-cuda: the CUDA binary, its lib and parity test binaries
+#   bash scripts/device/pack.sh cuda    # .gpu-cuda: the CUDA binary and the test binaries with CUDA tests
 #   bash scripts/device/pack.sh bench   # .gpu-bench: the CUDA binary, bitsandbytes, the PEFT anchor
 #   bash scripts/device/pack.sh cpu     # .gpu-cpu: the CPU build's binary and every test binary
 #   bash scripts/device/pack.sh gguf    # .gpu-gguf1, .gpu-gguf2: the demo model's GGUF in four
@@ -31,7 +31,11 @@ case "$1" in
     pack target/cuda/release/lora-ft $out/lora-ft.xz
     if [ "$1" = cuda ]; then
       for entry in $(test_binaries --features cuda); do
-        name=${entry%%=*}; case $name in lora_ft) pack ${entry#*=} $out/t_lib.xz ;; parity) pack ${entry#*=} $out/t_parity.xz ;; esac
+        name=${entry%%=*}
+        case $name in
+          lora_ft) pack ${entry#*=} $out/t_lib.xz ;;
+          parity|nf4_golden|auto_batch_gpu) pack ${entry#*=} $out/t_$name.xz ;;
+        esac
       done
     else
       python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
