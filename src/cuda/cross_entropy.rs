@@ -1,15 +1,19 @@
-//! The fused cross-entropy of `kernels/cross_entropy.cu` (CUDA only). `loss.rs` calls it for
-//! CUDA logits and keeps the composed ops as the CPU path and the tests' reference.
+//! The fused cross-entropy of `cross_entropy.cu` (CUDA only): `cross_entropy_rows` for logits on
+//! the device (`model::ops::loss` keeps the composed ops as the CPU path and the tests'
+//! reference), and `OnlineSoftmax`, the per-row state of the loss over a vocabulary that arrives
+//! in chunks (`model::ops::lm_head`'s streamed lm_head): an online log-sum-exp.
 
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
-use candle_core::{bail, DType, Result, Tensor, WithDType};
+use candle_core::{bail, DType, Device, Result, Tensor, WithDType};
 
-use crate::cuda::{blocks, by_dtype, cuda_device, suffix, view, wrap};
+use super::{address, blocks, by_dtype, cuda_device, suffix, view, wrap};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/cross_entropy.ptx"));
 const MODULE: &str = "lora_ft_cross_entropy";
 const THREADS: u32 = 512;
+/// The online softmax's statistics and the gradient accumulator.
+const STATS: DType = DType::F32;
 
 /// logits `[rows, vocab]`, targets `[rows]` u32 → per-row losses `[rows]` (f32) and, with
 /// `grad_scale`, d(grad_scale · Σ loss)/d(logits) in the logits' dtype.
@@ -59,4 +63,115 @@ fn rows_typed<T: CudaDType + WithDType + DeviceRepr>(
     }
     let d_logits = d_logits.map(|d| wrap(d, &dev, &[rows, vocab]));
     Ok((wrap(loss, &dev, &[rows]), d_logits))
+}
+
+/// The online softmax's per-row state, and the f32 gradient accumulator when one is asked.
+pub struct OnlineSoftmax {
+    max: Tensor,
+    sum: Tensor,
+    z_target: Tensor,
+    alpha: Tensor,
+    acc: Option<Tensor>,
+}
+
+impl OnlineSoftmax {
+    /// The state of `n` rows (`hidden` wide); with `grads`, the gradient accumulator too.
+    pub fn new(n: usize, hidden: usize, grads: bool, device: &Device) -> Result<Self> {
+        Ok(Self {
+            max: Tensor::full(f32::NEG_INFINITY, n, device)?,
+            sum: Tensor::zeros(n, STATS, device)?,
+            z_target: Tensor::zeros(n, STATS, device)?,
+            alpha: Tensor::zeros(n, STATS, device)?,
+            acc: if grads { Some(Tensor::zeros((n, hidden), STATS, device)?) } else { None },
+        })
+    }
+
+    /// Folds in the logits of vocabulary rows `start..start + w.rows` (hidden rows `hs`,
+    /// targets `tgt`): the target logit where it falls in the chunk, the running max and sum,
+    /// and the accumulator rescaled by exp(m_old − m_new) plus Σ exp(z − m_new)·w.
+    pub fn add_chunk(&self, hs: &Tensor, w: &Tensor, tgt: &Tensor, start: usize) -> Result<()> {
+        let logits = hs.matmul(&w.t()?)?.contiguous()?;
+        by_dtype!(logits.dtype(), chunk_typed(self, &logits, w, tgt, start))
+    }
+
+    /// Each row's loss, log Σ exp − z_target (f32).
+    pub fn loss(&self) -> Result<Tensor> {
+        let dev = cuda_device(&self.max)?;
+        let n = self.max.elem_count();
+        let loss = Tensor::zeros(n, STATS, &self.max.device().clone())?;
+        let stream = dev.cuda_stream();
+        let func = dev.get_or_load_custom_func("streamed_loss", MODULE, PTX)?;
+        let ptr = |t: &Tensor| address(t, &stream);
+        let (m, s, z, out, rows) =
+            (ptr(&self.max)?, ptr(&self.sum)?, ptr(&self.z_target)?, ptr(&loss)?, n as i32);
+        let mut l = func.builder();
+        l.arg(&m).arg(&s).arg(&z).arg(&out).arg(&rows);
+        unsafe { l.launch(blocks(n.div_ceil(256), 256)) }.w()?;
+        Ok(loss)
+    }
+
+    /// d(grad_scale · Σ loss)/d(hidden rows): (acc / sum − w_target) · grad_scale, in the
+    /// weights' dtype.
+    pub fn d_rows(&self, w_target: &Tensor, grad_scale: f64) -> Result<Tensor> {
+        by_dtype!(w_target.dtype(), finish_typed(self, w_target, grad_scale))
+    }
+}
+
+fn chunk_typed<T: CudaDType + WithDType + DeviceRepr>(
+    stats: &OnlineSoftmax,
+    logits: &Tensor,
+    w: &Tensor,
+    tgt: &Tensor,
+    start: usize,
+) -> Result<()> {
+    let dev = cuda_device(logits)?;
+    let stream = dev.cuda_stream();
+    let (n, chunk) = logits.dims2()?;
+    let sfx = suffix(T::DTYPE)?;
+    let ptr = |t: &Tensor| address(t, &stream);
+    let (lg, tg, z) = (ptr(logits)?, ptr(tgt)?, ptr(&stats.z_target)?);
+    let (start, chunk_i, rows) = (start as i32, chunk as i32, n as i32);
+    let func = dev.get_or_load_custom_func(&format!("target_logit_{sfx}"), MODULE, PTX)?;
+    let mut l = func.builder();
+    l.arg(&lg).arg(&tg).arg(&z).arg(&start).arg(&chunk_i).arg(&rows);
+    unsafe { l.launch(blocks(n.div_ceil(256), 256)) }.w()?;
+
+    let (m, s, a, write_exp) =
+        (ptr(&stats.max)?, ptr(&stats.sum)?, ptr(&stats.alpha)?, stats.acc.is_some() as i32);
+    let func = dev.get_or_load_custom_func(&format!("online_softmax_chunk_{sfx}"), MODULE, PTX)?;
+    let mut l = func.builder();
+    l.arg(&lg).arg(&m).arg(&s).arg(&a).arg(&chunk_i).arg(&write_exp);
+    unsafe { l.launch(blocks(n, THREADS)) }.w()?;
+
+    let Some(acc) = &stats.acc else { return Ok(()) };
+    let part = logits.matmul(w)?.contiguous()?; // Σ_v exp(z_v − m_new) · w_v
+    let (ac, pt, len, cols) = (ptr(acc)?, ptr(&part)?, part.elem_count() as i64, part.dim(1)? as i32);
+    let func = dev.get_or_load_custom_func(&format!("rescale_add_{sfx}"), MODULE, PTX)?;
+    let mut l = func.builder();
+    l.arg(&ac).arg(&pt).arg(&a).arg(&len).arg(&cols);
+    unsafe { l.launch(elementwise(part.elem_count())) }.w()?;
+    Ok(())
+}
+
+fn finish_typed<T: CudaDType + WithDType + DeviceRepr>(
+    stats: &OnlineSoftmax,
+    w_target: &Tensor,
+    grad_scale: f64,
+) -> Result<Tensor> {
+    let Some(acc) = &stats.acc else { bail!("the streamed loss kept no gradient") };
+    let dev = cuda_device(acc)?;
+    let stream = dev.cuda_stream();
+    let d_rows = Tensor::zeros(acc.shape(), T::DTYPE, acc.device())?;
+    let ptr = |t: &Tensor| address(t, &stream);
+    let (ac, wt, s, out) = (ptr(acc)?, ptr(w_target)?, ptr(&stats.sum)?, ptr(&d_rows)?);
+    let (len, cols, scale) = (acc.elem_count() as i64, acc.dim(1)? as i32, grad_scale as f32);
+    let func = dev.get_or_load_custom_func(&format!("streamed_finish_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    let mut l = func.builder();
+    l.arg(&ac).arg(&wt).arg(&s).arg(&out).arg(&len).arg(&cols).arg(&scale);
+    unsafe { l.launch(elementwise(acc.elem_count())) }.w()?;
+    Ok(d_rows)
+}
+
+fn elementwise(len: usize) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+    blocks(len.div_ceil(256).min(65535 * 4), 256)
 }

@@ -60,21 +60,13 @@ impl LmHead {
 pub mod host {
     use std::sync::Arc;
 
-    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
-    use candle_core::cuda_backend::{CudaDType, WrapErr};
-    use candle_core::{bail, DType, Device, Result, Shape, Tensor, WithDType};
+    use candle_core::{DType, Device, Result, Shape, Tensor};
 
     use super::VOCAB_CHUNK;
+    use crate::cuda::cross_entropy::OnlineSoftmax;
     use crate::cuda::mapped::MappedTable;
-    use crate::cuda::{address, blocks, by_dtype, cuda_device, suffix};
     use crate::model::activations::offload::{CopyStream, InFlight};
     use crate::model::ops::loss::{LossOutput, IGNORE_INDEX};
-
-    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/cross_entropy.ptx"));
-    const MODULE: &str = "lora_ft_cross_entropy";
-    const THREADS: u32 = 512;
-    /// The online softmax's statistics and the gradient accumulator.
-    const STATS: DType = DType::F32;
 
     pub struct HostLmHead {
         table: Arc<MappedTable>,
@@ -151,7 +143,7 @@ pub mod host {
             let tgt: Vec<u32> = rows.iter().map(|&i| targets[i as usize] as u32).collect();
             let tgt = Tensor::from_vec(tgt, n, device)?;
             let hs = hidden.index_select(&idx, 0)?.contiguous()?;
-            let stats = Stats::new(n, self.hidden, grad_scale.is_some(), device)?;
+            let stats = OnlineSoftmax::new(n, self.hidden, grad_scale.is_some(), device)?;
             self.for_each_chunk(|start, w| stats.add_chunk(&hs, w, &tgt, start))?;
             let loss_sum = stats.loss()?.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
             let d_hidden = match grad_scale {
@@ -163,111 +155,6 @@ pub mod host {
             };
             Ok(LossOutput { loss_sum, n_tokens: n, d_hidden })
         }
-    }
-
-    /// The online softmax's per-row state, and the f32 gradient accumulator when one is asked.
-    struct Stats {
-        max: Tensor,
-        sum: Tensor,
-        z_target: Tensor,
-        alpha: Tensor,
-        acc: Option<Tensor>,
-    }
-
-    impl Stats {
-        fn new(n: usize, hidden: usize, grads: bool, device: &Device) -> Result<Self> {
-            Ok(Self {
-                max: Tensor::full(f32::NEG_INFINITY, n, device)?,
-                sum: Tensor::zeros(n, STATS, device)?,
-                z_target: Tensor::zeros(n, STATS, device)?,
-                alpha: Tensor::zeros(n, STATS, device)?,
-                acc: if grads { Some(Tensor::zeros((n, hidden), STATS, device)?) } else { None },
-            })
-        }
-
-        fn add_chunk(&self, hs: &Tensor, w: &Tensor, tgt: &Tensor, start: usize) -> Result<()> {
-            let logits = hs.matmul(&w.t()?)?.contiguous()?;
-            by_dtype!(logits.dtype(), chunk_typed(self, &logits, w, tgt, start))
-        }
-
-        fn loss(&self) -> Result<Tensor> {
-            let dev = cuda_device(&self.max)?;
-            let n = self.max.elem_count();
-            let loss = Tensor::zeros(n, STATS, &self.max.device().clone())?;
-            let stream = dev.cuda_stream();
-            let func = dev.get_or_load_custom_func("streamed_loss", MODULE, PTX)?;
-            let ptr = |t: &Tensor| address(t, &stream);
-            let (m, s, z, out, rows) =
-                (ptr(&self.max)?, ptr(&self.sum)?, ptr(&self.z_target)?, ptr(&loss)?, n as i32);
-            let mut l = func.builder();
-            l.arg(&m).arg(&s).arg(&z).arg(&out).arg(&rows);
-            unsafe { l.launch(blocks(n.div_ceil(256), 256)) }.w()?;
-            Ok(loss)
-        }
-
-        fn d_rows(&self, w_target: &Tensor, grad_scale: f64) -> Result<Tensor> {
-            by_dtype!(w_target.dtype(), finish_typed(self, w_target, grad_scale))
-        }
-    }
-
-    fn chunk_typed<T: CudaDType + WithDType + DeviceRepr>(
-        stats: &Stats,
-        logits: &Tensor,
-        w: &Tensor,
-        tgt: &Tensor,
-        start: usize,
-    ) -> Result<()> {
-        let dev = cuda_device(logits)?;
-        let stream = dev.cuda_stream();
-        let (n, chunk) = logits.dims2()?;
-        let sfx = suffix(T::DTYPE)?;
-        let ptr = |t: &Tensor| address(t, &stream);
-        let (lg, tg, z) = (ptr(logits)?, ptr(tgt)?, ptr(&stats.z_target)?);
-        let (start, chunk_i, rows) = (start as i32, chunk as i32, n as i32);
-        let func = dev.get_or_load_custom_func(&format!("target_logit_{sfx}"), MODULE, PTX)?;
-        let mut l = func.builder();
-        l.arg(&lg).arg(&tg).arg(&z).arg(&start).arg(&chunk_i).arg(&rows);
-        unsafe { l.launch(blocks(n.div_ceil(256), 256)) }.w()?;
-
-        let (m, s, a, write_exp) =
-            (ptr(&stats.max)?, ptr(&stats.sum)?, ptr(&stats.alpha)?, stats.acc.is_some() as i32);
-        let func = dev.get_or_load_custom_func(&format!("online_softmax_chunk_{sfx}"), MODULE, PTX)?;
-        let mut l = func.builder();
-        l.arg(&lg).arg(&m).arg(&s).arg(&a).arg(&chunk_i).arg(&write_exp);
-        unsafe { l.launch(blocks(n, THREADS)) }.w()?;
-
-        let Some(acc) = &stats.acc else { return Ok(()) };
-        let part = logits.matmul(w)?.contiguous()?; // Σ_v exp(z_v − m_new) · w_v
-        let (ac, pt, len, cols) = (ptr(acc)?, ptr(&part)?, part.elem_count() as i64, part.dim(1)? as i32);
-        let func = dev.get_or_load_custom_func(&format!("rescale_add_{sfx}"), MODULE, PTX)?;
-        let mut l = func.builder();
-        l.arg(&ac).arg(&pt).arg(&a).arg(&len).arg(&cols);
-        unsafe { l.launch(elementwise(part.elem_count())) }.w()?;
-        Ok(())
-    }
-
-    fn finish_typed<T: CudaDType + WithDType + DeviceRepr>(
-        stats: &Stats,
-        w_target: &Tensor,
-        grad_scale: f64,
-    ) -> Result<Tensor> {
-        let Some(acc) = &stats.acc else { bail!("the streamed loss kept no gradient") };
-        let dev = cuda_device(acc)?;
-        let stream = dev.cuda_stream();
-        let d_rows = Tensor::zeros(acc.shape(), T::DTYPE, acc.device())?;
-        let ptr = |t: &Tensor| address(t, &stream);
-        let (ac, wt, s, out) = (ptr(acc)?, ptr(w_target)?, ptr(&stats.sum)?, ptr(&d_rows)?);
-        let (len, cols, scale) = (acc.elem_count() as i64, acc.dim(1)? as i32, grad_scale as f32);
-        let func =
-            dev.get_or_load_custom_func(&format!("streamed_finish_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
-        let mut l = func.builder();
-        l.arg(&ac).arg(&wt).arg(&s).arg(&out).arg(&len).arg(&cols).arg(&scale);
-        unsafe { l.launch(elementwise(acc.elem_count())) }.w()?;
-        Ok(d_rows)
-    }
-
-    fn elementwise(len: usize) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
-        blocks(len.div_ceil(256).min(65535 * 4), 256)
     }
 
     #[cfg(test)]
