@@ -17,6 +17,7 @@ Run from anywhere:  /work/venv/bin/python scripts/golden/hf_parity.py [--case ti
 
 import argparse
 import contextlib
+import math
 import json
 import os
 import shutil
@@ -94,13 +95,12 @@ def exact_float64():
         def forward(self, x, position_ids):
             if x.dtype != torch.float64:
                 return orig(self, x, position_ids)
-            cfg = self.config
-            dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-            base = cfg.rope_parameters["rope_theta"]
-            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+            inv_freq, scaling = inv_freq_f64(self.config)
+            assert rel_err(self.inv_freq, inv_freq) < 1e-6, "the float64 RoPE frequencies are not transformers'"
+            assert abs(scaling - self.attention_scaling) < 1e-6 * scaling
             freqs = position_ids[:, :, None].double() * inv_freq[None, None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
-            return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+            return emb.cos() * scaling, emb.sin() * scaling
         return forward
 
     softmax = torch.nn.functional.softmax
@@ -120,6 +120,46 @@ def exact_float64():
     finally:
         for owner, attr, original in patched:
             setattr(owner, attr, original)
+
+
+def inv_freq_f64(cfg):
+    """RoPE's inverse frequencies and attention scaling as transformers' modeling_rope_utils
+    computes them (default, linear, dynamic within max_position_embeddings, yarn, llama3), in
+    float64. `exact_float64` checks them against transformers' own float32 buffer."""
+    p = cfg.rope_parameters
+    kind, base = p.get("rope_type", "default"), p["rope_theta"]
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    inv_freq, scaling = 1.0 / pos_freqs, 1.0
+    if kind == "linear":
+        inv_freq = inv_freq / p["factor"]
+    elif kind == "llama3":
+        factor, low, high, old = p["factor"], p["low_freq_factor"], p["high_freq_factor"], p["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    elif kind == "yarn":
+        factor, old = p["factor"], p["original_max_position_embeddings"]
+        scaling = p.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+        beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+        def correction_dim(rotations):
+            return (dim * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+        if p.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        high = high + 0.001 if low == high else high
+        ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        extrapolation = 1 - ramp
+        inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    elif kind not in ("default", "dynamic"):
+        raise ValueError(f"rope_type {kind}")
+    return inv_freq, scaling
 
 
 def f32_errors(ref64, ref32, names=None):
@@ -158,18 +198,17 @@ def layer_index(name: str) -> int:
 
 # ---------------------------------------------------------------- tiny random models
 
-def tiny_model(arch: str, seed: int, rope_theta: float, attn: str):
+def tiny_model(arch: str, seed: int, rope_theta: float, attn: str, rope=None, **overrides):
+    """`rope`: the rope_scaling of a Llama 3.1 / YaRN / linear model (rope_type and its keys);
+    `overrides`: config keys of the family's variants (Mistral Nemo's head_dim, no window)."""
+    rope_parameters = {"rope_theta": rope_theta, "rope_type": "default", **(rope or {})}
     if arch == "llama":
-        cfg = LlamaConfig(**TINY_SIZES, rope_theta=rope_theta, tie_word_embeddings=False)
+        cfg = LlamaConfig(**TINY_SIZES, rope_parameters=rope_parameters, tie_word_embeddings=False, **overrides)
         cls = LlamaForCausalLM
     else:
-        cfg = MistralConfig(
-            **TINY_SIZES,
-            head_dim=TINY_SIZES["hidden_size"] // TINY_SIZES["num_attention_heads"],
-            rope_theta=rope_theta,
-            tie_word_embeddings=True,
-            sliding_window=5,
-        )
+        keys = dict(head_dim=TINY_SIZES["hidden_size"] // TINY_SIZES["num_attention_heads"], sliding_window=5)
+        keys.update(overrides)
+        cfg = MistralConfig(**TINY_SIZES, rope_parameters=rope_parameters, tie_word_embeddings=True, **keys)
         cls = MistralForCausalLM
     cfg._attn_implementation = attn
     torch.manual_seed(seed)
@@ -244,6 +283,9 @@ def save_tiny_base(model, out_dir: Path):
     cfg_path = out_dir / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["rope_theta"] = cfg["rope_parameters"]["rope_theta"]
+    if cfg["rope_parameters"].get("rope_type", "default") != "default":
+        # Llama 3.1's and Qwen's published config.json carry the scaling as `rope_scaling`
+        cfg["rope_scaling"] = {k: v for k, v in cfg["rope_parameters"].items() if k != "rope_theta"}
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
@@ -344,10 +386,10 @@ def check_sliding_window(pm, input_ids, window: int):
 
 # ---------------------------------------------------------------- cases
 
-def run_tiny(case: str, arch: str, seed: int, rope_theta: float):
+def run_tiny(case: str, arch: str, seed: int, rope_theta: float, rope=None, **overrides):
     print(f"[{case}]")
     input_ids, labels = tiny_batch(seed + 100)
-    model = tiny_model(arch, seed, rope_theta, "eager")
+    model = tiny_model(arch, seed, rope_theta, "eager", rope, **overrides)
     out_dir = FIXTURES / case
     save_tiny_base(model, out_dir)
     pm = add_lora(model, r=4, alpha=8)
@@ -367,8 +409,8 @@ def run_tiny(case: str, arch: str, seed: int, rope_theta: float):
     with exact_float64():
         ref64 = reference_run(load_fixture(out_dir, "eager").double(), input_ids, labels)
     checks["float32_rel_err_to_float64"] = compare_runs(ref64, ref, F64_TOL, "float32 vs float64")
-    if arch == "mistral":
-        window = pm.get_base_model().config.sliding_window
+    window = getattr(pm.get_base_model().config, "sliding_window", None)
+    if arch == "mistral" and window is not None:
         check_sliding_window(pm, input_ids, window)
         full = load_fixture(out_dir, "eager", sliding_window=None)
         with torch.no_grad():
@@ -409,6 +451,11 @@ def tiny_config_summary(cfg):
     keys = list(TINY_SIZES) + ["tie_word_embeddings", "head_dim"]
     out = {k: getattr(cfg, k) for k in keys}
     out["rope_theta"] = cfg.rope_parameters["rope_theta"]
+    if cfg.rope_parameters.get("rope_type", "default") != "default":
+        out["rope_scaling"] = {k: v for k, v in cfg.rope_parameters.items() if k != "rope_theta"}
+        inv_freq, scaling = inv_freq_f64(cfg)
+        out["rope_inv_freq_float64"] = inv_freq.tolist()
+        out["rope_attention_scaling"] = scaling
     if getattr(cfg, "sliding_window", None) is not None:
         out["sliding_window"] = cfg.sliding_window
         out["sliding_window_rule"] = "query i attends key j iff i - sliding_window < j <= i"
@@ -540,15 +587,32 @@ def describe(tensors):
     return {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)} for k, v in sorted(tensors.items())}
 
 
+# The tiny cases: (architecture, seed, rope_theta, rope_scaling, other config keys). Each switches
+# on one feature of the families lora-ft reads: a sliding window shorter than the sequence
+# (Mistral), Llama 3.1's RoPE with all three frequency bands in a 16-wide head (wavelengths
+# 6.3 / 32.5 / 168+ against an original context of 64: kept, smoothed, divided), YaRN (Qwen's
+# long-context RoPE, with its attention scaling), linear scaling, and Mistral Nemo's head_dim
+# that is not hidden/heads, with no window.
+TINY_CASES = {
+    "tiny-llama": ("llama", 1234, 10000.0, None, {}),
+    "tiny-mistral": ("mistral", 4321, 500000.0, None, {}),
+    "tiny-llama31": ("llama", 3101, 500000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}, {}),
+    "tiny-yarn": ("llama", 2501, 1000000.0, {"rope_type": "yarn", "factor": 4.0,
+                                             "original_max_position_embeddings": 32}, {}),
+    "tiny-linear": ("llama", 1701, 10000.0, {"rope_type": "linear", "factor": 2.0}, {}),
+    "tiny-nemo": ("mistral", 1207, 1000000.0, None, {"head_dim": 32, "sliding_window": None}),
+}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--case", action="append", choices=["tiny-llama", "tiny-mistral", "smollm2"],
+    ap.add_argument("--case", action="append", choices=[*TINY_CASES, "smollm2"],
                     help="run only these cases (default: all); parity_cases.json keeps the others")
     args = ap.parse_args()
-    cases = args.case or ["tiny-llama", "tiny-mistral", "smollm2"]
+    cases = args.case or [*TINY_CASES, "smollm2"]
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     GOLDEN.mkdir(parents=True, exist_ok=True)
-
     index_path = GOLDEN / "parity_cases.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else {}
     index["about"] = {
@@ -565,10 +629,9 @@ def main():
     }
     cases_out = index.setdefault("cases", {})
     for case in cases:
-        if case == "tiny-llama":
-            cases_out[case] = run_tiny(case, "llama", seed=1234, rope_theta=10000.0)
-        elif case == "tiny-mistral":
-            cases_out[case] = run_tiny(case, "mistral", seed=4321, rope_theta=500000.0)
+        if case in TINY_CASES:
+            arch, seed, theta, rope, overrides = TINY_CASES[case]
+            cases_out[case] = run_tiny(case, arch, seed=seed, rope_theta=theta, rope=rope, **overrides)
         else:
             cases_out[case] = run_smollm2()
     index_path.write_text(json.dumps(index, indent=2) + "\n")

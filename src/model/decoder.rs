@@ -158,7 +158,7 @@ impl CausalLm {
             base_bytes as f64 / (1 << 20) as f64
         );
         let norm = load(&st, "model.norm.weight", dtype, device)?;
-        let rope = Rope::new(arch.head_dim, arch.rope.theta, arch.rope.max_positions, dtype, device)?;
+        let rope = Rope::from_spec(arch.head_dim, &arch.rope, dtype, device)?;
         Ok(Self {
             config,
             arch,

@@ -12,7 +12,8 @@
 //! is Llama plus a sliding window.
 //!
 //! [`Architecture::check_supported`] is the one place that says which of these the layers compute
-//! today; anything else is refused there by name before a weight is read.
+//! today; anything else is refused there by name before a weight is read. RoPE scaling of every
+//! kind is computed (`model::ops::rope::frequencies`).
 
 use anyhow::{bail, Context};
 
@@ -61,8 +62,17 @@ pub enum RopeScaling {
     Linear { factor: f64 },
     /// NTK-aware: the base grows with the sequence past the original length.
     Dynamic { factor: f64 },
-    /// YaRN: frequencies interpolated between `beta_fast` and `beta_slow`, attention scaled.
-    Yarn { factor: f64, original_max_position: usize, beta_fast: f64, beta_slow: f64 },
+    /// YaRN: frequencies interpolated between `beta_fast` and `beta_slow` rotations, cos and sin
+    /// scaled by `attention_factor` (default 0.1 ln(factor) + 1); `truncate` rounds the
+    /// correction range to whole dims (transformers' default).
+    Yarn {
+        factor: f64,
+        original_max_position: usize,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: Option<f64>,
+        truncate: bool,
+    },
     /// Llama 3.1's: low frequencies divided by `factor`, high ones kept, a smooth ramp between.
     Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position: usize },
 }
@@ -180,9 +190,6 @@ impl Architecture {
         if self.activation != Activation::Silu {
             return refuse("hidden_act other than silu");
         }
-        if self.rope.scaling != RopeScaling::None {
-            return refuse(&format!("rope_scaling {:?}", self.rope.scaling));
-        }
         if self.qkv_bias {
             return refuse("attention_bias (biased q/k/v projections)");
         }
@@ -238,12 +245,24 @@ fn rope_scaling(c: &ModelConfig) -> anyhow::Result<RopeScaling> {
         "default" => RopeScaling::None,
         "linear" => RopeScaling::Linear { factor: num("factor")? },
         "dynamic" => RopeScaling::Dynamic { factor: num("factor")? },
-        "yarn" => RopeScaling::Yarn {
-            factor: num("factor")?,
-            original_max_position: original()?,
-            beta_fast: p.get("beta_fast").and_then(|v| v.as_f64()).unwrap_or(32.0),
-            beta_slow: p.get("beta_slow").and_then(|v| v.as_f64()).unwrap_or(1.0),
-        },
+        "yarn" => {
+            let factor = num("factor")?;
+            let opt = |name: &str| p.get(name).and_then(|v| v.as_f64());
+            // DeepSeek's form: the ratio of two mscales
+            let mscale = |m: f64| if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 };
+            let attention_factor = opt("attention_factor").or(match (opt("mscale"), opt("mscale_all_dim")) {
+                (Some(m), Some(all)) if m != 0.0 && all != 0.0 => Some(mscale(m) / mscale(all)),
+                _ => None,
+            });
+            RopeScaling::Yarn {
+                factor,
+                original_max_position: original()?,
+                beta_fast: opt("beta_fast").unwrap_or(32.0),
+                beta_slow: opt("beta_slow").unwrap_or(1.0),
+                attention_factor,
+                truncate: p.get("truncate").and_then(|v| v.as_bool()).unwrap_or(true),
+            }
+        }
         "llama3" => RopeScaling::Llama3 {
             factor: num("factor")?,
             low_freq_factor: num("low_freq_factor")?,
@@ -298,9 +317,9 @@ mod tests {
     }
 
     /// Llama 3.1's rope_scaling is read into its typed form, in both spellings transformers
-    /// writes, and refused by `check_supported` (one place) until the layers compute it.
+    /// writes; a feature the layers do not compute yet is refused in `check_supported`, by name.
     #[test]
-    fn rope_scaling_is_typed_and_refused_in_one_place() {
+    fn rope_scaling_is_typed_and_unsupported_features_are_refused_in_one_place() {
         let mut json = base();
         json["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
@@ -311,18 +330,40 @@ mod tests {
             high_freq_factor: 4.0,
             original_max_position: 8192,
         };
-        let a = Architecture::llama(&c).unwrap();
-        assert_eq!(a.rope.scaling, want);
-        let err = format!("{:#}", Architecture::from_config(&c).unwrap_err());
-        assert!(err.contains("rope_scaling") && err.contains("not supported yet"), "{err}");
+        assert_eq!(Architecture::from_config(&c).unwrap().rope.scaling, want);
         json.as_object_mut().unwrap().remove("rope_scaling");
         json["rope_parameters"] =
             serde_json::json!({"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5});
-        let a = Architecture::llama(&config(json)).unwrap();
+        let a = Architecture::llama(&config(json.clone())).unwrap();
         assert_eq!(
             a.rope,
             RopeSpec { theta: 5e5, scaling: RopeScaling::Linear { factor: 2.0 }, max_positions: 4096 }
         );
+        json["attention_bias"] = true.into();
+        let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
+        assert!(err.contains("attention_bias") && err.contains("not supported yet"), "{err}");
+    }
+
+    /// YaRN's attention factor: given, DeepSeek's mscale ratio, or left to the default.
+    #[test]
+    fn yarn_reads_its_attention_factor() {
+        let yarn = |extra: serde_json::Value| {
+            let mut json = base();
+            let mut p = serde_json::json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768});
+            p.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            json["rope_scaling"] = p;
+            match Architecture::from_config(&config(json)).unwrap().rope.scaling {
+                RopeScaling::Yarn { attention_factor, original_max_position, .. } => {
+                    assert_eq!(original_max_position, 32768);
+                    attention_factor
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(yarn(serde_json::json!({})), None);
+        assert_eq!(yarn(serde_json::json!({"attention_factor": 1.5})), Some(1.5));
+        let ratio = yarn(serde_json::json!({"mscale": 1.0, "mscale_all_dim": 0.5})).unwrap();
+        assert!((ratio - (0.1 * 4f64.ln() + 1.0) / (0.05 * 4f64.ln() + 1.0)).abs() < 1e-15);
     }
 
     #[test]

@@ -1,10 +1,77 @@
-//! Rotary position embedding, forward and backward (a rotation by the opposite angle).
+//! Rotary position embedding, forward and backward (a rotation by the opposite angle), with the
+//! frequency scalings of long-context models (Llama 3.1's, YaRN, linear, dynamic) as transformers'
+//! `modeling_rope_utils` computes them.
 
+use std::f64::consts::PI;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Result, Tensor};
 
+use crate::model::arch::{RopeScaling, RopeSpec};
 use crate::profile::section;
+
+/// RoPE's inverse frequencies (`head_dim / 2` of them, in f64) and the factor its cos and sin are
+/// multiplied by (YaRN's attention scaling; 1 otherwise), for `spec`.
+///
+/// `Dynamic` (NTK-aware) scaling changes the base only for a sequence longer than
+/// `max_position_embeddings`, which lora-ft refuses, so within the positions it accepts it is
+/// plain RoPE, as in transformers.
+pub fn frequencies(head_dim: usize, spec: &RopeSpec) -> (Vec<f64>, f64) {
+    let dim = head_dim as f64;
+    let pos_freqs: Vec<f64> = (0..head_dim / 2).map(|i| spec.theta.powf(2.0 * i as f64 / dim)).collect();
+    let plain = || pos_freqs.iter().map(|p| 1.0 / p).collect::<Vec<f64>>();
+    match spec.scaling {
+        RopeScaling::None | RopeScaling::Dynamic { .. } => (plain(), 1.0),
+        RopeScaling::Linear { factor } => (plain().iter().map(|f| f / factor).collect(), 1.0),
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
+            let old = original_max_position as f64;
+            let (low_wavelen, high_wavelen) = (old / low_freq_factor, old / high_freq_factor);
+            let scaled = plain()
+                .into_iter()
+                .map(|f| {
+                    let wavelen = 2.0 * PI / f;
+                    if wavelen < high_wavelen {
+                        f // high frequencies: kept
+                    } else if wavelen > low_wavelen {
+                        f / factor // low frequencies: interpolated
+                    } else {
+                        let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect();
+            (scaled, 1.0)
+        }
+        RopeScaling::Yarn {
+            factor,
+            original_max_position,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            truncate,
+        } => {
+            let old = original_max_position as f64;
+            let correction_dim =
+                |rotations: f64| (dim * (old / (rotations * 2.0 * PI)).ln()) / (2.0 * spec.theta.ln());
+            let (low, high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+            let (low, high) = if truncate { (low.floor(), high.ceil()) } else { (low, high) };
+            let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+            if low == high {
+                high += 0.001; // as transformers: no division by zero
+            }
+            let scaled = pos_freqs
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let extrapolation = 1.0 - ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                    (1.0 / (factor * p)) * (1.0 - extrapolation) + (1.0 / p) * extrapolation
+                })
+                .collect();
+            let mscale = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
+            (scaled, attention_factor.unwrap_or(mscale))
+        }
+    }
+}
 
 /// Rotary position embedding in HF's "rotate_half" layout. The cos/sin tables `[len, head_dim/2]`
 /// are computed on first use for the positions needed so far (rounded up to a power of two), not
@@ -12,19 +79,28 @@ use crate::profile::section;
 #[derive(Debug, Clone)]
 pub struct Rope {
     inv_freq: Tensor,
+    /// cos and sin are multiplied by this (YaRN; 1 otherwise).
+    scaling: f64,
     max_pos: usize,
     dtype: DType,
     tables: Arc<Mutex<Option<(Tensor, Tensor)>>>,
 }
 
 impl Rope {
+    /// Plain RoPE with base `theta`.
     pub fn new(head_dim: usize, theta: f64, max_pos: usize, dtype: DType, device: &Device) -> Result<Self> {
-        let half = head_dim / 2;
-        // Computed in f64 and rounded once, as close to HF's f32 inv_freq as the angles allow.
-        let inv_freq: Vec<f32> =
-            (0..half).map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32).collect();
-        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
-        Ok(Self { inv_freq, max_pos, dtype, tables: Arc::new(Mutex::new(None)) })
+        let spec = RopeSpec { theta, scaling: RopeScaling::None, max_positions: max_pos };
+        Self::from_spec(head_dim, &spec, dtype, device)
+    }
+
+    /// RoPE as a model's `Architecture` describes it (scaling included).
+    pub fn from_spec(head_dim: usize, spec: &RopeSpec, dtype: DType, device: &Device) -> Result<Self> {
+        let (inv_freq, scaling) = frequencies(head_dim, spec);
+        // The tables are computed in f64 and rounded once (transformers computes the angles in
+        // f32, which costs up to a few ulp of each angle: ~1e-6 at position 50).
+        let inv_freq = Tensor::from_vec(inv_freq, (1, head_dim / 2), device)?;
+        let tables = Arc::new(Mutex::new(None));
+        Ok(Self { inv_freq, scaling, max_pos: spec.max_positions, dtype, tables })
     }
 
     fn tables(&self, offset: usize, len: usize) -> Result<(Tensor, Tensor)> {
@@ -36,9 +112,14 @@ impl Rope {
             self.tables.lock().map_err(|_| candle_core::Error::Msg("RoPE cache poisoned".into()))?;
         if cached.as_ref().is_none_or(|(cos, _)| cos.dim(0).unwrap_or(0) < end) {
             let rows = end.next_power_of_two().max(256).min(self.max_pos);
-            let pos = Tensor::arange(0u32, rows as u32, self.inv_freq.device())?.to_dtype(DType::F32)?;
+            let pos = Tensor::arange(0u32, rows as u32, self.inv_freq.device())?.to_dtype(DType::F64)?;
             let angles = pos.reshape((rows, 1))?.broadcast_mul(&self.inv_freq)?;
-            *cached = Some((angles.cos()?.to_dtype(self.dtype)?, angles.sin()?.to_dtype(self.dtype)?));
+            let (cos, sin) = (angles.cos()?, angles.sin()?);
+            let (cos, sin) = match self.scaling {
+                1.0 => (cos, sin),
+                s => ((cos * s)?, (sin * s)?),
+            };
+            *cached = Some((cos.to_dtype(self.dtype)?, sin.to_dtype(self.dtype)?));
         }
         let (cos, sin) = cached.as_ref().expect("filled above");
         Ok((cos.narrow(0, offset, len)?, sin.narrow(0, offset, len)?))
