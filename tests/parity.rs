@@ -207,6 +207,12 @@ fn tiny_nemo_head_dim_matches_hf_peft() {
     check_tiny("tiny-nemo");
 }
 
+/// Qwen2.5's small models: biases on q, k and v, tied embeddings.
+#[test]
+fn tiny_qwen2_with_qkv_biases_matches_hf_peft() {
+    check_tiny("tiny-qwen2");
+}
+
 /// The scaled RoPE frequencies and attention scaling equal transformers' (computed in float64 by
 /// the golden script, which checks them against transformers' own float32 buffer).
 #[test]

@@ -36,6 +36,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,6 +84,7 @@ def exact_float64():
     so its result is the exact answer to float64 precision. The float32 path is untouched."""
     from transformers.models.llama import modeling_llama
     from transformers.models.mistral import modeling_mistral
+    from transformers.models.qwen2 import modeling_qwen2
 
     def norm_forward(orig):
         def forward(self, hidden_states):
@@ -110,7 +113,7 @@ def exact_float64():
 
     patched = [(torch.nn.functional, "softmax", softmax)]
     torch.nn.functional.softmax = softmax64
-    for mod, prefix in ((modeling_llama, "Llama"), (modeling_mistral, "Mistral")):
+    for mod, prefix in ((modeling_llama, "Llama"), (modeling_mistral, "Mistral"), (modeling_qwen2, "Qwen2")):
         for name, wrap in ((f"{prefix}RMSNorm", norm_forward), (f"{prefix}RotaryEmbedding", rope_forward)):
             cls = getattr(mod, name)
             patched.append((cls, "forward", cls.forward))
@@ -205,6 +208,9 @@ def tiny_model(arch: str, seed: int, rope_theta: float, attn: str, rope=None, **
     if arch == "llama":
         cfg = LlamaConfig(**TINY_SIZES, rope_parameters=rope_parameters, tie_word_embeddings=False, **overrides)
         cls = LlamaForCausalLM
+    elif arch == "qwen2":
+        cfg = Qwen2Config(**TINY_SIZES, rope_parameters=rope_parameters, tie_word_embeddings=True, **overrides)
+        cls = Qwen2ForCausalLM
     else:
         keys = dict(head_dim=TINY_SIZES["hidden_size"] // TINY_SIZES["num_attention_heads"], sliding_window=5)
         keys.update(overrides)
@@ -449,7 +455,7 @@ def run_tiny(case: str, arch: str, seed: int, rope_theta: float, rope=None, **ov
 
 def tiny_config_summary(cfg):
     keys = list(TINY_SIZES) + ["tie_word_embeddings", "head_dim"]
-    out = {k: getattr(cfg, k) for k in keys}
+    out = {k: getattr(cfg, k, None) for k in keys}
     out["rope_theta"] = cfg.rope_parameters["rope_theta"]
     if cfg.rope_parameters.get("rope_type", "default") != "default":
         out["rope_scaling"] = {k: v for k, v in cfg.rope_parameters.items() if k != "rope_theta"}
@@ -592,7 +598,7 @@ def describe(tensors):
 # (Mistral), Llama 3.1's RoPE with all three frequency bands in a 16-wide head (wavelengths
 # 6.3 / 32.5 / 168+ against an original context of 64: kept, smoothed, divided), YaRN (Qwen's
 # long-context RoPE, with its attention scaling), linear scaling, and Mistral Nemo's head_dim
-# that is not hidden/heads, with no window.
+# that is not hidden/heads, with no window; Qwen2's biases on q, k and v.
 TINY_CASES = {
     "tiny-llama": ("llama", 1234, 10000.0, None, {}),
     "tiny-mistral": ("mistral", 4321, 500000.0, None, {}),
@@ -602,6 +608,8 @@ TINY_CASES = {
                                              "original_max_position_embeddings": 32}, {}),
     "tiny-linear": ("llama", 1701, 10000.0, {"rope_type": "linear", "factor": 2.0}, {}),
     "tiny-nemo": ("mistral", 1207, 1000000.0, None, {"head_dim": 32, "sliding_window": None}),
+    # Qwen2.5's small models: biased q/k/v, tied embeddings, no window
+    "tiny-qwen2": ("qwen2", 2525, 1000000.0, None, {}),
 }
 
 

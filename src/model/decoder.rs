@@ -122,11 +122,13 @@ impl CausalLm {
         let progress = load_progress(arch.num_layers, quantization);
         for l in 0..arch.num_layers {
             progress.inc(1);
-            let proj = PROJECTIONS.map(|p| format!("{}.weight", module_path(l, p)));
             let mut linears = Vec::with_capacity(7);
-            for name in &proj {
+            for (p, proj) in PROJECTIONS.iter().enumerate() {
+                let path = module_path(l, proj);
+                let biased = arch.qkv_bias && p < 3; // q, k, v
                 linears.push(LoraLinear {
-                    base: load_base(&st, name, dtype, quantization, device)?,
+                    base: load_base(&st, &format!("{path}.weight"), dtype, quantization, device)?,
+                    bias: biased.then(|| load(&st, &format!("{path}.bias"), dtype, device)).transpose()?,
                     lora: None,
                 });
             }

@@ -14,6 +14,10 @@ use super::PROJECTIONS;
 
 fn linear(x: &Tensor, l: &LoraLinear) -> Result<Tensor> {
     let y = x.matmul(&l.base.dense()?.t()?)?;
+    let y = match &l.bias {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    };
     match &l.lora {
         None => Ok(y),
         Some(a) => y + (x.matmul(&a.lora_a.as_tensor().t()?)?.matmul(&a.lora_b.as_tensor().t()?)? * a.scale)?,
@@ -84,10 +88,13 @@ pub fn random_layer(
         (inter, hidden),
         (hidden, inter),
     ];
+    // q, k and v biased (Qwen2's layout), so the oracle checks the bias path too
     let proj: Vec<LoraLinear> = dims
         .iter()
-        .map(|&(o, i)| LoraLinear {
+        .enumerate()
+        .map(|(p, &(o, i))| LoraLinear {
             base: BaseWeight::Dense(rand_t((o, i), 0.2)),
+            bias: (p < 3).then(|| rand_t((o, 1), 0.2).flatten_all().unwrap()),
             lora: Some(LoraAdapter {
                 lora_a: Var::from_tensor(&rand_t((r, i), 0.3)).unwrap(),
                 lora_b: Var::from_tensor(&rand_t((o, r), 0.3)).unwrap(),
@@ -115,6 +122,7 @@ pub(crate) fn linear_f64(l: &LoraLinear) -> LoraLinear {
     let f64 = |t: &Tensor| t.to_dtype(candle_core::DType::F64).unwrap();
     LoraLinear {
         base: BaseWeight::Dense(f64(&l.base.dense().unwrap())),
+        bias: l.bias.as_ref().map(f64),
         lora: l.lora.as_ref().map(|a| LoraAdapter {
             lora_a: Var::from_tensor(&f64(a.lora_a.as_tensor())).unwrap(),
             lora_b: Var::from_tensor(&f64(a.lora_b.as_tensor())).unwrap(),

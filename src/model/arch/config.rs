@@ -32,6 +32,14 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     #[serde(default)]
     pub sliding_window: Option<usize>,
+    /// Qwen2: the window applies only where this is true, to layers from `max_window_layers` on.
+    #[serde(default)]
+    pub use_sliding_window: bool,
+    #[serde(default)]
+    pub max_window_layers: Option<usize>,
+    /// transformers ≥ 5 may list each layer's kind ("full_attention" / "sliding_attention").
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
     #[serde(default)]
     pub tie_word_embeddings: bool,
     #[serde(default = "default_act")]

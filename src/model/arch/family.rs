@@ -29,6 +29,7 @@ pub struct Family {
 pub const FAMILIES: &[Family] = &[
     Family { architecture: "LlamaForCausalLM", describe: llama },
     Family { architecture: "MistralForCausalLM", describe: mistral },
+    Family { architecture: "Qwen2ForCausalLM", describe: qwen2 },
 ];
 
 /// Llama 2 / 3.x: the base every other family is written against.
@@ -41,6 +42,29 @@ fn llama(c: &ModelConfig) -> anyhow::Result<Architecture> {
 fn mistral(c: &ModelConfig) -> anyhow::Result<Architecture> {
     let mut a = Architecture::llama(c)?;
     a.windows = vec![c.sliding_window; c.num_hidden_layers];
+    Ok(a)
+}
+
+/// Qwen2 / Qwen2.5: Llama with biases on q, k and v (always, whatever `attention_bias` says),
+/// and a sliding window only with `use_sliding_window`, on the layers from `max_window_layers`
+/// on (or as `layer_types` lists them), as transformers' Qwen2Config derives it.
+fn qwen2(c: &ModelConfig) -> anyhow::Result<Architecture> {
+    let mut a = Architecture::llama(c)?;
+    a.family = "Qwen2ForCausalLM";
+    a.qkv_bias = true;
+    let window = c.sliding_window.filter(|_| c.use_sliding_window);
+    a.windows = match &c.layer_types {
+        Some(kinds) => {
+            if kinds.len() != c.num_hidden_layers {
+                bail!("layer_types: {} entries for {} layers", kinds.len(), c.num_hidden_layers);
+            }
+            kinds.iter().map(|k| window.filter(|_| k == "sliding_attention")).collect()
+        }
+        None => {
+            let first = c.max_window_layers.unwrap_or(28);
+            (0..c.num_hidden_layers).map(|l| window.filter(|_| l >= first)).collect()
+        }
+    };
     Ok(a)
 }
 
@@ -190,9 +214,6 @@ impl Architecture {
         if self.activation != Activation::Silu {
             return refuse("hidden_act other than silu");
         }
-        if self.qkv_bias {
-            return refuse("attention_bias (biased q/k/v projections)");
-        }
         if self.qk_norm {
             return refuse("q/k norms");
         }
@@ -207,9 +228,6 @@ impl Architecture {
         }
         if (self.query_scale - 1.0 / (self.head_dim as f64).sqrt()).abs() > 1e-12 {
             return refuse("a query scale other than 1/sqrt(head_dim)");
-        }
-        if self.windows.iter().any(|w| *w != self.windows[0]) {
-            return refuse("different sliding windows per layer");
         }
         Ok(())
     }
@@ -339,9 +357,9 @@ mod tests {
             a.rope,
             RopeSpec { theta: 5e5, scaling: RopeScaling::Linear { factor: 2.0 }, max_positions: 4096 }
         );
-        json["attention_bias"] = true.into();
+        json["hidden_act"] = "gelu_pytorch_tanh".into();
         let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
-        assert!(err.contains("attention_bias") && err.contains("not supported yet"), "{err}");
+        assert!(err.contains("hidden_act other than silu") && err.contains("not supported yet"), "{err}");
     }
 
     /// YaRN's attention factor: given, DeepSeek's mscale ratio, or left to the default.
@@ -364,6 +382,22 @@ mod tests {
         assert_eq!(yarn(serde_json::json!({"attention_factor": 1.5})), Some(1.5));
         let ratio = yarn(serde_json::json!({"mscale": 1.0, "mscale_all_dim": 0.5})).unwrap();
         assert!((ratio - (0.1 * 4f64.ln() + 1.0) / (0.05 * 4f64.ln() + 1.0)).abs() < 1e-15);
+    }
+
+    /// Qwen2's window: off unless `use_sliding_window`, then on the layers from
+    /// `max_window_layers` on; its q/k/v always biased.
+    #[test]
+    fn qwen2_has_biases_and_its_own_window_rule() {
+        let mut json = base();
+        json["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
+        json["sliding_window"] = 32768.into();
+        json["max_window_layers"] = 2.into();
+        let a = Architecture::from_config(&config(json.clone())).unwrap();
+        assert!(a.qkv_bias);
+        assert_eq!(a.windows, vec![None; 4]);
+        json["use_sliding_window"] = true.into();
+        let a = Architecture::from_config(&config(json)).unwrap();
+        assert_eq!(a.windows, vec![None, None, Some(32768), Some(32768)]);
     }
 
     #[test]

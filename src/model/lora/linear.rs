@@ -144,6 +144,8 @@ impl LoraAdapter {
 #[derive(Debug, Clone)]
 pub struct LoraLinear {
     pub base: BaseWeight,
+    /// The frozen bias `[out]` in the compute dtype (Qwen2's q/k/v), added after the product.
+    pub bias: Option<Tensor>,
     pub lora: Option<LoraAdapter>,
 }
 
@@ -174,9 +176,18 @@ impl LoraLinear {
         self.base_forward_into(x, out)
     }
 
-    /// out += x·Wᵀ, the frozen part alone (a `LoraGroup` adds the low-rank part).
+    /// out += x·Wᵀ (+ bias), the frozen part alone (a `LoraGroup` adds the low-rank part).
     pub fn base_forward_into(&self, x: &Tensor, out: &mut ProductSum) -> Result<()> {
-        self.base_forward_sliced(x, out, self.base.rows_per_slice(x.dim(0)?, x.elem_count()))
+        self.base_forward_sliced(x, out, self.base.rows_per_slice(x.dim(0)?, x.elem_count()))?;
+        match &self.bias {
+            // a rank-1 product, ones·biasᵀ, so it accumulates in the same buffer as the GEMMs
+            Some(bias) => {
+                let ones = Tensor::ones((x.dim(0)?, 1), x.dtype(), x.device())?;
+                let bias = bias.to_dtype(x.dtype())?.reshape((1, bias.elem_count()))?;
+                out.add_product(Product { lhs: &ones, rhs: &bias, rhs_transposed: false })
+            }
+            None => Ok(()),
+        }
     }
 
     /// dx += dy·W, the frozen part's input gradient alone.
@@ -352,7 +363,7 @@ mod tests {
         let x = Tensor::randn(0f32, 1.0, (5, 64), &dev)?;
         let dy = Tensor::randn(0f32, 1.0, (5, 600), &dev)?;
         for base in [BaseWeight::Dense(w.clone()), BaseWeight::Nf4(Nf4Tensor::quantize(&w, true)?)] {
-            let linear = LoraLinear { base, lora: None };
+            let linear = LoraLinear { base, bias: None, lora: None };
             let (mut whole, mut sliced) = (ProductSum::new(), ProductSum::new());
             linear.base_forward_sliced(&x, &mut whole, 600)?;
             linear.base_forward_sliced(&x, &mut sliced, 256)?;
