@@ -213,6 +213,12 @@ fn tiny_qwen2_with_qkv_biases_matches_hf_peft() {
     check_tiny("tiny-qwen2");
 }
 
+/// Qwen3: RMSNorm over each head of q and k before RoPE, head_dim 32 in a 64-wide model.
+#[test]
+fn tiny_qwen3_with_qk_norms_matches_hf_peft() {
+    check_tiny("tiny-qwen3");
+}
+
 /// The scaled RoPE frequencies and attention scaling equal transformers' (computed in float64 by
 /// the golden script, which checks them against transformers' own float32 buffer).
 #[test]

@@ -38,6 +38,8 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,6 +87,7 @@ def exact_float64():
     from transformers.models.llama import modeling_llama
     from transformers.models.mistral import modeling_mistral
     from transformers.models.qwen2 import modeling_qwen2
+    from transformers.models.qwen3 import modeling_qwen3
 
     def norm_forward(orig):
         def forward(self, hidden_states):
@@ -113,7 +116,8 @@ def exact_float64():
 
     patched = [(torch.nn.functional, "softmax", softmax)]
     torch.nn.functional.softmax = softmax64
-    for mod, prefix in ((modeling_llama, "Llama"), (modeling_mistral, "Mistral"), (modeling_qwen2, "Qwen2")):
+    for mod, prefix in ((modeling_llama, "Llama"), (modeling_mistral, "Mistral"), (modeling_qwen2, "Qwen2"),
+                        (modeling_qwen3, "Qwen3")):
         for name, wrap in ((f"{prefix}RMSNorm", norm_forward), (f"{prefix}RotaryEmbedding", rope_forward)):
             cls = getattr(mod, name)
             patched.append((cls, "forward", cls.forward))
@@ -211,6 +215,9 @@ def tiny_model(arch: str, seed: int, rope_theta: float, attn: str, rope=None, **
     elif arch == "qwen2":
         cfg = Qwen2Config(**TINY_SIZES, rope_parameters=rope_parameters, tie_word_embeddings=True, **overrides)
         cls = Qwen2ForCausalLM
+    elif arch == "qwen3":
+        cfg = Qwen3Config(**TINY_SIZES, rope_parameters=rope_parameters, tie_word_embeddings=False, **overrides)
+        cls = Qwen3ForCausalLM
     else:
         keys = dict(head_dim=TINY_SIZES["hidden_size"] // TINY_SIZES["num_attention_heads"], sliding_window=5)
         keys.update(overrides)
@@ -598,7 +605,7 @@ def describe(tensors):
 # (Mistral), Llama 3.1's RoPE with all three frequency bands in a 16-wide head (wavelengths
 # 6.3 / 32.5 / 168+ against an original context of 64: kept, smoothed, divided), YaRN (Qwen's
 # long-context RoPE, with its attention scaling), linear scaling, and Mistral Nemo's head_dim
-# that is not hidden/heads, with no window; Qwen2's biases on q, k and v.
+# that is not hidden/heads, with no window; Qwen2's biases on q, k and v; Qwen3's q/k norms.
 TINY_CASES = {
     "tiny-llama": ("llama", 1234, 10000.0, None, {}),
     "tiny-mistral": ("mistral", 4321, 500000.0, None, {}),
@@ -610,6 +617,8 @@ TINY_CASES = {
     "tiny-nemo": ("mistral", 1207, 1000000.0, None, {"head_dim": 32, "sliding_window": None}),
     # Qwen2.5's small models: biased q/k/v, tied embeddings, no window
     "tiny-qwen2": ("qwen2", 2525, 1000000.0, None, {}),
+    # Qwen3: per-head norms of q and k before RoPE, an explicit head_dim (32 where hidden/heads is 16)
+    "tiny-qwen3": ("qwen3", 3003, 1000000.0, None, {"head_dim": 32}),
 }
 
 

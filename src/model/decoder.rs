@@ -145,6 +145,14 @@ impl CausalLm {
                     dtype,
                     device,
                 )?,
+                q_norm: arch
+                    .qk_norm
+                    .then(|| load(&st, &format!("model.layers.{l}.self_attn.q_norm.weight"), dtype, device))
+                    .transpose()?,
+                k_norm: arch
+                    .qk_norm
+                    .then(|| load(&st, &format!("model.layers.{l}.self_attn.k_norm.weight"), dtype, device))
+                    .transpose()?,
                 proj: linears.try_into().map_err(|_| anyhow::anyhow!("seven projections"))?,
                 n_heads: arch.num_heads,
                 n_kv_heads: arch.num_kv_heads,

@@ -17,6 +17,9 @@ use crate::profile::section;
 pub struct DecoderLayer {
     pub input_layernorm: Tensor,
     pub post_attention_layernorm: Tensor,
+    /// RMSNorm weights `[head_dim]` over each head of q and of k before RoPE (Qwen3).
+    pub q_norm: Option<Tensor>,
+    pub k_norm: Option<Tensor>,
     /// q, k, v, o, gate, up, down (the order of `PROJECTIONS`).
     pub proj: [LoraLinear; 7],
     pub n_heads: usize,
@@ -75,6 +78,9 @@ pub struct LayerSaved {
 struct AttnSaved {
     x: Tensor,
     n1: Tensor,
+    /// q and k before their per-head norms (the norms' backward reads them), where there are.
+    q_raw: Option<Tensor>,
+    k_raw: Option<Tensor>,
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -161,8 +167,12 @@ impl DecoderLayer {
         // heads are laid out, not kept to the end of `run`
         let group = |i| qkv.as_ref().map(|g| (g, i));
         let rope = |x: Tensor| input.rope.apply(&x, input.offset);
-        let q = rope(self.heads(&self.project(Q, &n1, input, group(0))?, b, t, self.n_heads)?)?;
-        let mut k = rope(self.heads(&self.project(K, &n1, input, group(1))?, b, t, self.n_kv_heads)?)?;
+        let (q, q_raw) =
+            self.head_norm(self.project(Q, &n1, input, group(0))?, self.q_norm.as_ref(), pass)?;
+        let (k, k_raw) =
+            self.head_norm(self.project(K, &n1, input, group(1))?, self.k_norm.as_ref(), pass)?;
+        let q = rope(self.heads(&q, b, t, self.n_heads)?)?;
+        let mut k = rope(self.heads(&k, b, t, self.n_kv_heads)?)?;
         let mut v = self.heads(&self.project(V, &n1, input, group(2))?, b, t, self.n_kv_heads)?;
         if let Some(cache) = cache {
             if let (Some(pk), Some(pv)) = (&cache.k, &cache.v) {
@@ -188,10 +198,39 @@ impl DecoderLayer {
             _ => Some(self.residual(&h1, DOWN, &act, input, mlp_out.as_ref())?.reshape((b, t, hidden))?),
         };
         let saved = (pass != Pass::Forward).then(|| LayerSaved {
-            attn: AttnSaved { x: x2, n1, q, k, v, context, attention: attention_saved, qkv, o: attn_out },
+            attn: AttnSaved {
+                x: x2,
+                n1,
+                q_raw,
+                k_raw,
+                q,
+                k,
+                v,
+                context,
+                attention: attention_saved,
+                qkv,
+                o: attn_out,
+            },
             mlp: MlpSaved { h1, n2, gate, up, act, gate_up: mlp_in, down: mlp_out },
         });
         Ok((out, saved))
+    }
+
+    /// y `[n, heads·d]` with RMSNorm (`weight` `[d]`) over each head, and y itself where a
+    /// backward will read it; y unchanged without a norm.
+    fn head_norm(&self, y: Tensor, weight: Option<&Tensor>, pass: Pass) -> Result<(Tensor, Option<Tensor>)> {
+        let Some(w) = weight else { return Ok((y, None)) };
+        let (n, width) = y.dims2()?;
+        let normed = rms_norm(&y.reshape((n * width / self.head_dim, self.head_dim))?, w, self.rms_norm_eps)?;
+        Ok((normed.reshape((n, width))?, (pass != Pass::Forward).then_some(y)))
+    }
+
+    /// The gradient of y given that of `head_norm(y)` (`dy` `[n, heads·d]`).
+    fn head_norm_backward(&self, raw: Option<Tensor>, weight: Option<&Tensor>, dy: Tensor) -> Result<Tensor> {
+        let (Some(y), Some(w)) = (raw, weight) else { return Ok(dy) };
+        let (n, width) = y.dims2()?;
+        let rows = (n * width / self.head_dim, self.head_dim);
+        rms_norm_backward(&y.reshape(rows)?, w, self.rms_norm_eps, &dy.reshape(rows)?)?.reshape((n, width))
     }
 
     /// The shared LoRA pass of projections `projs`, all reading x (`None`: per-projection path).
@@ -321,7 +360,7 @@ impl DecoderLayer {
         input: &LayerInput,
         grads: &mut [Option<LoraGrad>; 7],
     ) -> Result<Tensor> {
-        let AttnSaved { x, n1, q, k, v, context, attention, qkv, o } = saved;
+        let AttnSaved { x, n1, q_raw, k_raw, q, k, v, context, attention, qkv, o } = saved;
         let d_context = self.backward_shared_input(&context, &[(O, &d_h1)], input, o.as_ref(), grads)?;
         drop((context, o));
         // a [b, h, t, d] view: the kernels read it strided, the composed path copies per chunk
@@ -332,7 +371,9 @@ impl DecoderLayer {
         drop((q, k, v, attention, d_context));
         let flat = |x: Tensor, n: usize| x.transpose(1, 2)?.reshape((b * t, n * self.head_dim));
         let dq = flat(input.rope.backward(&dq, input.offset)?, self.n_heads)?;
+        let dq = self.head_norm_backward(q_raw, self.q_norm.as_ref(), dq)?;
         let dk = flat(input.rope.backward(&dk, input.offset)?, self.n_kv_heads)?;
+        let dk = self.head_norm_backward(k_raw, self.k_norm.as_ref(), dk)?;
         let dv = flat(dv, self.n_kv_heads)?;
         let dn1 =
             self.backward_shared_input(&n1, &[(Q, &dq), (K, &dk), (V, &dv)], input, qkv.as_ref(), grads)?;

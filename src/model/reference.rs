@@ -47,8 +47,15 @@ pub fn layer_forward(layer: &DecoderLayer, x: &Tensor, rope: &Rope, window: Opti
     let eps = layer.rms_norm_eps as f32;
     let n1 = candle_nn::ops::rms_norm_slow(&x2, &layer.input_layernorm, eps)?;
     let heads = |y: Tensor, n: usize| y.reshape((b, t, n, hd))?.transpose(1, 2)?.contiguous();
-    let q = rope_rotate_half(&heads(linear(&n1, &layer.proj[0])?, layer.n_heads)?, rope)?;
-    let k = rope_rotate_half(&heads(linear(&n1, &layer.proj[1])?, layer.n_kv_heads)?, rope)?;
+    // Qwen3's per-head norms of q and k, before RoPE
+    let head_norm = |y: Tensor, w: &Option<Tensor>| match w {
+        Some(w) => candle_nn::ops::rms_norm_slow(&y.reshape((b * t, (), hd))?, w, eps)?.reshape((b * t, ())),
+        None => Ok(y),
+    };
+    let q = head_norm(linear(&n1, &layer.proj[0])?, &layer.q_norm)?;
+    let k = head_norm(linear(&n1, &layer.proj[1])?, &layer.k_norm)?;
+    let q = rope_rotate_half(&heads(q, layer.n_heads)?, rope)?;
+    let k = rope_rotate_half(&heads(k, layer.n_kv_heads)?, rope)?;
     let v = heads(linear(&n1, &layer.proj[2])?, layer.n_kv_heads)?;
     let n_rep = layer.n_heads / layer.n_kv_heads;
     let (k, v) = (repeat_kv(&k, n_rep)?, repeat_kv(&v, n_rep)?);
@@ -107,6 +114,8 @@ pub fn random_layer(
     DecoderLayer {
         input_layernorm: norm(rand_t((1, hidden), 0.3)),
         post_attention_layernorm: norm(rand_t((1, hidden), 0.3)),
+        q_norm: None,
+        k_norm: None,
         proj: proj.try_into().unwrap(),
         n_heads: heads,
         n_kv_heads: kv_heads,
@@ -138,6 +147,8 @@ pub(crate) fn layer_f64(layer: &DecoderLayer) -> DecoderLayer {
     DecoderLayer {
         input_layernorm: f64(&layer.input_layernorm),
         post_attention_layernorm: f64(&layer.post_attention_layernorm),
+        q_norm: layer.q_norm.as_ref().map(f64),
+        k_norm: layer.k_norm.as_ref().map(f64),
         proj: layer.proj.clone().map(|p| linear_f64(&p)),
         ..layer.clone()
     }
@@ -186,8 +197,11 @@ mod tests {
     }
 
     fn check_layer(window: Option<usize>, kv_heads: usize) {
+        check_layer_of(random_layer(32, 48, 4, kv_heads, 3, 7), window)
+    }
+
+    fn check_layer_of(layer: DecoderLayer, window: Option<usize>) {
         let dev = Device::Cpu;
-        let layer = random_layer(32, 48, 4, kv_heads, 3, 7);
         let rope = Rope::new(8, 10000.0, 64, DType::F32, &dev).unwrap();
         let (b, t) = (2, 9);
         let x = Tensor::randn(0f32, 1.0, (b, t, 32), &dev).unwrap();
@@ -241,6 +255,17 @@ mod tests {
     #[test]
     fn layer_backward_matches_autograd_gqa_sliding_window() {
         check_layer(Some(4), 2);
+    }
+
+    /// Qwen3's per-head RMSNorm of q and k (weights away from 1) in the forward and backward.
+    #[test]
+    fn layer_backward_matches_autograd_with_q_and_k_norms() {
+        let mut layer = random_layer(32, 48, 4, 2, 3, 11);
+        let hd = layer.head_dim;
+        let ramp = Tensor::arange(0u32, hd as u32, &Device::Cpu).unwrap().to_dtype(DType::F32).unwrap();
+        layer.q_norm = Some(((&ramp * 0.05).unwrap() + 0.8).unwrap());
+        layer.k_norm = Some(((&ramp * -0.04).unwrap() + 1.1).unwrap());
+        check_layer_of(layer, None);
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub const FAMILIES: &[Family] = &[
     Family { architecture: "LlamaForCausalLM", describe: llama },
     Family { architecture: "MistralForCausalLM", describe: mistral },
     Family { architecture: "Qwen2ForCausalLM", describe: qwen2 },
+    Family { architecture: "Qwen3ForCausalLM", describe: qwen3 },
 ];
 
 /// Llama 2 / 3.x: the base every other family is written against.
@@ -52,8 +53,24 @@ fn qwen2(c: &ModelConfig) -> anyhow::Result<Architecture> {
     let mut a = Architecture::llama(c)?;
     a.family = "Qwen2ForCausalLM";
     a.qkv_bias = true;
+    a.windows = qwen_windows(c)?;
+    Ok(a)
+}
+
+/// Qwen3 dense: Qwen2's window rule, an explicit head_dim, RMSNorm over each head of q and k
+/// before RoPE, and biases only where `attention_bias` says.
+fn qwen3(c: &ModelConfig) -> anyhow::Result<Architecture> {
+    let mut a = Architecture::llama(c)?;
+    a.family = "Qwen3ForCausalLM";
+    a.qk_norm = true;
+    a.windows = qwen_windows(c)?;
+    Ok(a)
+}
+
+/// The sliding windows of the Qwen families, as their configs derive `layer_types`.
+fn qwen_windows(c: &ModelConfig) -> anyhow::Result<Vec<Option<usize>>> {
     let window = c.sliding_window.filter(|_| c.use_sliding_window);
-    a.windows = match &c.layer_types {
+    Ok(match &c.layer_types {
         Some(kinds) => {
             if kinds.len() != c.num_hidden_layers {
                 bail!("layer_types: {} entries for {} layers", kinds.len(), c.num_hidden_layers);
@@ -64,8 +81,7 @@ fn qwen2(c: &ModelConfig) -> anyhow::Result<Architecture> {
             let first = c.max_window_layers.unwrap_or(28);
             (0..c.num_hidden_layers).map(|l| window.filter(|_| l >= first)).collect()
         }
-    };
-    Ok(a)
+    })
 }
 
 /// The MLP's gate activation.
@@ -213,9 +229,6 @@ impl Architecture {
         let refuse = |what: &str| bail!("{what} is not supported yet ({})", self.family);
         if self.activation != Activation::Silu {
             return refuse("hidden_act other than silu");
-        }
-        if self.qk_norm {
-            return refuse("q/k norms");
         }
         if self.norm_weight_offset != 0.0 || self.post_sublayer_norms {
             return refuse("Gemma's norms");
