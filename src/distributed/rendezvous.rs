@@ -404,10 +404,45 @@ mod tests {
         assert!(root.join().unwrap().is_err());
     }
 
+    /// A port of 127.0.0.1 bound by a socket that never listens: connections to it are refused,
+    /// and no other test can take it while the guard lives (a port from `free_port` is released
+    /// at once, and a test running beside this one may listen on it).
+    struct RefusingPort {
+        fd: libc::c_int,
+        port: u16,
+    }
+
+    impl RefusingPort {
+        fn new() -> Self {
+            // SAFETY: plain socket calls on a sockaddr_in owned here; the fd is closed in Drop.
+            unsafe {
+                let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+                assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+                let mut addr: libc::sockaddr_in = std::mem::zeroed();
+                addr.sin_family = libc::AF_INET as libc::sa_family_t;
+                addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+                let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+                let bound = libc::bind(fd, &addr as *const _ as *const libc::sockaddr, len);
+                assert_eq!(bound, 0, "bind: {}", std::io::Error::last_os_error());
+                let mut out_len = len;
+                libc::getsockname(fd, &mut addr as *mut _ as *mut libc::sockaddr, &mut out_len);
+                Self { fd, port: u16::from_be(addr.sin_port) }
+            }
+        }
+    }
+
+    impl Drop for RefusingPort {
+        fn drop(&mut self) {
+            // SAFETY: the fd was opened by `new` and is closed once.
+            unsafe { libc::close(self.fd) };
+        }
+    }
+
     /// Nobody listening: a clear error naming the address after the deadline, not a hang.
     #[test]
     fn an_unreachable_rank_0_is_a_clear_error_after_the_deadline() {
-        let port = free_port();
+        let refusing = RefusingPort::new();
+        let port = refusing.port;
         let w = world(1, 2, port);
         let spec = Spec { world: &w, backend: "cpu", run: serde_json::json!({}), timing: timing(1.0) };
         let started = Instant::now();
