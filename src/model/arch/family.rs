@@ -51,7 +51,6 @@ fn mistral(c: &ModelConfig) -> anyhow::Result<Architecture> {
 /// on (or as `layer_types` lists them), as transformers' Qwen2Config derives it.
 fn qwen2(c: &ModelConfig) -> anyhow::Result<Architecture> {
     let mut a = Architecture::llama(c)?;
-    a.family = "Qwen2ForCausalLM";
     a.qkv_bias = true;
     a.windows = qwen_windows(c)?;
     Ok(a)
@@ -61,7 +60,6 @@ fn qwen2(c: &ModelConfig) -> anyhow::Result<Architecture> {
 /// before RoPE, and biases only where `attention_bias` says.
 fn qwen3(c: &ModelConfig) -> anyhow::Result<Architecture> {
     let mut a = Architecture::llama(c)?;
-    a.family = "Qwen3ForCausalLM";
     a.qk_norm = true;
     a.windows = qwen_windows(c)?;
     Ok(a)
@@ -172,7 +170,10 @@ impl Architecture {
             let known: Vec<&str> = FAMILIES.iter().map(|f| f.architecture).collect();
             bail!("architectures: {name} (lora-ft reads {})", known.join(", "));
         };
-        let arch = (family.describe)(c).with_context(|| format!("reading {name}"))?;
+        let arch = Architecture {
+            family: family.architecture,
+            ..(family.describe)(c).with_context(|| format!("reading {name}"))?
+        };
         arch.check_supported()?;
         Ok(arch)
     }
@@ -332,7 +333,8 @@ mod tests {
         assert_eq!(mistral.windows, vec![Some(4096); 4]);
         assert_eq!((mistral.head_dim, mistral.num_kv_heads), (128, 8));
         assert_eq!(mistral.query_scale, 1.0 / 128f64.sqrt());
-        assert_eq!(Architecture { windows: llama.windows.clone(), family: mistral.family, ..mistral }, llama);
+        assert_eq!((llama.family, mistral.family), ("LlamaForCausalLM", "MistralForCausalLM"));
+        assert_eq!(Architecture { windows: llama.windows.clone(), family: llama.family, ..mistral }, llama);
     }
 
     /// An explicit head_dim (Mistral Nemo: 5120 hidden, 32 heads of 128) is read, not derived.
