@@ -18,13 +18,8 @@ use candle_core::{DType, Device, Tensor};
 use lora_ft::export::load_adapter;
 use lora_ft::model::CausalLm;
 use lora_ft::quant::Quantization;
+use lora_ft::testing::{rel_err, FLOOR, MULTIPLE};
 
-/// How many times torch's own float32 error lora-ft's may be.
-const MULTIPLE: f64 = 4.0;
-/// Torch's error is read as at least this (8 ulp of f32 at the tensor's largest value): a result
-/// rounded to f32 and reduced over a few terms is off by that much however it is computed, and a
-/// tensor where torch's rounding happened to cancel must not demand more of us.
-const FLOOR: f64 = 8.0 * f32::EPSILON as f64;
 /// f16 on CUDA against the float64 golden.
 const F16_TOLERANCE: f64 = 1e-2;
 
@@ -43,14 +38,6 @@ fn dtypes(device: &Device) -> Vec<DType> {
     } else {
         vec![DType::F32]
     }
-}
-
-/// max |a − b| / max |b|, in f64 (the goldens are f64).
-pub fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
-    let a = a.to_device(&Device::Cpu).unwrap().to_dtype(DType::F64).unwrap();
-    let b = b.to_dtype(DType::F64).unwrap().reshape(a.shape()).unwrap();
-    let diff = (&a - &b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
-    diff / b.abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap().max(1e-300)
 }
 
 /// Collects lora-ft's and torch's float32 errors per tensor and holds each group of tensors to
