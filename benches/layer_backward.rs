@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor, Var};
 use lora_ft::model::layer::LayerInput;
-use lora_ft::model::ops::attention::causal_mask;
+use lora_ft::model::ops::attention::{causal_mask, ScoreRule};
 use lora_ft::model::ops::Rope;
 use lora_ft::model::reference::{layer_forward, random_layer};
 
@@ -34,7 +34,13 @@ fn main() {
     let x = Tensor::randn(0f32, 1.0, (2, seq, hidden), &dev).unwrap();
     let dy = Tensor::randn(0f32, 1.0, (2, seq, hidden), &dev).unwrap();
     let mask = causal_mask(seq, seq, 0, None, &dev).unwrap();
-    let input = LayerInput { rope: &rope, mask: Some(&mask), offset: 0, window: None, dropout_seed: None };
+    let input = LayerInput {
+        rope: &rope,
+        mask: Some(&mask),
+        offset: 0,
+        scores: ScoreRule::causal(hidden / heads, None),
+        dropout_seed: None,
+    };
 
     let hand = time(
         || {
@@ -46,7 +52,8 @@ fn main() {
     let autograd = time(
         || {
             let xv = Var::from_tensor(&x).unwrap();
-            let y = layer_forward(&layer, xv.as_tensor(), &rope, None).unwrap();
+            let y = layer_forward(&layer, xv.as_tensor(), &rope, &ScoreRule::causal(hidden / heads, None))
+                .unwrap();
             (y * &dy).unwrap().sum_all().unwrap().backward().unwrap();
         },
         5,

@@ -238,7 +238,7 @@ pub fn attention(
     (heads, kv_heads, head_dim): (usize, usize, usize),
     iters: usize,
 ) -> anyhow::Result<AttentionRow> {
-    use crate::model::ops::attention::{attention, attention_backward};
+    use crate::model::ops::attention::{attention, attention_backward, ScoreRule};
     use candle_core::Tensor;
     anyhow::ensure!(
         kv_heads > 0 && heads % kv_heads == 0,
@@ -256,9 +256,10 @@ pub fn attention(
         device.synchronize()?;
         Ok(started.elapsed().as_secs_f64() / iters.max(1) as f64)
     };
-    let fwd_s = timed(&|| attention(&q, &k, &v, None, None).map(drop))?;
-    let (_, saved) = attention(&q, &k, &v, None, None)?;
-    let bwd_s = timed(&|| attention_backward(&q, &k, &v, None, None, &saved, &d_context).map(drop))?;
+    let rule = ScoreRule::causal(head_dim, None);
+    let fwd_s = timed(&|| attention(&q, &k, &v, None, &rule).map(drop))?;
+    let (_, saved) = attention(&q, &k, &v, None, &rule)?;
+    let bwd_s = timed(&|| attention_backward(&q, &k, &v, None, &rule, &saved, &d_context).map(drop))?;
     let fwd_flops = 2.0 * (bs * heads * seq * seq * head_dim) as f64;
     Ok(AttentionRow {
         seq,

@@ -71,7 +71,24 @@ __device__ void rms_norm_backward(const T* x, const T* w, const T* dy, T* dx, in
 
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-__device__ __forceinline__ float silu_mul(float g, float u) { return g * sigmoid(g) * u; }
+// The gate activations: 0 silu (SwiGLU), 1 gelu with the tanh approximation (GeGLU, Gemma's
+// gelu_pytorch_tanh: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))).
+#define GELU_K0 0.7978845608028654f
+#define GELU_K1 0.044715f
+__device__ __forceinline__ float gate_act(float g, int gelu) {
+    if (gelu) return 0.5f * g * (1.0f + tanhf(GELU_K0 * (g + GELU_K1 * g * g * g)));
+    return g * sigmoid(g);
+}
+// d act / d g.
+__device__ __forceinline__ float gate_act_grad(float g, int gelu) {
+    if (gelu) {
+        const float th = tanhf(GELU_K0 * (g + GELU_K1 * g * g * g));
+        return 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * GELU_K0 * (1.0f + 3.0f * GELU_K1 * g * g);
+    }
+    const float sig = sigmoid(g);
+    return sig * (1.0f + g * (1.0f - sig));
+}
+__device__ __forceinline__ float act_mul(float g, float u, int gelu) { return gate_act(g, gelu) * u; }
 
 // Grid-stride over [from, n) one value at a time (the tails and unaligned tensors).
 #define FOR_EACH_VALUE(i, from, n) \
@@ -80,9 +97,9 @@ __device__ __forceinline__ float silu_mul(float g, float u) { return g * sigmoid
 #define FOR_EACH_VEC(i, n) \
     for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < (n) / N; i += (int64_t)gridDim.x * THREADS)
 
-// a = silu(g) * u; 16-byte loads and stores where the tensors are aligned.
+// a = act(g) * u; 16-byte loads and stores where the tensors are aligned.
 template <typename T>
-__device__ void swiglu(const T* g, const T* u, T* a, int64_t n) {
+__device__ void gated(const T* g, const T* u, T* a, int64_t n, int gelu) {
     constexpr int N = Vec16<T>::N;
     const bool vec = aligned16(g, u, a);
     if (vec) {
@@ -90,23 +107,22 @@ __device__ void swiglu(const T* g, const T* u, T* a, int64_t n) {
             const Vec16<T> gv = load16(g + i * N), uv = load16(u + i * N);
             Vec16<T> out;
 #pragma unroll
-            for (int k = 0; k < N; ++k) out.v[k] = round_to<T>(silu_mul(to_f32(gv.v[k]), to_f32(uv.v[k])));
+            for (int k = 0; k < N; ++k) out.v[k] = round_to<T>(act_mul(to_f32(gv.v[k]), to_f32(uv.v[k]), gelu));
             store16(a + i * N, out);
         }
     }
-    FOR_EACH_VALUE(i, vec ? n / N * N : 0, n) store(a + i, silu_mul(to_f32(g[i]), to_f32(u[i])));
+    FOR_EACH_VALUE(i, vec ? n / N * N : 0, n) store(a + i, act_mul(to_f32(g[i]), to_f32(u[i]), gelu));
 }
 
-// d_up = da silu(g); d_gate = da u sigma(g) (1 + g (1 - sigma(g))).
-__device__ __forceinline__ void swiglu_grads(float g, float u, float da, float& d_gate, float& d_up) {
-    const float sig = sigmoid(g);
-    d_up = da * g * sig;
-    d_gate = da * u * sig * (1.0f + g * (1.0f - sig));
+// d_up = da act(g); d_gate = da u act'(g).
+__device__ __forceinline__ void gated_grads(float g, float u, float da, int gelu, float& d_gate, float& d_up) {
+    d_up = da * gate_act(g, gelu);
+    d_gate = da * u * gate_act_grad(g, gelu);
 }
 
 // Both gradients into one buffer: d_gate at [0, n), d_up at [n, 2n).
 template <typename T>
-__device__ void swiglu_backward(const T* g, const T* u, const T* da, T* d_gate_up, int64_t n) {
+__device__ void gated_backward(const T* g, const T* u, const T* da, T* d_gate_up, int64_t n, int gelu) {
     constexpr int N = Vec16<T>::N;
     T* d_up = d_gate_up + n;
     const bool vec = aligned16(g, u, da, d_gate_up) && aligned16(d_up, d_up, d_up);
@@ -117,7 +133,7 @@ __device__ void swiglu_backward(const T* g, const T* u, const T* da, T* d_gate_u
             Vec16<T> dgv, duv;
 #pragma unroll
             for (int k = 0; k < N; ++k) {
-                swiglu_grads(to_f32(gv.v[k]), to_f32(uv.v[k]), to_f32(dav.v[k]), dg, du);
+                gated_grads(to_f32(gv.v[k]), to_f32(uv.v[k]), to_f32(dav.v[k]), gelu, dg, du);
                 dgv.v[k] = round_to<T>(dg);
                 duv.v[k] = round_to<T>(du);
             }
@@ -126,7 +142,7 @@ __device__ void swiglu_backward(const T* g, const T* u, const T* da, T* d_gate_u
         }
     }
     FOR_EACH_VALUE(i, vec ? n / N * N : 0, n) {
-        swiglu_grads(to_f32(g[i]), to_f32(u[i]), to_f32(da[i]), dg, du);
+        gated_grads(to_f32(g[i]), to_f32(u[i]), to_f32(da[i]), gelu, dg, du);
         store(d_gate_up + i, dg);
         store(d_up + i, du);
     }
@@ -140,10 +156,12 @@ __device__ void swiglu_backward(const T* g, const T* u, const T* da, T* d_gate_u
                                                         float eps) {                                         \
         rms_norm_backward<T>(x, w, dy, dx, cols, eps);                                                       \
     }                                                                                                        \
-    extern "C" __global__ void swiglu_##NAME(const T* g, const T* u, T* a, int64_t n) { swiglu<T>(g, u, a, n); } \
-    extern "C" __global__ void swiglu_backward_##NAME(const T* g, const T* u, const T* da, T* d_gate_up,     \
-                                                      int64_t n) {                                           \
-        swiglu_backward<T>(g, u, da, d_gate_up, n);                                                          \
+    extern "C" __global__ void gated_##NAME(const T* g, const T* u, T* a, int64_t n, int gelu) {             \
+        gated<T>(g, u, a, n, gelu);                                                                          \
+    }                                                                                                        \
+    extern "C" __global__ void gated_backward_##NAME(const T* g, const T* u, const T* da, T* d_gate_up,      \
+                                                     int64_t n, int gelu) {                                  \
+        gated_backward<T>(g, u, da, d_gate_up, n, gelu);                                                     \
     }
 
 ELEMENTWISE_OPS(f32, float)

@@ -74,55 +74,71 @@ fn elementwise_blocks(n: usize) -> usize {
     n.div_ceil(THREADS as usize).clamp(1, 65_535)
 }
 
-/// a = silu(g) ⊙ u.
-pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    by_dtype!(gate.dtype(), swiglu_typed(gate, up))
+/// The MLP's gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// silu (SwiGLU).
+    Silu,
+    /// gelu, tanh approximation (GeGLU).
+    GeluTanh,
 }
 
-fn swiglu_typed<T: CudaDType + WithDType + DeviceRepr>(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+/// a = act(g) ⊙ u.
+pub fn gated(gate: &Tensor, up: &Tensor, act: Gate) -> Result<Tensor> {
+    by_dtype!(gate.dtype(), gated_typed(gate, up, act))
+}
+
+fn gated_typed<T: CudaDType + WithDType + DeviceRepr>(
+    gate: &Tensor,
+    up: &Tensor,
+    act: Gate,
+) -> Result<Tensor> {
     let (gate, up) = (gate.contiguous()?, up.contiguous()?);
     if gate.dims() != up.dims() {
-        bail!("swiglu: gate {:?} and up {:?} differ", gate.dims(), up.dims());
+        bail!("gated: gate {:?} and up {:?} differ", gate.dims(), up.dims());
     }
     let n = gate.elem_count();
     let dev = cuda_device(&gate)?;
     let a = unsafe { dev.alloc::<T>(n)? };
-    let func = dev.get_or_load_custom_func(&format!("swiglu_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    let func = dev.get_or_load_custom_func(&format!("gated_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
     {
         let g = [&gate, &up].map(|t| t.storage_and_layout().0);
         let (gv, uv) = (view::<T>(&g[0], &gate)?, view::<T>(&g[1], &up)?);
         let n_i = n as i64;
         let mut l = func.builder();
-        l.arg(&gv).arg(&uv).arg(&a).arg(&n_i);
+        let gelu = i32::from(act == Gate::GeluTanh);
+        l.arg(&gv).arg(&uv).arg(&a).arg(&n_i).arg(&gelu);
         unsafe { l.launch(blocks(elementwise_blocks(n), THREADS)) }.w()?;
     }
     Ok(wrap(a, &dev, gate.dims()))
 }
 
-/// (d_gate, d_up) of `swiglu` given d(a), from one kernel pass.
-pub fn swiglu_backward(gate: &Tensor, up: &Tensor, da: &Tensor) -> Result<(Tensor, Tensor)> {
-    by_dtype!(gate.dtype(), swiglu_backward_typed(gate, up, da))
+/// (d_gate, d_up) of `gated` given d(a), from one kernel pass.
+pub fn gated_backward(gate: &Tensor, up: &Tensor, da: &Tensor, act: Gate) -> Result<(Tensor, Tensor)> {
+    by_dtype!(gate.dtype(), gated_backward_typed(gate, up, da, act))
 }
 
-fn swiglu_backward_typed<T: CudaDType + WithDType + DeviceRepr>(
+fn gated_backward_typed<T: CudaDType + WithDType + DeviceRepr>(
     gate: &Tensor,
     up: &Tensor,
     da: &Tensor,
+    act: Gate,
 ) -> Result<(Tensor, Tensor)> {
     let (gate, up, da) = (gate.contiguous()?, up.contiguous()?, da.contiguous()?);
     if gate.dims() != up.dims() || gate.dims() != da.dims() {
-        bail!("swiglu_backward: gate {:?}, up {:?} and da {:?} differ", gate.dims(), up.dims(), da.dims());
+        bail!("gated_backward: gate {:?}, up {:?} and da {:?} differ", gate.dims(), up.dims(), da.dims());
     }
     let n = gate.elem_count();
     let dev = cuda_device(&gate)?;
     let d_gate_up = unsafe { dev.alloc::<T>(2 * n)? };
-    let func = dev.get_or_load_custom_func(&format!("swiglu_backward_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    let func = dev.get_or_load_custom_func(&format!("gated_backward_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
     {
         let g = [&gate, &up, &da].map(|t| t.storage_and_layout().0);
         let (gv, uv, dav) = (view::<T>(&g[0], &gate)?, view::<T>(&g[1], &up)?, view::<T>(&g[2], &da)?);
         let n_i = n as i64;
         let mut l = func.builder();
-        l.arg(&gv).arg(&uv).arg(&dav).arg(&d_gate_up).arg(&n_i);
+        let gelu = i32::from(act == Gate::GeluTanh);
+        l.arg(&gv).arg(&uv).arg(&dav).arg(&d_gate_up).arg(&n_i).arg(&gelu);
         unsafe { l.launch(blocks(elementwise_blocks(n), THREADS)) }.w()?;
     }
     let mut shape = vec![2];

@@ -1,4 +1,5 @@
-//! One decoder layer: x + attn(norm(x)) then h + mlp(norm(h)), with LoRA on its projections.
+//! One decoder layer: x + attn(norm(x)) then h + mlp(norm(h)), with LoRA on its projections;
+//! Gemma's layers norm each sublayer's output too: x + norm(attn(norm(x))), h + norm(mlp(norm(h))).
 //! `forward` is the cheap pass (inference, and the training forward that keeps only the layer's
 //! input); `recompute` is the backward's, keeping exactly what `backward` reads and skipping the
 //! one product it never reads (the down projection's base GEMM, ~27% of a pass's weight FLOPs);
@@ -6,17 +7,25 @@
 
 use candle_core::{Result, Tensor};
 
+use super::arch::Activation;
 use super::lora::group::LoraGroup;
 use super::lora::linear::{DropoutSeed, LoraGrad, LoraLinear};
-use super::ops::attention::{attention, attention_backward, AttentionSaved};
+use super::ops::attention::{attention, attention_backward, AttentionSaved, ScoreRule};
 use super::ops::product_sum::ProductSum;
-use super::ops::{rms_norm, rms_norm_backward, swiglu, swiglu_backward, Rope};
+use super::ops::{gated, gated_backward, rms_norm, rms_norm_backward, Rope};
 use crate::profile::section;
 
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
+    /// The norm before attention, and the one before the MLP (Llama's `post_attention_layernorm`,
+    /// Gemma's `pre_feedforward_layernorm`). Gemma's (1 + w) is stored as that sum.
     pub input_layernorm: Tensor,
     pub post_attention_layernorm: Tensor,
+    /// Norms of the attention output and of the MLP output before their residual adds (Gemma's
+    /// `post_attention_layernorm` and `post_feedforward_layernorm`).
+    pub attn_out_norm: Option<Tensor>,
+    pub mlp_out_norm: Option<Tensor>,
+    pub activation: Activation,
     /// RMSNorm weights `[head_dim]` over each head of q and of k before RoPE (Qwen3).
     pub q_norm: Option<Tensor>,
     pub k_norm: Option<Tensor>,
@@ -60,8 +69,9 @@ pub struct LayerInput<'a> {
     pub mask: Option<&'a Tensor>,
     /// Position of the first token (non-zero only with a KV cache).
     pub offset: usize,
-    /// The sliding window the mask holds (the fused CUDA softmax masks by position).
-    pub window: Option<usize>,
+    /// The layer's query scale, soft cap and sliding window (the window is also the mask's; the
+    /// fused CUDA softmax masks by position).
+    pub scores: ScoreRule,
     /// Seed of this layer's LoRA dropout masks; `None` in eval mode.
     pub dropout_seed: Option<u64>,
 }
@@ -73,8 +83,9 @@ pub struct LayerSaved {
     mlp: MlpSaved,
 }
 
-/// h1 = x + o(attention(rope(q(n1)), rope(k(n1)), v(n1))), n1 = norm(x); with the LoRA groups of
-/// q/k/v and o (`None` on the per-projection path).
+/// h1 = x + o(attention(rope(q(n1)), rope(k(n1)), v(n1))), n1 = norm(x) (o's output normed first
+/// where there is an output norm); with the LoRA groups of q/k/v and o (`None` on the
+/// per-projection path).
 struct AttnSaved {
     x: Tensor,
     n1: Tensor,
@@ -88,10 +99,12 @@ struct AttnSaved {
     attention: AttentionSaved,
     qkv: Option<LoraGroup>,
     o: Option<LoraGroup>,
+    /// o's output, where its norm's backward reads it.
+    o_out: Option<Tensor>,
 }
 
-/// out = h1 + down(act), act = swiglu(gate(n2), up(n2)), n2 = norm(h1); with the LoRA groups of
-/// gate/up and down.
+/// out = h1 + down(act), act = act(gate(n2)) ⊙ up(n2), n2 = norm(h1) (down's output normed first
+/// where there is an output norm); with the LoRA groups of gate/up and down.
 struct MlpSaved {
     h1: Tensor,
     n2: Tensor,
@@ -100,6 +113,8 @@ struct MlpSaved {
     act: Tensor,
     gate_up: Option<LoraGroup>,
     down: Option<LoraGroup>,
+    /// down's output, where its norm's backward reads it (then the recompute cannot skip it).
+    down_out: Option<Tensor>,
 }
 
 /// Which of a layer's outputs a pass produces.
@@ -183,20 +198,35 @@ impl DecoderLayer {
             cache.v = Some(v.clone());
         }
         let (context, attention_saved) =
-            section("attention", q.device(), || attention(&q, &k, &v, input.mask, input.window))?;
+            section("attention", q.device(), || attention(&q, &k, &v, input.mask, &input.scores))?;
         let context = context.transpose(1, 2)?.reshape((b * t, self.n_heads * self.head_dim))?;
         let attn_out = self.lora_group(&[O], &context, input)?;
-        let h1 = self.residual(&x2, O, &context, input, attn_out.as_ref())?;
+        let keep = pass != Pass::Forward;
+        let (h1, o_out) = self.sublayer_out(
+            &x2,
+            O,
+            &context,
+            input,
+            attn_out.as_ref(),
+            self.attn_out_norm.as_ref(),
+            (true, keep),
+        )?;
+        let h1 = h1.ok_or_else(|| candle_core::Error::Msg("h1 is always computed".into()))?;
         let n2 = rms_norm(&h1, &self.post_attention_layernorm, self.rms_norm_eps)?;
         let mlp_in = self.lora_group(&[GATE, UP], &n2, input)?;
         let gate = self.project(GATE, &n2, input, mlp_in.as_ref().map(|g| (g, 0)))?;
         let up = self.project(UP, &n2, input, mlp_in.as_ref().map(|g| (g, 1)))?;
-        let act = swiglu(&gate, &up)?;
+        let act = gated(&gate, &up, self.activation)?;
         let mlp_out = self.lora_group(&[DOWN], &act, input)?;
-        let out = match pass {
-            Pass::Recompute => None,
-            _ => Some(self.residual(&h1, DOWN, &act, input, mlp_out.as_ref())?.reshape((b, t, hidden))?),
+        let (out, down_out) = match (&self.mlp_out_norm, pass) {
+            // the recompute skips down's base GEMM: nothing reads its output
+            (None, Pass::Recompute) => (None, None),
+            (norm, _) => {
+                let wanted = (pass != Pass::Recompute, keep);
+                self.sublayer_out(&h1, DOWN, &act, input, mlp_out.as_ref(), norm.as_ref(), wanted)?
+            }
         };
+        let out = out.map(|o| o.reshape((b, t, hidden))).transpose()?;
         let saved = (pass != Pass::Forward).then(|| LayerSaved {
             attn: AttnSaved {
                 x: x2,
@@ -210,8 +240,9 @@ impl DecoderLayer {
                 attention: attention_saved,
                 qkv,
                 o: attn_out,
+                o_out,
             },
-            mlp: MlpSaved { h1, n2, gate, up, act, gate_up: mlp_in, down: mlp_out },
+            mlp: MlpSaved { h1, n2, gate, up, act, gate_up: mlp_in, down: mlp_out, down_out },
         });
         Ok((out, saved))
     }
@@ -231,6 +262,35 @@ impl DecoderLayer {
         let (n, width) = y.dims2()?;
         let rows = (n * width / self.head_dim, self.head_dim);
         rms_norm_backward(&y.reshape(rows)?, w, self.rms_norm_eps, &dy.reshape(rows)?)?.reshape((n, width))
+    }
+
+    /// residual + proj(x), or residual + norm(proj(x)) with an output norm: the sum where
+    /// `want_sum`, and proj(x) where `keep_y` and the norm's backward will read it.
+    #[allow(clippy::too_many_arguments)]
+    fn sublayer_out(
+        &self,
+        residual: &Tensor,
+        p: usize,
+        x: &Tensor,
+        input: &LayerInput,
+        group: Option<&LoraGroup>,
+        out_norm: Option<&Tensor>,
+        (want_sum, keep_y): (bool, bool),
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let Some(w) = out_norm else {
+            return Ok((Some(self.residual(residual, p, x, input, group)?), None));
+        };
+        let y = self.project(p, x, input, group.map(|g| (g, 0)))?;
+        let sum = want_sum.then(|| residual + rms_norm(&y, w, self.rms_norm_eps)?).transpose()?;
+        Ok((sum, keep_y.then_some(y)))
+    }
+
+    /// The gradient of a sublayer's output before its output norm, given the residual stream's.
+    fn out_norm_backward(&self, y: Option<&Tensor>, out_norm: Option<&Tensor>, d: &Tensor) -> Result<Tensor> {
+        match (y, out_norm) {
+            (Some(y), Some(w)) => rms_norm_backward(y, w, self.rms_norm_eps, d),
+            _ => Ok(d.clone()),
+        }
     }
 
     /// The shared LoRA pass of projections `projs`, all reading x (`None`: per-projection path).
@@ -340,10 +400,12 @@ impl DecoderLayer {
         input: &LayerInput,
         grads: &mut [Option<LoraGrad>; 7],
     ) -> Result<Tensor> {
-        let MlpSaved { h1, n2, gate, up, act, gate_up, down } = saved;
-        let d_act = self.backward_shared_input(&act, &[(DOWN, &d_out)], input, down.as_ref(), grads)?;
-        drop((act, down));
-        let (d_gate, d_up) = swiglu_backward(&gate, &up, &d_act)?;
+        let MlpSaved { h1, n2, gate, up, act, gate_up, down, down_out } = saved;
+        let d_down = self.out_norm_backward(down_out.as_ref(), self.mlp_out_norm.as_ref(), &d_out)?;
+        drop(down_out);
+        let d_act = self.backward_shared_input(&act, &[(DOWN, &d_down)], input, down.as_ref(), grads)?;
+        drop((act, down, d_down));
+        let (d_gate, d_up) = gated_backward(&gate, &up, &d_act, self.activation)?;
         drop((gate, up, d_act));
         let dn2 =
             self.backward_shared_input(&n2, &[(GATE, &d_gate), (UP, &d_up)], input, gate_up.as_ref(), grads)?;
@@ -360,13 +422,15 @@ impl DecoderLayer {
         input: &LayerInput,
         grads: &mut [Option<LoraGrad>; 7],
     ) -> Result<Tensor> {
-        let AttnSaved { x, n1, q_raw, k_raw, q, k, v, context, attention, qkv, o } = saved;
-        let d_context = self.backward_shared_input(&context, &[(O, &d_h1)], input, o.as_ref(), grads)?;
-        drop((context, o));
+        let AttnSaved { x, n1, q_raw, k_raw, q, k, v, context, attention, qkv, o, o_out } = saved;
+        let d_o = self.out_norm_backward(o_out.as_ref(), self.attn_out_norm.as_ref(), &d_h1)?;
+        drop(o_out);
+        let d_context = self.backward_shared_input(&context, &[(O, &d_o)], input, o.as_ref(), grads)?;
+        drop((context, o, d_o));
         // a [b, h, t, d] view: the kernels read it strided, the composed path copies per chunk
         let d_context = d_context.reshape((b, t, self.n_heads, self.head_dim))?.transpose(1, 2)?;
         let (dq, dk, dv) = section("attention.backward", d_context.device(), || {
-            attention_backward(&q, &k, &v, input.mask, input.window, &attention, &d_context)
+            attention_backward(&q, &k, &v, input.mask, &input.scores, &attention, &d_context)
         })?;
         drop((q, k, v, attention, d_context));
         let flat = |x: Tensor, n: usize| x.transpose(1, 2)?.reshape((b * t, n * self.head_dim));

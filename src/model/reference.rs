@@ -5,10 +5,11 @@
 use candle_core::{Result, Tensor, Var, D};
 use rand::{Rng, SeedableRng};
 
+use super::arch::Activation;
 use super::decoder::CausalLm;
 use super::layer::DecoderLayer;
 use super::lora::linear::{BaseWeight, LoraAdapter, LoraLinear};
-use super::ops::attention::{causal_mask, repeat_kv};
+use super::ops::attention::{causal_mask, repeat_kv, ScoreRule};
 use super::ops::Rope;
 use super::PROJECTIONS;
 
@@ -40,7 +41,7 @@ fn rope_rotate_half(x: &Tensor, rope: &Rope) -> Result<Tensor> {
 }
 
 /// Layer forward for x `[b, t, hidden]`, differentiable end to end.
-pub fn layer_forward(layer: &DecoderLayer, x: &Tensor, rope: &Rope, window: Option<usize>) -> Result<Tensor> {
+pub fn layer_forward(layer: &DecoderLayer, x: &Tensor, rope: &Rope, rule: &ScoreRule) -> Result<Tensor> {
     let (b, t, hidden) = x.dims3()?;
     let hd = layer.head_dim;
     let x2 = x.reshape((b * t, hidden))?;
@@ -59,15 +60,31 @@ pub fn layer_forward(layer: &DecoderLayer, x: &Tensor, rope: &Rope, window: Opti
     let v = heads(linear(&n1, &layer.proj[2])?, layer.n_kv_heads)?;
     let n_rep = layer.n_heads / layer.n_kv_heads;
     let (k, v) = (repeat_kv(&k, n_rep)?, repeat_kv(&v, n_rep)?);
-    let scores = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?;
-    let scores = scores.broadcast_add(&causal_mask(t, t, 0, window, x.device())?.to_dtype(x.dtype())?)?;
-    let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
+    let scores = (q.matmul(&k.t()?)? * rule.scale)?;
+    let scores = match rule.softcap {
+        Some(cap) => ((scores / cap)?.tanh()? * cap)?,
+        None => scores,
+    };
+    let mask = causal_mask(t, t, 0, rule.window, x.device())?.to_dtype(x.dtype())?;
+    let probs = candle_nn::ops::softmax(&scores.broadcast_add(&mask)?, D::Minus1)?;
     let ctx = probs.matmul(&v)?.transpose(1, 2)?.reshape((b * t, layer.n_heads * hd))?;
-    let h1 = (&x2 + linear(&ctx, &layer.proj[3])?)?;
+    // Gemma's norms of each sublayer's output
+    let out_norm = |y: Tensor, w: &Option<Tensor>| match w {
+        Some(w) => candle_nn::ops::rms_norm_slow(&y, w, eps),
+        None => Ok(y),
+    };
+    let h1 = (&x2 + out_norm(linear(&ctx, &layer.proj[3])?, &layer.attn_out_norm)?)?;
     let n2 = candle_nn::ops::rms_norm_slow(&h1, &layer.post_attention_layernorm, eps)?;
     let g = linear(&n2, &layer.proj[4])?;
-    let act = ((&g * candle_nn::ops::sigmoid(&g)?)? * linear(&n2, &layer.proj[5])?)?;
-    (h1 + linear(&act, &layer.proj[6])?)?.reshape((b, t, hidden))
+    let gate = match layer.activation {
+        Activation::Silu => (&g * candle_nn::ops::sigmoid(&g)?)?,
+        Activation::GeluTanh => {
+            let inner = ((&g + (g.powf(3.0)? * 0.044715)?)? * (2.0 / std::f64::consts::PI).sqrt())?;
+            ((&g * (inner.tanh()? + 1.0)?)? * 0.5)?
+        }
+    };
+    let act = (gate * linear(&n2, &layer.proj[5])?)?;
+    (h1 + out_norm(linear(&act, &layer.proj[6])?, &layer.mlp_out_norm)?)?.reshape((b, t, hidden))
 }
 
 /// A random layer with LoRA (non-zero B) on every projection.
@@ -114,6 +131,9 @@ pub fn random_layer(
     DecoderLayer {
         input_layernorm: norm(rand_t((1, hidden), 0.3)),
         post_attention_layernorm: norm(rand_t((1, hidden), 0.3)),
+        attn_out_norm: None,
+        mlp_out_norm: None,
+        activation: Activation::Silu,
         q_norm: None,
         k_norm: None,
         proj: proj.try_into().unwrap(),
@@ -149,6 +169,8 @@ pub(crate) fn layer_f64(layer: &DecoderLayer) -> DecoderLayer {
         post_attention_layernorm: f64(&layer.post_attention_layernorm),
         q_norm: layer.q_norm.as_ref().map(f64),
         k_norm: layer.k_norm.as_ref().map(f64),
+        attn_out_norm: layer.attn_out_norm.as_ref().map(f64),
+        mlp_out_norm: layer.mlp_out_norm.as_ref().map(f64),
         proj: layer.proj.clone().map(|p| linear_f64(&p)),
         ..layer.clone()
     }
@@ -197,19 +219,23 @@ mod tests {
     }
 
     fn check_layer(window: Option<usize>, kv_heads: usize) {
-        check_layer_of(random_layer(32, 48, 4, kv_heads, 3, 7), window)
+        check_layer_of(random_layer(32, 48, 4, kv_heads, 3, 7), &ScoreRule::causal(8, window))
     }
 
-    fn check_layer_of(layer: DecoderLayer, window: Option<usize>) {
+    fn check_layer_of(layer: DecoderLayer, rule: &ScoreRule) {
+        let window = rule.window;
         let dev = Device::Cpu;
         let rope = Rope::new(8, 10000.0, 64, DType::F32, &dev).unwrap();
         let (b, t) = (2, 9);
         let x = Tensor::randn(0f32, 1.0, (b, t, 32), &dev).unwrap();
         let d_out = Tensor::randn(0f32, 1.0, (b, t, 32), &dev).unwrap();
         let mask = causal_mask(t, t, 0, window, &dev).unwrap();
-        let input = LayerInput { rope: &rope, mask: Some(&mask), offset: 0, window, dropout_seed: None };
+        let input =
+            LayerInput { rope: &rope, mask: Some(&mask), offset: 0, scores: *rule, dropout_seed: None };
 
         let (out, saved) = layer.forward_saving(&x, &input).unwrap();
+        // the cheap forward gives the same output
+        assert_eq!(max_rel(&layer.forward(&x, &input, None).unwrap(), &out), 0.0);
         let (dx, grads) = layer.backward(saved, &d_out, &input).unwrap();
         // the training recompute skips the output but keeps the same activations
         let (dx_re, grads_re) = layer.backward(layer.recompute(&x, &input).unwrap(), &d_out, &input).unwrap();
@@ -221,13 +247,13 @@ mod tests {
         }
 
         let xv = Var::from_tensor(&x).unwrap();
-        let out_ref = layer_forward(&layer, xv.as_tensor(), &rope, window).unwrap();
+        let out_ref = layer_forward(&layer, xv.as_tensor(), &rope, rule).unwrap();
         // The oracle again in f64 on the same values: the exact answer. The f64 rope's tables are
         // the f32 ones (computed in f32, then cast); everything else keeps the inputs' dtype.
         let layer64 = layer_f64(&layer);
         let rope64 = Rope::new(8, 10000.0, 64, DType::F64, &dev).unwrap();
         let xv64 = Var::from_tensor(&x.to_dtype(DType::F64).unwrap()).unwrap();
-        let out_exact = layer_forward(&layer64, xv64.as_tensor(), &rope64, window).unwrap();
+        let out_exact = layer_forward(&layer64, xv64.as_tensor(), &rope64, rule).unwrap();
         assert_within_reference_error("layer forward", &out, &out_ref, &out_exact);
         let g = (out_ref * &d_out).unwrap().sum_all().unwrap().backward().unwrap();
         let d_out64 = d_out.to_dtype(DType::F64).unwrap();
@@ -265,7 +291,25 @@ mod tests {
         let ramp = Tensor::arange(0u32, hd as u32, &Device::Cpu).unwrap().to_dtype(DType::F32).unwrap();
         layer.q_norm = Some(((&ramp * 0.05).unwrap() + 0.8).unwrap());
         layer.k_norm = Some(((&ramp * -0.04).unwrap() + 1.1).unwrap());
-        check_layer_of(layer, None);
+        check_layer_of(layer, &ScoreRule::causal(hd, None));
+    }
+
+    /// Gemma's layer: norms of the attention and MLP outputs, GeGLU, q/k norms, a query scale
+    /// of its own, soft-capped scores (tight enough to bend them) and a window.
+    #[test]
+    fn layer_backward_matches_autograd_gemma() {
+        let mut layer = random_layer(32, 48, 4, 2, 3, 13);
+        let hd = layer.head_dim;
+        let ramp = |n: usize, slope: f64, at: f64| {
+            let r = Tensor::arange(0u32, n as u32, &Device::Cpu).unwrap().to_dtype(DType::F32).unwrap();
+            ((r * slope).unwrap() + at).unwrap()
+        };
+        layer.attn_out_norm = Some(ramp(32, 0.02, 0.7));
+        layer.mlp_out_norm = Some(ramp(32, -0.015, 1.2));
+        layer.q_norm = Some(ramp(hd, 0.05, 0.8));
+        layer.k_norm = Some(ramp(hd, -0.04, 1.1));
+        layer.activation = Activation::GeluTanh;
+        check_layer_of(layer, &ScoreRule { scale: 0.45, softcap: Some(1.0), window: Some(5) });
     }
 
     #[test]
@@ -280,8 +324,8 @@ mod tests {
         let rope = Rope::new(8, 10000.0, 64, DType::F32, &dev).unwrap();
         let x = Tensor::randn(0f32, 1.0, (1, 6, 32), &dev).unwrap();
         let mask = causal_mask(6, 6, 0, None, &dev).unwrap();
-        let input =
-            LayerInput { rope: &rope, mask: Some(&mask), offset: 0, window: None, dropout_seed: Some(11) };
+        let scores = ScoreRule::causal(8, None);
+        let input = LayerInput { rope: &rope, mask: Some(&mask), offset: 0, scores, dropout_seed: Some(11) };
         let eval = LayerInput { dropout_seed: None, ..input };
         let a = layer.forward(&x, &input, None).unwrap();
         let (b, _) = layer.forward_saving(&x, &input).unwrap();

@@ -112,9 +112,9 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, tokens: usize) -> Estimate {
     let dims = projection_dims(m);
     let projections: u64 = dims.iter().map(|&(o, n)| stored_weight_bytes((o * n) as u64, run)).sum();
     let table = m.vocab_size as u64 * h * b;
-    let tables_on_device = if m.tie_word_embeddings || !run.embeddings_on_host { 1 } else { 0 };
+    let tables_on_device = if m.tied_embeddings() || !run.embeddings_on_host { 1 } else { 0 };
     // an untied lm_head is streamed from the host with offload (model/lm_head.rs)
-    let lm_head = if m.tie_word_embeddings || run.host_offload { 0 } else { table };
+    let lm_head = if m.tied_embeddings() || run.host_offload { 0 } else { table };
     let rope = m.max_position_embeddings as u64 * m.head_dim() as u64 * b;
     let norms = (2 * layers + 1) * h * b;
     let base_weights = layers * projections + lm_head + tables_on_device * table + rope + norms;
@@ -148,7 +148,7 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, tokens: usize) -> Estimate {
     let largest_weight = dims.iter().map(|&(o, n)| (o * n) as u64).max().unwrap_or(0);
     let checkpoint_bytes = t * h * b;
     let all_checkpoints = layers * checkpoint_bytes;
-    let streamed = run.host_offload && !m.tie_word_embeddings;
+    let streamed = run.host_offload && !m.tied_embeddings();
     Estimate {
         tokens,
         base_weights,

@@ -40,10 +40,32 @@ pub struct ModelConfig {
     /// transformers ≥ 5 may list each layer's kind ("full_attention" / "sliding_attention").
     #[serde(default)]
     pub layer_types: Option<Vec<String>>,
+    /// Absent: tied for Gemma (its configs leave the key out), untied otherwise; read it through
+    /// `tied_embeddings()`.
     #[serde(default)]
-    pub tie_word_embeddings: bool,
+    pub tie_word_embeddings: Option<bool>,
     #[serde(default = "default_act")]
     pub hidden_act: String,
+    /// Gemma's name for the MLP activation (Gemma 2 configs carry both; this one wins).
+    #[serde(default)]
+    pub hidden_activation: Option<String>,
+    /// Gemma: scores are q·k / sqrt(query_pre_attn_scalar).
+    #[serde(default)]
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Gemma 2: attention scores and final logits soft-capped, cap · tanh(x / cap).
+    #[serde(default)]
+    pub attn_logit_softcapping: Option<f64>,
+    #[serde(default)]
+    pub final_logit_softcapping: Option<f64>,
+    /// Gemma 3 before transformers 5: the RoPE base of the sliding-window layers, and every
+    /// how-many-th layer is global.
+    #[serde(default)]
+    pub rope_local_base_freq: Option<f64>,
+    #[serde(default)]
+    pub sliding_window_pattern: Option<usize>,
+    /// Gemma 3: attention both ways (an encoder use); refused.
+    #[serde(default)]
+    pub use_bidirectional_attention: Option<bool>,
     #[serde(default)]
     pub attention_bias: bool,
     #[serde(default)]
@@ -78,13 +100,21 @@ impl ModelConfig {
         Ok(cfg)
     }
 
-    /// RoPE base frequency: `rope_parameters.rope_theta` (transformers ≥ 5) or `rope_theta`.
+    /// RoPE base frequency: `rope_parameters.rope_theta` (transformers ≥ 5; Gemma 3 keeps one
+    /// per layer kind, this is the global layers') or `rope_theta`.
     pub fn rope_theta(&self) -> f64 {
         self.rope_parameters
             .as_ref()
-            .and_then(|p| p.get("rope_theta"))
+            .and_then(|p| p.get("full_attention").unwrap_or(p).get("rope_theta"))
             .and_then(|t| t.as_f64())
             .unwrap_or(self.rope_theta)
+    }
+
+    /// Whether lm_head is the embedding table: `tie_word_embeddings`, whose default is the
+    /// family's (transformers' Gemma configs default to tied).
+    pub fn tied_embeddings(&self) -> bool {
+        let gemma = self.architectures.first().is_some_and(|a| a.starts_with("Gemma"));
+        self.tie_word_embeddings.unwrap_or(gemma)
     }
 
     pub fn num_kv_heads(&self) -> usize {
@@ -102,7 +132,7 @@ impl ModelConfig {
         let q = self.num_attention_heads * self.head_dim();
         let kv = self.num_key_value_heads.unwrap_or(self.num_attention_heads) * self.head_dim();
         let layer = h * q * 2 + h * kv * 2 + 3 * h * i + 2 * h;
-        let heads = if self.tie_word_embeddings { 1 } else { 2 };
+        let heads = if self.tied_embeddings() { 1 } else { 2 };
         self.num_hidden_layers * layer + heads * self.vocab_size * h + h
     }
 }

@@ -31,6 +31,8 @@ pub const FAMILIES: &[Family] = &[
     Family { architecture: "MistralForCausalLM", describe: mistral },
     Family { architecture: "Qwen2ForCausalLM", describe: qwen2 },
     Family { architecture: "Qwen3ForCausalLM", describe: qwen3 },
+    Family { architecture: "Gemma2ForCausalLM", describe: gemma2 },
+    Family { architecture: "Gemma3ForCausalLM", describe: gemma3 },
 ];
 
 /// Llama 2 / 3.x: the base every other family is written against.
@@ -62,6 +64,75 @@ fn qwen3(c: &ModelConfig) -> anyhow::Result<Architecture> {
     let mut a = Architecture::llama(c)?;
     a.qk_norm = true;
     a.windows = qwen_windows(c)?;
+    Ok(a)
+}
+
+/// What Gemma 2 and 3 share: (1 + w) norms, norms after each sublayer's output too, GeGLU
+/// (`hidden_activation`), embeddings times sqrt(hidden), scores scaled by
+/// 1/sqrt(query_pre_attn_scalar), and `layer_types` (or every `pattern`-th layer global) for the
+/// sliding windows.
+fn gemma(c: &ModelConfig, pattern: usize) -> anyhow::Result<Architecture> {
+    let mut c = c.clone();
+    if let Some(act) = &c.hidden_activation {
+        c.hidden_act = act.clone();
+    }
+    let mut a = Architecture::llama(&c)?;
+    a.norm_weight_offset = 1.0;
+    a.post_sublayer_norms = true;
+    a.embedding_scale = Some((c.hidden_size as f64).sqrt());
+    a.query_scale = 1.0 / c.query_pre_attn_scalar.unwrap_or(256.0).sqrt();
+    let kinds: Vec<bool> = match &c.layer_types {
+        Some(kinds) => {
+            if kinds.len() != c.num_hidden_layers {
+                bail!("layer_types: {} entries for {} layers", kinds.len(), c.num_hidden_layers);
+            }
+            kinds.iter().map(|k| k == "sliding_attention").collect()
+        }
+        None => (0..c.num_hidden_layers).map(|l| (l + 1) % pattern != 0).collect(),
+    };
+    a.windows = kinds.iter().map(|&sliding| c.sliding_window.filter(|_| sliding)).collect();
+    Ok(a)
+}
+
+/// Gemma 2: local and global layers alternating (the first local), soft-capped attention scores
+/// and final logits.
+fn gemma2(c: &ModelConfig) -> anyhow::Result<Architecture> {
+    let mut a = gemma(c, 2)?;
+    a.attention_softcap = c.attn_logit_softcapping;
+    a.final_logit_softcap = c.final_logit_softcapping;
+    Ok(a)
+}
+
+/// Gemma 3 (text): five local layers to one global by default, q/k norms, and a RoPE of their
+/// own on the local layers: `rope_parameters.sliding_attention` (transformers ≥ 5) or
+/// `rope_local_base_freq` unscaled; the global layers' is `full_attention` or the usual keys.
+fn gemma3(c: &ModelConfig) -> anyhow::Result<Architecture> {
+    if c.use_bidirectional_attention == Some(true) {
+        bail!("use_bidirectional_attention: true (lora-ft trains causal decoders)");
+    }
+    let mut a = gemma(c, c.sliding_window_pattern.unwrap_or(6))?;
+    a.qk_norm = true;
+    a.attention_softcap = c.attn_logit_softcapping;
+    a.final_logit_softcap = c.final_logit_softcapping;
+    let by_kind = c.rope_parameters.as_ref().filter(|p| p.get("sliding_attention").is_some());
+    let local = match by_kind {
+        Some(p) => {
+            let local = &p["sliding_attention"];
+            let theta = local.get("rope_theta").and_then(|t| t.as_f64()).unwrap_or(10_000.0);
+            let key = "rope_parameters.sliding_attention";
+            RopeSpec { theta, scaling: scaling_of(local, key, c)?, max_positions: c.max_position_embeddings }
+        }
+        None => RopeSpec {
+            theta: c.rope_local_base_freq.unwrap_or(10_000.0),
+            scaling: RopeScaling::None,
+            max_positions: c.max_position_embeddings,
+        },
+    };
+    if let Some(p) = by_kind {
+        let global = p.get("full_attention").context("rope_parameters.full_attention is missing")?;
+        a.rope.scaling = scaling_of(global, "rope_parameters.full_attention", c)?;
+    }
+    a.local_rope = Some(local);
     Ok(a)
 }
 
@@ -142,6 +213,8 @@ pub struct Architecture {
     /// Norms after the attention and MLP outputs too, before the residual add (Gemma 2/3).
     pub post_sublayer_norms: bool,
     pub rope: RopeSpec,
+    /// The RoPE of the sliding-window layers where it is not `rope` (Gemma 3's local layers).
+    pub local_rope: Option<RopeSpec>,
     /// Biases on q, k and v (Qwen2/2.5; frozen, LoRA adds to the projection).
     pub qkv_bias: bool,
     /// RMSNorm over each head of q and of k before RoPE (Qwen3, Gemma 3).
@@ -213,10 +286,11 @@ impl Architecture {
                 scaling: rope_scaling(c)?,
                 max_positions: c.max_position_embeddings,
             },
+            local_rope: None,
             qkv_bias: c.attention_bias,
             qk_norm: false,
             activation,
-            tied_embeddings: c.tie_word_embeddings,
+            tied_embeddings: c.tied_embeddings(),
             embedding_scale: None,
             query_scale: 1.0 / (head_dim as f64).sqrt(),
             attention_softcap: None,
@@ -227,23 +301,29 @@ impl Architecture {
 
     /// The one place that says what the layers compute today; the rest is refused by name.
     pub fn check_supported(&self) -> anyhow::Result<()> {
-        let refuse = |what: &str| bail!("{what} is not supported yet ({})", self.family);
-        if self.activation != Activation::Silu {
-            return refuse("hidden_act other than silu");
+        if self.norm_weight_offset != 0.0 && self.norm_weight_offset != 1.0 {
+            bail!("a norm weight offset of {} ({})", self.norm_weight_offset, self.family);
         }
-        if self.norm_weight_offset != 0.0 || self.post_sublayer_norms {
-            return refuse("Gemma's norms");
+        for (key, cap) in [
+            ("attn_logit_softcapping", self.attention_softcap),
+            ("final_logit_softcapping", self.final_logit_softcap),
+        ] {
+            if cap.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
+                bail!("{key}: {cap:?} (a soft cap must be a positive number)");
+            }
         }
-        if self.embedding_scale.is_some()
-            || self.attention_softcap.is_some()
-            || self.final_logit_softcap.is_some()
-        {
-            return refuse("embedding scaling and logit soft-capping");
-        }
-        if (self.query_scale - 1.0 / (self.head_dim as f64).sqrt()).abs() > 1e-12 {
-            return refuse("a query scale other than 1/sqrt(head_dim)");
+        if !(self.query_scale > 0.0 && self.query_scale.is_finite()) {
+            bail!("query_pre_attn_scalar: gives the query scale {} (must be positive)", self.query_scale);
         }
         Ok(())
+    }
+
+    /// The RoPE of layer `l`: the local one on sliding-window layers where the family has one.
+    pub fn rope_of(&self, l: usize) -> &RopeSpec {
+        match (&self.local_rope, self.window(l)) {
+            (Some(local), Some(_)) => local,
+            _ => &self.rope,
+        }
     }
 
     /// The sliding window of layer `l` (`None`: full causal attention).
@@ -252,8 +332,7 @@ impl Architecture {
     }
 }
 
-/// `rope_scaling` (transformers < 5) or `rope_parameters` (≥ 5), typed; `rope_type` or the older
-/// `type` names the kind.
+/// `rope_scaling` (transformers < 5) or `rope_parameters` (≥ 5), typed.
 fn rope_scaling(c: &ModelConfig) -> anyhow::Result<RopeScaling> {
     let Some(p) = c.rope_scaling.as_ref().filter(|s| !s.is_null()).or(c.rope_parameters.as_ref()) else {
         return Ok(RopeScaling::None);
@@ -263,6 +342,16 @@ fn rope_scaling(c: &ModelConfig) -> anyhow::Result<RopeScaling> {
     } else {
         "rope_parameters"
     };
+    // Gemma 3 under transformers ≥ 5: one set per layer kind; the global layers' here
+    match p.get("full_attention") {
+        Some(global) => scaling_of(global, "rope_parameters.full_attention", c),
+        None => scaling_of(p, key, c),
+    }
+}
+
+/// One RoPE parameter set `p` (found at `key`), typed; `rope_type` or the older `type` names the
+/// kind.
+fn scaling_of(p: &serde_json::Value, key: &str, c: &ModelConfig) -> anyhow::Result<RopeScaling> {
     let kind = p.get("rope_type").or_else(|| p.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
     let num = |name: &str| -> anyhow::Result<f64> {
         p.get(name)
@@ -308,126 +397,5 @@ fn rope_scaling(c: &ModelConfig) -> anyhow::Result<RopeScaling> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config(json: serde_json::Value) -> ModelConfig {
-        serde_json::from_value(json).unwrap()
-    }
-
-    fn base() -> serde_json::Value {
-        serde_json::json!({"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
-            "num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 8})
-    }
-
-    /// The family decides the window, not the sizes: the same config as Llama has none, as
-    /// Mistral the window on every layer.
-    #[test]
-    fn mistral_is_llama_with_a_window_on_every_layer() {
-        let mut json = base();
-        json["sliding_window"] = 4096.into();
-        let llama = Architecture::from_config(&config(json.clone())).unwrap();
-        assert_eq!(llama.windows, vec![None; 4]);
-        json["architectures"] = serde_json::json!(["MistralForCausalLM"]);
-        let mistral = Architecture::from_config(&config(json)).unwrap();
-        assert_eq!(mistral.windows, vec![Some(4096); 4]);
-        assert_eq!((mistral.head_dim, mistral.num_kv_heads), (128, 8));
-        assert_eq!(mistral.query_scale, 1.0 / 128f64.sqrt());
-        assert_eq!((llama.family, mistral.family), ("LlamaForCausalLM", "MistralForCausalLM"));
-        assert_eq!(Architecture { windows: llama.windows.clone(), family: llama.family, ..mistral }, llama);
-    }
-
-    /// An explicit head_dim (Mistral Nemo: 5120 hidden, 32 heads of 128) is read, not derived.
-    #[test]
-    fn an_explicit_head_dim_is_kept() {
-        let mut json = base();
-        json["hidden_size"] = 5120.into();
-        json["head_dim"] = 128.into();
-        json["architectures"] = serde_json::json!(["MistralForCausalLM"]);
-        let a = Architecture::from_config(&config(json)).unwrap();
-        assert_eq!(a.head_dim, 128);
-        assert_ne!(a.head_dim * a.num_heads, a.hidden_size);
-    }
-
-    /// Llama 3.1's rope_scaling is read into its typed form, in both spellings transformers
-    /// writes; a feature the layers do not compute yet is refused in `check_supported`, by name.
-    #[test]
-    fn rope_scaling_is_typed_and_unsupported_features_are_refused_in_one_place() {
-        let mut json = base();
-        json["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0,
-            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
-        let c = config(json.clone());
-        let want = RopeScaling::Llama3 {
-            factor: 8.0,
-            low_freq_factor: 1.0,
-            high_freq_factor: 4.0,
-            original_max_position: 8192,
-        };
-        assert_eq!(Architecture::from_config(&c).unwrap().rope.scaling, want);
-        json.as_object_mut().unwrap().remove("rope_scaling");
-        json["rope_parameters"] =
-            serde_json::json!({"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5});
-        let a = Architecture::llama(&config(json.clone())).unwrap();
-        assert_eq!(
-            a.rope,
-            RopeSpec { theta: 5e5, scaling: RopeScaling::Linear { factor: 2.0 }, max_positions: 4096 }
-        );
-        json["hidden_act"] = "gelu_pytorch_tanh".into();
-        let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
-        assert!(err.contains("hidden_act other than silu") && err.contains("not supported yet"), "{err}");
-    }
-
-    /// YaRN's attention factor: given, DeepSeek's mscale ratio, or left to the default.
-    #[test]
-    fn yarn_reads_its_attention_factor() {
-        let yarn = |extra: serde_json::Value| {
-            let mut json = base();
-            let mut p = serde_json::json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768});
-            p.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-            json["rope_scaling"] = p;
-            match Architecture::from_config(&config(json)).unwrap().rope.scaling {
-                RopeScaling::Yarn { attention_factor, original_max_position, .. } => {
-                    assert_eq!(original_max_position, 32768);
-                    attention_factor
-                }
-                other => panic!("{other:?}"),
-            }
-        };
-        assert_eq!(yarn(serde_json::json!({})), None);
-        assert_eq!(yarn(serde_json::json!({"attention_factor": 1.5})), Some(1.5));
-        let ratio = yarn(serde_json::json!({"mscale": 1.0, "mscale_all_dim": 0.5})).unwrap();
-        assert!((ratio - (0.1 * 4f64.ln() + 1.0) / (0.05 * 4f64.ln() + 1.0)).abs() < 1e-15);
-    }
-
-    /// Qwen2's window: off unless `use_sliding_window`, then on the layers from
-    /// `max_window_layers` on; its q/k/v always biased.
-    #[test]
-    fn qwen2_has_biases_and_its_own_window_rule() {
-        let mut json = base();
-        json["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
-        json["sliding_window"] = 32768.into();
-        json["max_window_layers"] = 2.into();
-        let a = Architecture::from_config(&config(json.clone())).unwrap();
-        assert!(a.qkv_bias);
-        assert_eq!(a.windows, vec![None; 4]);
-        json["use_sliding_window"] = true.into();
-        let a = Architecture::from_config(&config(json)).unwrap();
-        assert_eq!(a.windows, vec![None, None, Some(32768), Some(32768)]);
-    }
-
-    #[test]
-    fn unknown_families_and_missing_keys_are_named() {
-        let mut json = base();
-        json["architectures"] = serde_json::json!(["GPT2LMHeadModel"]);
-        let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
-        assert!(err.contains("GPT2LMHeadModel") && err.contains("MistralForCausalLM"), "{err}");
-        let mut json = base();
-        json["rope_scaling"] = serde_json::json!({"type": "yarn"});
-        let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
-        assert!(err.contains("rope_scaling.factor"), "{err}");
-        let mut json = base();
-        json["hidden_act"] = "relu".into();
-        let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
-        assert!(err.contains("hidden_act") && err.contains("relu"), "{err}");
-    }
-}
+#[path = "family_tests.rs"]
+mod tests;

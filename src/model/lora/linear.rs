@@ -305,7 +305,7 @@ impl LoraLinear {
 mod tests {
     use super::*;
     use crate::model::layer::{DecoderLayer, LayerInput};
-    use crate::model::ops::attention::causal_mask;
+    use crate::model::ops::attention::{causal_mask, ScoreRule};
     use crate::model::ops::Rope;
     use crate::model::reference::{linear_f64, random_layer};
     use crate::testing::assert_within_reference_error;
@@ -415,8 +415,13 @@ mod tests {
         let x = Tensor::randn(0f32, 1.0, (2, 7, 32), &dev)?;
         let d_out = Tensor::randn(0f32, 1.0, (2, 7, 32), &dev)?;
         let mask = causal_mask(7, 7, 0, None, &dev)?;
-        let input =
-            LayerInput { rope: &rope, mask: Some(&mask), offset: 0, window: None, dropout_seed: None };
+        let input = LayerInput {
+            rope: &rope,
+            mask: Some(&mask),
+            offset: 0,
+            scores: ScoreRule::causal(8, None),
+            dropout_seed: None,
+        };
         let (out_q, saved_q) = nf4.forward_saving(&x, &input)?;
         let (out_d, saved_d) = dense.forward_saving(&x, &input)?;
         assert_eq!(bits(&out_q), bits(&out_d));

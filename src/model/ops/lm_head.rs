@@ -22,25 +22,37 @@ pub enum LmHead {
 }
 
 impl LmHead {
-    /// Logits `[n, vocab]` of hidden states `[n, hidden]`, in the compute dtype.
-    pub fn logits(&self, h: &Tensor) -> Result<Tensor> {
-        match self {
-            Self::Device(w) => h.matmul(&w.t()?),
+    /// Logits `[n, vocab]` of hidden states `[n, hidden]`, in the compute dtype, soft-capped
+    /// where the family does.
+    pub fn logits(&self, h: &Tensor, softcap: Option<f64>) -> Result<Tensor> {
+        let logits = match self {
+            Self::Device(w) => h.matmul(&w.t()?)?,
             #[cfg(feature = "cuda")]
-            Self::Host(w) => w.logits(h),
+            Self::Host(w) => w.logits(h)?,
+        };
+        match softcap {
+            None => Ok(logits),
+            Some(cap) => Ok(super::softcap::softcap(&logits, cap)?.0),
         }
     }
 
     /// The summed cross-entropy of `hidden` against `targets` (see loss.rs `cross_entropy`).
+    /// The streamed head does not soft-cap: a model with capped logits keeps its head on the
+    /// device (Gemma 2's is the embedding table anyway).
     pub fn cross_entropy(
         &self,
         hidden: &Tensor,
         targets: &[i64],
         grad_scale: Option<f64>,
         chunk_rows: usize,
+        softcap: Option<f64>,
     ) -> Result<LossOutput> {
         match self {
-            Self::Device(w) => cross_entropy(hidden, w, targets, grad_scale, chunk_rows),
+            Self::Device(w) => cross_entropy(hidden, w, targets, grad_scale, chunk_rows, softcap),
+            #[cfg(feature = "cuda")]
+            Self::Host(_) if softcap.is_some() => {
+                candle_core::bail!("a streamed lm_head does not soft-cap the logits")
+            }
             #[cfg(feature = "cuda")]
             Self::Host(w) => w.cross_entropy(hidden, targets, grad_scale),
         }
@@ -172,7 +184,7 @@ pub mod host {
             for (dtype, tol) in [(DType::F32, 1e-5), (DType::F16, 2e-3), (DType::BF16, 2e-2)] {
                 let hidden = Tensor::randn(0f32, 1.0, (11, 32), &gpu).unwrap().to_dtype(dtype).unwrap();
                 let head = Tensor::randn(0f32, 1.0, (300, 32), &gpu).unwrap().to_dtype(dtype).unwrap();
-                let want = cross_entropy(&hidden, &head, &targets, Some(0.25), 4).unwrap();
+                let want = cross_entropy(&hidden, &head, &targets, Some(0.25), 4, None).unwrap();
                 let streamed = HostLmHead::with_chunk(&head, 64).unwrap().expect("maps");
                 let got = streamed.cross_entropy(&hidden, &targets, Some(0.25)).unwrap();
                 assert_eq!(got.n_tokens, want.n_tokens);

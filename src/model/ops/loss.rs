@@ -3,6 +3,8 @@
 
 use candle_core::{DType, Result, Tensor, D};
 
+use super::softcap::{softcap, softcap_backward};
+
 pub const IGNORE_INDEX: i64 = -100;
 
 /// HF's shift: position t predicts labels[t + 1]; the last position of each row predicts nothing.
@@ -23,7 +25,8 @@ pub struct LossOutput {
     pub d_hidden: Option<Tensor>,
 }
 
-/// hidden `[n, d]` (after the final norm), lm_head `[vocab, d]`, targets (len n, −100 = none).
+/// hidden `[n, d]` (after the final norm), lm_head `[vocab, d]`, targets (len n, −100 = none);
+/// logits soft-capped to `softcap` first where the family does (Gemma 2).
 /// With `grad_scale = Some(s)` also returns the gradient of `s · loss_sum` w.r.t. hidden.
 /// Logits exist one chunk of `chunk_rows` trained rows at a time; on CUDA the fused kernel turns
 /// each chunk into per-row losses (summed once, at the end: one read-back) and its gradient.
@@ -33,6 +36,7 @@ pub fn cross_entropy(
     targets: &[i64],
     grad_scale: Option<f64>,
     chunk_rows: usize,
+    logit_softcap: Option<f64>,
 ) -> Result<LossOutput> {
     let device = hidden.device();
     let rows: Vec<u32> = (0..targets.len() as u32).filter(|&i| targets[i as usize] != IGNORE_INDEX).collect();
@@ -44,6 +48,10 @@ pub fn cross_entropy(
         let tgt: Vec<u32> = chunk.iter().map(|&i| targets[i as usize] as u32).collect();
         let tgt = Tensor::from_vec(tgt, chunk.len(), device)?;
         let logits = hidden.index_select(&idx, 0)?.matmul(&lm_head.t()?)?;
+        let (logits, tanh) = match logit_softcap {
+            None => (logits, None),
+            Some(cap) => softcap(&logits, cap).map(|(l, t)| (l, Some(t)))?,
+        };
         let d_logits = if device.is_cuda() {
             fused_chunk(&logits, &tgt, grad_scale, &mut row_losses)?
         } else {
@@ -52,6 +60,10 @@ pub fn cross_entropy(
             d_logits
         };
         if let Some(d_logits) = d_logits {
+            let d_logits = match &tanh {
+                None => d_logits,
+                Some(t) => softcap_backward(&d_logits, t, logits.dtype())?,
+            };
             d_rows.push(d_logits.matmul(lm_head)?);
         }
     }
@@ -123,20 +135,31 @@ mod tests {
         assert_eq!(t, vec![2, 3, -100, 5, 6, -100]);
     }
 
-    /// Reference: full logits, candle_nn's cross-entropy (a mean), autograd; the same in f64
-    /// (log_softmax and nll keep the dtype) is the exact answer.
+    /// Reference: full logits (soft-capped by their formula where asked), candle_nn's
+    /// cross-entropy (a mean), autograd; the same in f64 (log_softmax and nll keep the dtype) is
+    /// the exact answer.
     #[test]
     fn loss_and_gradient_match_autograd() {
+        loss_case(None);
+        // a cap of 2 on logits of spread ~2: well inside tanh's bend
+        loss_case(Some(2.0));
+    }
+
+    fn loss_case(cap: Option<f64>) {
         let dev = Device::Cpu;
         let hidden = Tensor::randn(0f32, 1.0, (6, 4), &dev).unwrap();
         let head = Tensor::randn(0f32, 1.0, (9, 4), &dev).unwrap();
         let targets = [3, -100, 0, 8, -100, 2];
-        let out = cross_entropy(&hidden, &head, &targets, Some(0.25), 2).unwrap();
+        let out = cross_entropy(&hidden, &head, &targets, Some(0.25), 2, cap).unwrap();
         // the mean loss and its gradient w.r.t. hidden, in the inputs' dtype
         let reference = |hidden: &Tensor, head: &Tensor| {
             let hv = candle_core::Var::from_tensor(hidden).unwrap();
             let keep = Tensor::new(&[0u32, 2, 3, 5], &dev).unwrap();
             let logits = hv.as_tensor().index_select(&keep, 0).unwrap().matmul(&head.t().unwrap()).unwrap();
+            let logits = match cap {
+                Some(c) => ((logits / c).unwrap().tanh().unwrap() * c).unwrap(),
+                None => logits,
+            };
             let tgt = Tensor::new(&[3u32, 0, 8, 2], &dev).unwrap();
             let mean = candle_nn::loss::cross_entropy(&logits, &tgt).unwrap();
             let grads = mean.backward().unwrap();
@@ -185,19 +208,16 @@ mod tests {
         let hidden = Tensor::randn(0f32, 1.0, (11, 16), &cpu).unwrap();
         let head = Tensor::randn(0f32, 1.0, (300, 16), &cpu).unwrap();
         let targets = [3, -100, 0, 299, -100, 2, 7, 8, 9, 10, -100];
-        let want = cross_entropy(&hidden, &head, &targets, Some(0.25), 3).unwrap();
-        let got = cross_entropy(
-            &hidden.to_device(&gpu).unwrap(),
-            &head.to_device(&gpu).unwrap(),
-            &targets,
-            Some(0.25),
-            3,
-        )
-        .unwrap();
-        assert_eq!(got.n_tokens, want.n_tokens);
-        assert!((got.loss_sum - want.loss_sum).abs() < 1e-5 * want.loss_sum.abs());
-        let want_d = want.d_hidden.unwrap();
-        let got_d = got.d_hidden.unwrap().to_device(&cpu).unwrap();
-        assert!(max_abs(&(got_d - &want_d).unwrap()) < 1e-5 * max_abs(&want_d));
+        // plain and soft-capped (Gemma 2's final logits)
+        for cap in [None, Some(2.0)] {
+            let want = cross_entropy(&hidden, &head, &targets, Some(0.25), 3, cap).unwrap();
+            let (h, w) = (hidden.to_device(&gpu).unwrap(), head.to_device(&gpu).unwrap());
+            let got = cross_entropy(&h, &w, &targets, Some(0.25), 3, cap).unwrap();
+            assert_eq!(got.n_tokens, want.n_tokens);
+            assert!((got.loss_sum - want.loss_sum).abs() < 1e-5 * want.loss_sum.abs(), "{cap:?}");
+            let want_d = want.d_hidden.unwrap();
+            let got_d = got.d_hidden.unwrap().to_device(&cpu).unwrap();
+            assert!(max_abs(&(got_d - &want_d).unwrap()) < 1e-5 * max_abs(&want_d), "{cap:?}");
+        }
     }
 }

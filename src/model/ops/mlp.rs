@@ -1,32 +1,62 @@
-//! The SwiGLU gate of the MLP, a = silu(gate) ⊙ up, with its hand-written backward.
+//! The gated MLP's activation, a = act(gate) ⊙ up (SwiGLU with silu, GeGLU with Gemma's
+//! gelu_pytorch_tanh), with its hand-written backward.
 
 use candle_core::{Result, Tensor};
 
+use crate::model::arch::Activation;
 use crate::profile::section;
 
-/// SwiGLU: a = silu(g) ⊙ u.
-pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    section("swiglu", gate.device(), || {
+#[cfg(feature = "cuda")]
+fn cuda_gate(act: Activation) -> crate::cuda::elementwise::Gate {
+    match act {
+        Activation::Silu => crate::cuda::elementwise::Gate::Silu,
+        Activation::GeluTanh => crate::cuda::elementwise::Gate::GeluTanh,
+    }
+}
+
+/// a = act(g) ⊙ u.
+pub fn gated(gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
+    section("gated_act", gate.device(), || {
         #[cfg(feature = "cuda")]
         if gate.device().is_cuda() {
-            return crate::cuda::elementwise::swiglu(gate, up);
+            return crate::cuda::elementwise::gated(gate, up, cuda_gate(act));
         }
-        gate.silu()? * up
+        match act {
+            Activation::Silu => gate.silu()? * up,
+            // candle's gelu is the tanh approximation, as gelu_pytorch_tanh
+            Activation::GeluTanh => gate.gelu()? * up,
+        }
     })
 }
 
-/// Returns (d_gate, d_up): silu'(g) = σ(g)(1 + g(1 − σ(g))).
-pub fn swiglu_backward(gate: &Tensor, up: &Tensor, da: &Tensor) -> Result<(Tensor, Tensor)> {
-    section("swiglu.backward", gate.device(), || {
+/// Returns (d_gate, d_up) = (da ⊙ u ⊙ act'(g), da ⊙ act(g)), with
+/// silu'(g) = σ(g)(1 + g(1 − σ(g))) and, for gelu_tanh with th = tanh(√(2/π)(g + 0.044715 g³)),
+/// gelu'(g) = ½(1 + th) + ½ g (1 − th²) √(2/π)(1 + 3·0.044715 g²).
+pub fn gated_backward(gate: &Tensor, up: &Tensor, da: &Tensor, act: Activation) -> Result<(Tensor, Tensor)> {
+    section("gated_act.backward", gate.device(), || {
         #[cfg(feature = "cuda")]
         if gate.device().is_cuda() {
-            return crate::cuda::elementwise::swiglu_backward(gate, up, da);
+            return crate::cuda::elementwise::gated_backward(gate, up, da, cuda_gate(act));
         }
-        let sig = candle_nn::ops::sigmoid(gate)?;
-        let silu = (gate * &sig)?;
-        let d_up = (da * &silu)?;
-        let dsilu = (&sig * (1.0 + (gate * (1.0 - &sig)?)?)?)?;
-        let d_gate = ((da * up)? * dsilu)?;
+        let (value, slope) = match act {
+            Activation::Silu => {
+                let sig = candle_nn::ops::sigmoid(gate)?;
+                ((gate * &sig)?, (&sig * (1.0 + (gate * (1.0 - &sig)?)?)?)?)
+            }
+            Activation::GeluTanh => {
+                const K0: f64 = 0.797_884_560_802_865_4; // √(2/π)
+                const K1: f64 = 0.044715;
+                let g2 = gate.sqr()?;
+                let th = gate.mul(&g2.affine(K1, 1.0)?)?.affine(K0, 0.0)?.tanh()?;
+                let value = gate.mul(&th.affine(0.5, 0.5)?)?;
+                let sech2 = th.sqr()?.affine(-1.0, 1.0)?;
+                let tail = gate.mul(&sech2)?.mul(&g2.affine(1.5 * K0 * K1, 0.5 * K0)?)?;
+                let slope = th.affine(0.5, 0.5)?.add(&tail)?;
+                (value, slope)
+            }
+        };
+        let d_up = (da * value)?;
+        let d_gate = ((da * up)? * slope)?;
         Ok((d_gate, d_up))
     })
 }
@@ -43,36 +73,61 @@ mod tests {
     #[cfg(feature = "cuda")]
     use candle_core::{DType, Device};
 
+    /// The activation written as differentiable ops: silu through sigmoid, gelu_tanh as its
+    /// formula (candle's fused gelu has no f64 backward to compare with).
+    fn slow(g: &Tensor, u: &Tensor, act: Activation) -> Result<Tensor> {
+        match act {
+            Activation::Silu => (g * candle_nn::ops::sigmoid(g)?)? * u,
+            Activation::GeluTanh => {
+                let inner = ((g + (g.powf(3.0)? * 0.044715)?)? * (2.0 / std::f64::consts::PI).sqrt())?;
+                ((g * (inner.tanh()? + 1.0)?)? * 0.5)? * u
+            }
+        }
+    }
+
+    /// Forward and backward of both activations against autograd through their formulas, in f32
+    /// and (the exact answer) f64.
     #[test]
-    fn swiglu_backward_matches_autograd() {
-        let g = (randn(&[4, 6], 6) * 3.0).unwrap();
-        let u = randn(&[4, 6], 7);
-        let da = randn(&[4, 6], 8);
-        let (dg, du) = swiglu_backward(&g, &u, &da).unwrap();
-        let slow = |g: &Tensor, u: &Tensor| (g * candle_nn::ops::sigmoid(g)?)? * u;
-        let dg_ref = autograd_grad(&g, |g| slow(g, &u), &da);
-        let du_ref = autograd_grad(&u, |u| slow(&g, u), &da);
-        // the same autograd in f64 (sigmoid, exp and the products all keep f64)
-        let (g64, u64, da64) = (f64(&g), f64(&u), f64(&da));
-        let dg_exact = autograd_grad(&g64, |g| slow(g, &u64), &da64);
-        let du_exact = autograd_grad(&u64, |u| slow(&g64, u), &da64);
-        assert_within_reference_error("swiglu d_gate", &dg, &dg_ref, &dg_exact);
-        assert_within_reference_error("swiglu d_up", &du, &du_ref, &du_exact);
+    fn gated_activations_and_backward_match_autograd() {
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            let g = (randn(&[4, 6], 6) * 3.0).unwrap();
+            let u = randn(&[4, 6], 7);
+            let da = randn(&[4, 6], 8);
+            let (g64, u64, da64) = (f64(&g), f64(&u), f64(&da));
+            let a = gated(&g, &u, act).unwrap();
+            let name = format!("{act:?}");
+            assert_within_reference_error(
+                &name,
+                &a,
+                &slow(&g, &u, act).unwrap(),
+                &slow(&g64, &u64, act).unwrap(),
+            );
+            let (dg, du) = gated_backward(&g, &u, &da, act).unwrap();
+            let dg_ref = autograd_grad(&g, |g| slow(g, &u, act), &da);
+            let du_ref = autograd_grad(&u, |u| slow(&g, u, act), &da);
+            // the same autograd in f64 (sigmoid, tanh and the products all keep f64)
+            let dg_exact = autograd_grad(&g64, |g| slow(g, &u64, act), &da64);
+            let du_exact = autograd_grad(&u64, |u| slow(&g64, u, act), &da64);
+            assert_within_reference_error(&format!("{name} d_gate"), &dg, &dg_ref, &dg_exact);
+            assert_within_reference_error(&format!("{name} d_up"), &du, &du_ref, &du_exact);
+        }
     }
 
     /// The fused CUDA kernels against the composed CPU ops: f32 tight, f16/bf16 within rounding.
     /// 1000 columns take the 16-byte path throughout; 1001 the one-value path of RMSNorm and the
-    /// scalar tail of SwiGLU.
+    /// scalar tail of the gated activations.
     #[cfg(feature = "cuda")]
     #[test]
-    fn fused_cuda_norm_and_swiglu_match_the_composed_cpu_ops() {
+    fn fused_cuda_norm_and_gated_activations_match_the_composed_cpu_ops() {
         for cols in [1000, 1001] {
-            fused_cuda_ops_at(cols);
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                fused_cuda_ops_at(cols, act);
+            }
         }
     }
 
     #[cfg(feature = "cuda")]
-    fn fused_cuda_ops_at(cols: usize) {
+    fn fused_cuda_ops_at(cols: usize, act: Activation) {
         let gpu = Device::new_cuda(0).unwrap();
         let (x, dy) = (randn(&[37, cols], 11), randn(&[37, cols], 12));
         let w = (randn(&[cols], 13) + 1.0).unwrap();
@@ -81,25 +136,25 @@ mod tests {
         let want = [
             rms_norm(&x, &w, 1e-5).unwrap(),
             rms_norm_backward(&x, &w, 1e-5, &dy).unwrap(),
-            swiglu(&g, &u).unwrap(),
-            swiglu_backward(&g, &u, &da).unwrap().0,
-            swiglu_backward(&g, &u, &da).unwrap().1,
+            gated(&g, &u, act).unwrap(),
+            gated_backward(&g, &u, &da, act).unwrap().0,
+            gated_backward(&g, &u, &da, act).unwrap().1,
         ];
         for (dtype, tol) in [(DType::F32, 1e-5), (DType::F16, 5e-3), (DType::BF16, 3e-2)] {
             let on = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(&gpu).unwrap();
-            let (dg, du) = swiglu_backward(&on(&g), &on(&u), &on(&da)).unwrap();
+            let (dg, du) = gated_backward(&on(&g), &on(&u), &on(&da), act).unwrap();
             let got = [
                 rms_norm(&on(&x), &on(&w), 1e-5).unwrap(),
                 rms_norm_backward(&on(&x), &on(&w), 1e-5, &on(&dy)).unwrap(),
-                swiglu(&on(&g), &on(&u)).unwrap(),
+                gated(&on(&g), &on(&u), act).unwrap(),
                 dg,
                 du,
             ];
             for (i, (got, want)) in got.iter().zip(want.iter()).enumerate() {
                 let got = got.to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap();
                 let err = max_rel(&got, want);
-                println!("{cols} columns {dtype:?} op {i}: {err:.2e}");
-                assert!(err < tol, "{cols} columns {dtype:?} op {i}: {err}");
+                println!("{cols} columns {act:?} {dtype:?} op {i}: {err:.2e}");
+                assert!(err < tol, "{cols} columns {act:?} {dtype:?} op {i}: {err}");
             }
         }
     }

@@ -10,9 +10,10 @@ pub mod mlp;
 pub mod norm;
 pub mod product_sum;
 pub mod rope;
+pub mod softcap;
 #[cfg(test)]
 pub(crate) mod test_util;
 
-pub use mlp::{swiglu, swiglu_backward};
+pub use mlp::{gated, gated_backward};
 pub use norm::{rms_norm, rms_norm_backward};
 pub use rope::Rope;

@@ -2,11 +2,10 @@
 //! checkpointing: the training forward keeps only each layer's input, and the backward recomputes
 //! one layer at a time (llm.c style), producing gradients for the LoRA weights only.
 
-use std::path::{Path, PathBuf};
+mod load;
 
 use crate::profile::section;
-use anyhow::Context;
-use candle_core::{safetensors::MmapedSafetensors, DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 use rand::SeedableRng;
 
 #[cfg(feature = "cuda")]
@@ -14,14 +13,13 @@ use super::activations::checkpoints::host::HostStash;
 use super::activations::checkpoints::Checkpoints;
 use super::arch::{Architecture, ModelConfig};
 use super::layer::{DecoderLayer, KvCache, LayerInput};
-use super::lora::linear::{BaseWeight, LoraAdapter, LoraLinear};
+use super::lora::linear::LoraAdapter;
 use super::lora::{module_path, LoraSpec, PROJECTIONS};
-use super::ops::attention::causal_mask;
+use super::ops::attention::{causal_mask, ScoreRule};
 use super::ops::embedding::Embedding;
 use super::ops::lm_head::LmHead;
 use super::ops::loss::shift_labels;
 use super::ops::{rms_norm, rms_norm_backward, Rope};
-use crate::quant::{Nf4Tensor, Quantization};
 
 /// Rows of the cross-entropy processed at once by default (the memory planner counts them).
 pub const LOSS_CHUNK_ROWS: usize = 1024;
@@ -35,6 +33,8 @@ pub struct CausalLm {
     norm: Tensor,
     lm_head: LmHead,
     rope: Rope,
+    /// The RoPE of the sliding-window layers where the family gives them their own (Gemma 3).
+    local_rope: Option<Rope>,
     dtype: DType,
     device: Device,
     /// Rows of the cross-entropy processed at once (bounds the logits buffer to chunk × vocab).
@@ -53,145 +53,22 @@ pub struct TrainOutput {
     /// optimizer widens them to f32 as it reads them, which is exact). Kept narrow because at the
     /// end of the backward they are all alive at once.
     pub grads: Vec<Tensor>,
-    /// Gradient w.r.t. the embedding output (the start of the input-gradient chain).
+    /// Gradient w.r.t. the rows looked up in the embedding table (before Gemma's scale): the
+    /// end of the input-gradient chain.
     pub d_inputs_embeds: Tensor,
 }
 
-fn load(st: &MmapedSafetensors, name: &str, dtype: DType, device: &Device) -> anyhow::Result<Tensor> {
-    let t = st.load(name, device).with_context(|| format!("loading tensor {name}"))?;
-    Ok(t.to_dtype(dtype)?)
-}
-
-fn load_progress(layers: usize, quantization: Quantization) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(layers as u64);
-    let what = match quantization {
-        Quantization::None => "loading layers",
-        Quantization::Nf4 { .. } => "loading layers, quantizing to NF4",
-    };
-    let style = indicatif::ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} [{elapsed}<{eta}]");
-    bar.set_style(style.unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
-    bar.set_message(what);
-    bar
-}
-
-/// One projection weight: read in `dtype` (as bitsandbytes quantizes the weight in the model's
-/// dtype), then quantized; the dense tensor is dropped on return.
-fn load_base(
-    st: &MmapedSafetensors,
-    name: &str,
-    dtype: DType,
-    quantization: Quantization,
-    device: &Device,
-) -> anyhow::Result<BaseWeight> {
-    let w = load(st, name, dtype, device)?;
-    Ok(match quantization {
-        Quantization::None => BaseWeight::Dense(w),
-        Quantization::Nf4 { double_quant } => BaseWeight::Nf4(
-            Nf4Tensor::quantize(&w, double_quant).with_context(|| format!("quantizing {name} to NF4"))?,
-        ),
-    })
-}
-
 impl CausalLm {
-    /// Loads an HF-layout model (config.json + one or more safetensors files). Projection
-    /// weights are quantized one at a time as they are read (`quantization`); embeddings, norms
-    /// and lm_head stay dense in `dtype`.
-    pub fn load(
-        config_path: &Path,
-        weights: &[PathBuf],
-        dtype: DType,
-        quantization: Quantization,
-        device: &Device,
-    ) -> anyhow::Result<Self> {
-        let config = ModelConfig::from_file(config_path)?;
-        let arch = Architecture::from_config(&config)?;
-        // SAFETY: the files are memory-mapped read-only and not modified while loading.
-        let st = unsafe { MmapedSafetensors::multi(weights) }
-            .with_context(|| format!("opening safetensors {weights:?}"))?;
-        let untied = st.get("lm_head.weight").is_ok();
-        // an untied table is only ever indexed: on a GPU it stays on the host (embedding.rs)
-        let table_device = if untied && device.is_cuda() { &Device::Cpu } else { device };
-        let table = load(&st, "model.embed_tokens.weight", dtype, table_device)?;
-        let lm_head = match untied {
-            true => load(&st, "lm_head.weight", dtype, device)?,
-            false if arch.tied_embeddings => table.clone(),
-            false => anyhow::bail!("lm_head.weight is missing and tie_word_embeddings is false"),
-        };
-        let embed_tokens = Embedding::new(table, device);
-        let mut layers = Vec::with_capacity(arch.num_layers);
-        let progress = load_progress(arch.num_layers, quantization);
-        for l in 0..arch.num_layers {
-            progress.inc(1);
-            let mut linears = Vec::with_capacity(7);
-            for (p, proj) in PROJECTIONS.iter().enumerate() {
-                let path = module_path(l, proj);
-                let biased = arch.qkv_bias && p < 3; // q, k, v
-                linears.push(LoraLinear {
-                    base: load_base(&st, &format!("{path}.weight"), dtype, quantization, device)?,
-                    bias: biased.then(|| load(&st, &format!("{path}.bias"), dtype, device)).transpose()?,
-                    lora: None,
-                });
-            }
-            layers.push(DecoderLayer {
-                input_layernorm: load(
-                    &st,
-                    &format!("model.layers.{l}.input_layernorm.weight"),
-                    dtype,
-                    device,
-                )?,
-                post_attention_layernorm: load(
-                    &st,
-                    &format!("model.layers.{l}.post_attention_layernorm.weight"),
-                    dtype,
-                    device,
-                )?,
-                q_norm: arch
-                    .qk_norm
-                    .then(|| load(&st, &format!("model.layers.{l}.self_attn.q_norm.weight"), dtype, device))
-                    .transpose()?,
-                k_norm: arch
-                    .qk_norm
-                    .then(|| load(&st, &format!("model.layers.{l}.self_attn.k_norm.weight"), dtype, device))
-                    .transpose()?,
-                proj: linears.try_into().map_err(|_| anyhow::anyhow!("seven projections"))?,
-                n_heads: arch.num_heads,
-                n_kv_heads: arch.num_kv_heads,
-                head_dim: arch.head_dim,
-                rms_norm_eps: arch.rms_norm_eps,
-            });
-        }
-        progress.finish_and_clear();
-        let base_bytes: usize =
-            layers.iter().flat_map(|l| l.proj.iter()).map(|p| p.base.size_in_bytes()).sum();
-        tracing::info!(
-            "projection weights: {:.1} MiB ({quantization:?})",
-            base_bytes as f64 / (1 << 20) as f64
-        );
-        let norm = load(&st, "model.norm.weight", dtype, device)?;
-        let rope = Rope::from_spec(arch.head_dim, &arch.rope, dtype, device)?;
-        Ok(Self {
-            config,
-            arch,
-            embed_tokens,
-            layers,
-            norm,
-            lm_head: LmHead::Device(lm_head),
-            rope,
-            dtype,
-            device: device.clone(),
-            loss_chunk_rows: LOSS_CHUNK_ROWS,
-            offload_checkpoints: device.is_cuda(),
-            #[cfg(feature = "cuda")]
-            host_stash: std::sync::OnceLock::new(),
-        })
-    }
-
     /// Moves an untied lm_head on a GPU to host memory, streamed in for each loss (lm_head.rs):
     /// for training, where it is used once per step. Whether it moved.
     pub fn stream_lm_head(&mut self) -> candle_core::Result<bool> {
         #[cfg(feature = "cuda")]
         if let Some(w) = self.lm_head.on_device() {
-            if self.device.is_cuda() && !self.embed_tokens.is_table(w) {
+            // the streamed loss does not soft-cap
+            if self.device.is_cuda()
+                && !self.embed_tokens.is_table(w)
+                && self.arch.final_logit_softcap.is_none()
+            {
                 if let Some(host) = super::ops::lm_head::host::HostLmHead::new(w)? {
                     self.lm_head = LmHead::Host(host);
                     return Ok(true);
@@ -216,7 +93,10 @@ impl CausalLm {
             .layers
             .iter()
             .map(|l| {
-                let norms = dense(&l.input_layernorm) + dense(&l.post_attention_layernorm);
+                let extra = [&l.attn_out_norm, &l.mlp_out_norm, &l.q_norm, &l.k_norm];
+                let norms = dense(&l.input_layernorm)
+                    + dense(&l.post_attention_layernorm)
+                    + extra.iter().filter_map(|n| n.as_ref()).map(dense).sum::<usize>();
                 norms + l.proj.iter().map(|p| p.base.size_in_bytes()).sum::<usize>()
             })
             .sum();
@@ -263,8 +143,25 @@ impl CausalLm {
         out
     }
 
+    /// The embedding rows of `input_ids`, times Gemma's sqrt(hidden) (rounded to the compute
+    /// dtype first, as transformers does).
     fn embed(&self, input_ids: &Tensor) -> candle_core::Result<Tensor> {
-        self.embed_tokens.forward(input_ids)
+        let rows = self.embed_tokens.forward(input_ids)?;
+        match self.embedding_scale() {
+            Some(scale) => rows * scale,
+            None => Ok(rows),
+        }
+    }
+
+    /// Gemma's embedding scale as the compute dtype holds it.
+    fn embedding_scale(&self) -> Option<f64> {
+        let scale = self.arch.embedding_scale?;
+        Some(match self.dtype {
+            DType::F16 => half::f16::from_f64(scale).to_f64(),
+            DType::BF16 => half::bf16::from_f64(scale).to_f64(),
+            DType::F32 => scale as f32 as f64,
+            _ => scale,
+        })
     }
 
     /// Each layer's additive causal mask for the composed attention, one tensor per distinct
@@ -298,7 +195,13 @@ impl CausalLm {
         let mask = masks[l].as_ref();
         let dropout_seed =
             seed.map(|s| s.wrapping_mul(6364136223846793005).wrapping_add(l as u64 * 1442695040888963407));
-        LayerInput { rope: &self.rope, mask, offset, window: self.arch.window(l), dropout_seed }
+        let window = self.arch.window(l);
+        let rope = match (&self.local_rope, window) {
+            (Some(local), Some(_)) => local,
+            _ => &self.rope,
+        };
+        let scores = ScoreRule { scale: self.arch.query_scale, softcap: self.arch.attention_softcap, window };
+        LayerInput { rope, mask, offset, scores, dropout_seed }
     }
 
     /// Eval-mode logits `[b, t, vocab]` (f32). With `caches`, continues from the cached positions.
@@ -316,7 +219,8 @@ impl CausalLm {
             x = layer.forward(&x, &self.layer_input(&masks, offset, None, l), cache)?;
         }
         let h = rms_norm(&x.reshape((b * t, self.arch.hidden_size))?, &self.norm, self.arch.rms_norm_eps)?;
-        self.lm_head.logits(&h)?.to_dtype(DType::F32)?.reshape((b, t, self.arch.vocab_size))
+        let logits = self.lm_head.logits(&h, self.arch.final_logit_softcap)?;
+        logits.to_dtype(DType::F32)?.reshape((b, t, self.arch.vocab_size))
     }
 
     /// Runs the decoder, handing each layer's input to `checkpoints` (when kept for a backward).
@@ -363,7 +267,9 @@ impl CausalLm {
         let last = self.forward_checkpointed(self.embed(input_ids)?, &masks, None, None)?;
         let last = last.reshape((b * t, self.arch.hidden_size))?;
         let h = rms_norm(&last, &self.norm, self.arch.rms_norm_eps)?;
-        let out = self.lm_head.cross_entropy(&h, &shift_labels(labels, b, t), None, self.loss_chunk_rows)?;
+        let targets = shift_labels(labels, b, t);
+        let cap = self.arch.final_logit_softcap;
+        let out = self.lm_head.cross_entropy(&h, &targets, None, self.loss_chunk_rows, cap)?;
         Ok((out.loss_sum, out.n_tokens))
     }
 
@@ -387,7 +293,8 @@ impl CausalLm {
         let h = rms_norm(&last, &self.norm, self.arch.rms_norm_eps)?;
         let targets = shift_labels(labels, b, t);
         let out = section("loss", &self.device, || {
-            self.lm_head.cross_entropy(&h, &targets, Some(grad_scale), self.loss_chunk_rows)
+            let cap = self.arch.final_logit_softcap;
+            self.lm_head.cross_entropy(&h, &targets, Some(grad_scale), self.loss_chunk_rows, cap)
         })?;
         let d_h = out.d_hidden.expect("asked for the gradient");
         let mut dx =
@@ -407,6 +314,10 @@ impl CausalLm {
             .flat_map(|g| g.into_iter().flatten())
             .flat_map(|g| [g.lora_a, g.lora_b])
             .collect();
-        Ok(TrainOutput { loss_sum: out.loss_sum, n_tokens: out.n_tokens, grads, d_inputs_embeds: dx })
+        let d_inputs_embeds = match self.embedding_scale() {
+            Some(scale) => (dx * scale)?,
+            None => dx,
+        };
+        Ok(TrainOutput { loss_sum: out.loss_sum, n_tokens: out.n_tokens, grads, d_inputs_embeds })
     }
 }
