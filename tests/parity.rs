@@ -208,6 +208,19 @@ fn tiny_qwen3_with_qk_norms_matches_hf_peft() {
 
 /// The scaled RoPE frequencies and attention scaling equal transformers' (computed in float64 by
 /// the golden script, which checks them against transformers' own float32 buffer).
+/// Gemma 2: (1 + w) norms around both sublayers, GeGLU, scaled embeddings, its own query scale,
+/// alternating local and global layers, soft-capped scores and logits, tied embeddings.
+#[test]
+fn tiny_gemma2_matches_hf_peft() {
+    check_tiny("tiny-gemma2");
+}
+
+/// Gemma 3: Gemma 2's layer without the caps, with (1 + w) q/k norms and a RoPE per layer kind.
+#[test]
+fn tiny_gemma3_matches_hf_peft() {
+    check_tiny("tiny-gemma3");
+}
+
 #[test]
 fn rope_frequencies_match_transformers() {
     let cases: serde_json::Value =

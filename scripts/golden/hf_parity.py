@@ -32,6 +32,10 @@ from safetensors.torch import save_file
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -84,6 +88,8 @@ def exact_float64():
     whatever the model's dtype (and its loss casts the logits to float32: `reference_run` computes
     the float64 loss itself); inside this block a float64 model computes all of them in float64,
     so its result is the exact answer to float64 precision. The float32 path is untouched."""
+    from transformers.models.gemma2 import modeling_gemma2
+    from transformers.models.gemma3 import modeling_gemma3
     from transformers.models.llama import modeling_llama
     from transformers.models.mistral import modeling_mistral
     from transformers.models.qwen2 import modeling_qwen2
@@ -97,13 +103,24 @@ def exact_float64():
             return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
         return forward
 
-    def rope_forward(orig):
-        def forward(self, x, position_ids):
+    def gemma_norm_forward(orig):
+        # Gemma's (1 + w) norm, which casts to float32 inside
+        def forward(self, x):
             if x.dtype != torch.float64:
-                return orig(self, x, position_ids)
-            inv_freq, scaling = inv_freq_f64(self.config)
-            assert rel_err(self.inv_freq, inv_freq) < 1e-6, "the float64 RoPE frequencies are not transformers'"
-            assert abs(scaling - self.attention_scaling) < 1e-6 * scaling
+                return orig(self, x)
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+        return forward
+
+    def rope_forward(orig):
+        # Gemma 3's takes the layer kind, whose own parameters it uses
+        def forward(self, x, position_ids, layer_type=None):
+            if x.dtype != torch.float64:
+                return orig(self, x, position_ids) if layer_type is None else orig(self, x, position_ids, layer_type)
+            inv_freq, scaling = inv_freq_f64(self.config, layer_type)
+            prefix = "" if layer_type is None else f"{layer_type}_"
+            theirs = getattr(self, f"{prefix}inv_freq")
+            assert rel_err(theirs, inv_freq) < 1e-6, "the float64 RoPE frequencies are not transformers'"
+            assert abs(scaling - getattr(self, f"{prefix}attention_scaling")) < 1e-6 * scaling
             freqs = position_ids[:, :, None].double() * inv_freq[None, None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
             return emb.cos() * scaling, emb.sin() * scaling
@@ -117,8 +134,9 @@ def exact_float64():
     patched = [(torch.nn.functional, "softmax", softmax)]
     torch.nn.functional.softmax = softmax64
     for mod, prefix in ((modeling_llama, "Llama"), (modeling_mistral, "Mistral"), (modeling_qwen2, "Qwen2"),
-                        (modeling_qwen3, "Qwen3")):
-        for name, wrap in ((f"{prefix}RMSNorm", norm_forward), (f"{prefix}RotaryEmbedding", rope_forward)):
+                        (modeling_qwen3, "Qwen3"), (modeling_gemma2, "Gemma2"), (modeling_gemma3, "Gemma3")):
+        norm = gemma_norm_forward if prefix.startswith("Gemma") else norm_forward
+        for name, wrap in ((f"{prefix}RMSNorm", norm), (f"{prefix}RotaryEmbedding", rope_forward)):
             cls = getattr(mod, name)
             patched.append((cls, "forward", cls.forward))
             cls.forward = wrap(cls.forward)
@@ -129,11 +147,12 @@ def exact_float64():
             setattr(owner, attr, original)
 
 
-def inv_freq_f64(cfg):
+def inv_freq_f64(cfg, layer_type=None):
     """RoPE's inverse frequencies and attention scaling as transformers' modeling_rope_utils
     computes them (default, linear, dynamic within max_position_embeddings, yarn, llama3), in
-    float64. `exact_float64` checks them against transformers' own float32 buffer."""
-    p = cfg.rope_parameters
+    float64; Gemma 3's of one layer kind. `exact_float64` checks them against transformers' own
+    float32 buffer."""
+    p = cfg.rope_parameters if layer_type is None else cfg.rope_parameters[layer_type]
     kind, base = p.get("rope_type", "default"), p["rope_theta"]
     dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
@@ -218,6 +237,13 @@ def tiny_model(arch: str, seed: int, rope_theta: float, attn: str, rope=None, **
     elif arch == "qwen3":
         cfg = Qwen3Config(**TINY_SIZES, rope_parameters=rope_parameters, tie_word_embeddings=False, **overrides)
         cls = Qwen3ForCausalLM
+    elif arch == "gemma2":
+        cfg = Gemma2Config(**TINY_SIZES, rope_parameters=rope_parameters, **overrides)
+        cls = Gemma2ForCausalLM
+    elif arch == "gemma3":
+        # `rope` holds each layer kind's parameters
+        cfg = Gemma3TextConfig(**TINY_SIZES, rope_parameters=rope, **overrides)
+        cls = Gemma3ForCausalLM
     else:
         keys = dict(head_dim=TINY_SIZES["hidden_size"] // TINY_SIZES["num_attention_heads"], sliding_window=5)
         keys.update(overrides)
@@ -228,10 +254,12 @@ def tiny_model(arch: str, seed: int, rope_theta: float, attn: str, rope=None, **
     model = cls(cfg).float()
     with torch.no_grad():
         # Explicit init so the numbers do not depend on transformers' init code; norm weights
-        # away from 1 so that a missing or misplaced norm weight shows in the logits.
+        # away from 1 so that a missing or misplaced norm weight shows in the logits (Gemma's
+        # norms scale by 1 + w: w itself near 0).
+        gemma = arch.startswith("gemma")
         for name, p in model.named_parameters():
             if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+                p.copy_((0.0 if gemma else 1.0) + 0.1 * torch.randn_like(p))
             else:
                 p.copy_(0.02 * torch.randn_like(p))
     return model.eval()
@@ -295,8 +323,10 @@ def save_tiny_base(model, out_dir: Path):
     # most readers) use the top-level key, so write both. transformers reads either.
     cfg_path = out_dir / "config.json"
     cfg = json.loads(cfg_path.read_text())
-    cfg["rope_theta"] = cfg["rope_parameters"]["rope_theta"]
-    if cfg["rope_parameters"].get("rope_type", "default") != "default":
+    if "rope_theta" not in cfg["rope_parameters"]:
+        pass  # Gemma 3: one parameter set per layer kind, as transformers 5 writes it
+    elif (cfg.setdefault("rope_theta", cfg["rope_parameters"]["rope_theta"]) and
+          cfg["rope_parameters"].get("rope_type", "default") != "default"):
         # Llama 3.1's and Qwen's published config.json carry the scaling as `rope_scaling`
         cfg["rope_scaling"] = {k: v for k, v in cfg["rope_parameters"].items() if k != "rope_theta"}
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
@@ -319,10 +349,15 @@ def save_adapter(pm, out_dir: Path):
 # ---------------------------------------------------------------- reference run
 
 def reference_run(pm, input_ids, labels, keep_grad=lambda key: True):
-    """Forward with labels + backward through inputs_embeds; returns the tensors of the golden file."""
+    """Forward with labels + backward through inputs_embeds; returns the tensors of the golden file.
+    grad.inputs_embeds is the gradient of the rows looked up in the embedding table: Gemma's
+    embedding module scales them by sqrt(hidden) itself, so its scale is applied here."""
     pm.zero_grad(set_to_none=True)
     embed = pm.get_base_model().get_input_embeddings()
-    inputs_embeds = embed(input_ids).detach().requires_grad_()
+    rows = torch.nn.functional.embedding(input_ids, embed.weight).detach().requires_grad_()
+    scale = getattr(embed, "embed_scale", None)
+    inputs_embeds = rows * scale.to(rows.dtype) if scale is not None else rows
+    assert rel_err(embed(input_ids), inputs_embeds) == 0.0
     if inputs_embeds.dtype == torch.float64:
         # transformers' loss casts the logits to float32 (`logits.float()`): the same mean
         # next-token cross-entropy in float64 instead
@@ -352,7 +387,7 @@ def reference_run(pm, input_ids, labels, keep_grad=lambda key: True):
     return {
         "logits": logits,
         "loss": out.loss.detach().reshape(1),
-        "grad.inputs_embeds": inputs_embeds.grad.detach().clone(),
+        "grad.inputs_embeds": rows.grad.detach().clone(),
         "grads": grads,
     }
 
@@ -397,6 +432,28 @@ def check_sliding_window(pm, input_ids, window: int):
         assert (att[..., allowed] > 0).all(), "masked position inside the sliding window"
 
 
+def check_gemma_features(out_dir: Path, input_ids, logits):
+    """Each Gemma difference the case switches on must move the logits: the soft caps, the
+    windows of the local layers, and (Gemma 3) the local layers' own RoPE base."""
+    cfg = json.loads((out_dir / "config.json").read_text())
+    variants = {"sliding_window": dict(layer_types=["full_attention"] * cfg["num_hidden_layers"])}
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(key) is not None:
+            variants[key] = {key: None}
+    if "sliding_attention" in cfg.get("rope_parameters", {}):
+        same = {k: dict(cfg["rope_parameters"]["full_attention"]) for k in ("full_attention", "sliding_attention")}
+        variants["local_rope"] = dict(rope_parameters=same)
+    out = {}
+    for name, overrides in variants.items():
+        with torch.no_grad():
+            other = load_fixture(out_dir, "eager", **overrides)(input_ids=input_ids, use_cache=False).logits
+        diff = (other - logits).abs().max().item()
+        print(f"  without {name}: logits move by {diff:.2e}")
+        assert diff > 1e-4, f"{name} does not change the logits ({diff})"
+        out[f"without_{name}_logits_move_by_max_abs"] = diff
+    return out
+
+
 # ---------------------------------------------------------------- cases
 
 def run_tiny(case: str, arch: str, seed: int, rope_theta: float, rope=None, **overrides):
@@ -414,7 +471,9 @@ def run_tiny(case: str, arch: str, seed: int, rope_theta: float, rope=None, **ov
     checks = {"lora_changes_logits_by_max_abs": lora_diff}
     # Reload what was written: eager must reproduce the golden numbers exactly; sdpa and float64
     # (transformers still computes norms and rope tables in f32) only move f32 rounding noise.
-    for attn, tol in (("eager", ROUNDTRIP_TOL), ("sdpa", SDPA_TOL)):
+    # transformers' sdpa path drops Gemma 2's soft cap of the scores: eager only there
+    capped = getattr(model.config, "attn_logit_softcapping", None) is not None
+    for attn, tol in (("eager", ROUNDTRIP_TOL),) + ((("sdpa", SDPA_TOL),) if not capped else ()):
         reloaded = load_fixture(out_dir, attn)
         checks[f"reload_{attn}_rel_err"] = compare_runs(
             ref, reference_run(reloaded, input_ids, labels), tol, f"reload {attn}"
@@ -422,6 +481,8 @@ def run_tiny(case: str, arch: str, seed: int, rope_theta: float, rope=None, **ov
     with exact_float64():
         ref64 = reference_run(load_fixture(out_dir, "eager").double(), input_ids, labels)
     checks["float32_rel_err_to_float64"] = compare_runs(ref64, ref, F64_TOL, "float32 vs float64")
+    if arch.startswith("gemma"):
+        checks.update(check_gemma_features(out_dir, input_ids, ref["logits"]))
     window = getattr(pm.get_base_model().config, "sliding_window", None)
     if arch == "mistral" and window is not None:
         check_sliding_window(pm, input_ids, window)
@@ -463,8 +524,16 @@ def run_tiny(case: str, arch: str, seed: int, rope_theta: float, rope=None, **ov
 def tiny_config_summary(cfg):
     keys = list(TINY_SIZES) + ["tie_word_embeddings", "head_dim"]
     out = {k: getattr(cfg, k, None) for k in keys}
-    out["rope_theta"] = cfg.rope_parameters["rope_theta"]
-    if cfg.rope_parameters.get("rope_type", "default") != "default":
+    for key in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "layer_types",
+                "hidden_activation"):
+        if getattr(cfg, key, None) is not None:
+            out[key] = getattr(cfg, key)
+    if "rope_theta" not in cfg.rope_parameters:
+        out["rope_parameters"] = cfg.rope_parameters
+        for kind in cfg.rope_parameters:
+            out[f"rope_inv_freq_float64.{kind}"] = inv_freq_f64(cfg, kind)[0].tolist()
+    elif (out.setdefault("rope_theta", cfg.rope_parameters["rope_theta"]) and
+          cfg.rope_parameters.get("rope_type", "default") != "default"):
         out["rope_scaling"] = {k: v for k, v in cfg.rope_parameters.items() if k != "rope_theta"}
         inv_freq, scaling = inv_freq_f64(cfg)
         out["rope_inv_freq_float64"] = inv_freq.tolist()
@@ -619,6 +688,19 @@ TINY_CASES = {
     "tiny-qwen2": ("qwen2", 2525, 1000000.0, None, {}),
     # Qwen3: per-head norms of q and k before RoPE, an explicit head_dim (32 where hidden/heads is 16)
     "tiny-qwen3": ("qwen3", 3003, 1000000.0, None, {"head_dim": 32}),
+    # Gemma 2: (1 + w) norms before and after each sublayer, GeGLU, embeddings times sqrt(64), a
+    # query scale 1/sqrt(24) with head_dim 16, local (window 5) and global layers alternating,
+    # attention scores and final logits soft-capped tightly enough to bend them, tied embeddings
+    "tiny-gemma2": ("gemma2", 2902, 10000.0, None, {"head_dim": 16, "query_pre_attn_scalar": 24,
+                                                    "sliding_window": 5, "attn_logit_softcapping": 0.05,
+                                                    "final_logit_softcapping": 0.25}),
+    # Gemma 3: Gemma 2's layer without the caps, with (1 + w) q/k norms, head_dim 32, one local
+    # layer (window 5, RoPE base 10k) and one global (base 1M, linear scaling 8)
+    "tiny-gemma3": ("gemma3", 3303, None, {"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                               "rope_theta": 1000000.0},
+                                           "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+                    {"head_dim": 32, "query_pre_attn_scalar": 24, "sliding_window": 5,
+                     "layer_types": ["sliding_attention", "full_attention"]}),
 }
 
 
