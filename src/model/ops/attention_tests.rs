@@ -1,0 +1,164 @@
+//! The attention op (ops/attention.rs) against autograd, and its CUDA kernels against the CPU.
+
+use super::*;
+use crate::testing::assert_within_reference_error;
+use candle_core::Var;
+
+#[cfg(feature = "cuda")]
+fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+    let d = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    d / b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+}
+
+/// The unchunked formula in composed candle ops, in the inputs' dtype throughout (candle's
+/// softmax keeps f64): the reference, and in f64 its exact answer.
+fn unchunked(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, n_rep: usize, rule: &ScoreRule) -> Tensor {
+    let (kr, vr) = (repeat_kv(k, n_rep).unwrap(), repeat_kv(v, n_rep).unwrap());
+    let scores = (q.matmul(&kr.t().unwrap()).unwrap() * rule.scale).unwrap();
+    let scores = match rule.softcap {
+        Some(cap) => ((scores / cap).unwrap().tanh().unwrap() * cap).unwrap(),
+        None => scores,
+    };
+    let mask = mask.to_dtype(scores.dtype()).unwrap();
+    let probs = candle_nn::ops::softmax(&scores.broadcast_add(&mask).unwrap(), D::Minus1).unwrap();
+    probs.matmul(&vr).unwrap()
+}
+
+/// Across several query chunks (t > QUERY_CHUNK), GQA and a sliding window: the chunked forward
+/// and the recomputing backward equal candle's autograd through the unchunked formula; plain,
+/// and with Gemma's own query scale and Gemma 2's soft cap (tight enough to bend the scores).
+#[test]
+fn chunked_attention_and_backward_match_autograd() {
+    let d = 8;
+    chunked_attention_case(&ScoreRule::causal(d, Some(300)));
+    chunked_attention_case(&ScoreRule { scale: 0.3, softcap: Some(1.5), window: Some(300) });
+}
+
+fn chunked_attention_case(rule: &ScoreRule) {
+    let (b, h, kv, t, d) = (1, 4, 2, QUERY_CHUNK + 100, 8);
+    let dev = Device::Cpu;
+    let q = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, h, t, d), &dev).unwrap()).unwrap();
+    let k = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, kv, t, d), &dev).unwrap()).unwrap();
+    let v = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, kv, t, d), &dev).unwrap()).unwrap();
+    let mask = causal_mask(t, t, 0, Some(300), &dev).unwrap();
+    let d_ctx = Tensor::randn(0f32, 1.0, (b, h, t, d), &dev).unwrap();
+
+    let reference = unchunked(q.as_tensor(), k.as_tensor(), v.as_tensor(), &mask, 2, rule);
+    let grads = (&reference * &d_ctx).unwrap().sum_all().unwrap().backward().unwrap();
+    // the same in f64: the exact answer
+    let f64 = |x: &Tensor| Var::from_tensor(&x.to_dtype(DType::F64).unwrap()).unwrap();
+    let (q64, k64, v64) = (f64(&q), f64(&k), f64(&v));
+    let exact = unchunked(q64.as_tensor(), k64.as_tensor(), v64.as_tensor(), &mask, 2, rule);
+    let d_ctx64 = d_ctx.to_dtype(DType::F64).unwrap();
+    let grads64 = (&exact * &d_ctx64).unwrap().sum_all().unwrap().backward().unwrap();
+
+    let (ctx, saved) = attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), Some(&mask), rule).unwrap();
+    assert_within_reference_error("attention forward", &ctx, &reference, &exact);
+    let (dq, dk, dv) =
+        attention_backward(q.as_tensor(), k.as_tensor(), v.as_tensor(), None, rule, &saved, &d_ctx).unwrap();
+    for (name, ours, var, var64) in [("dq", &dq, &q, &q64), ("dk", &dk, &k, &k64), ("dv", &dv, &v, &v64)] {
+        let want = grads.get(var.as_tensor()).unwrap();
+        let exact = grads64.get(var64.as_tensor()).unwrap();
+        assert_within_reference_error(&format!("attention {name} {rule:?}"), ours, want, exact);
+    }
+}
+
+#[test]
+fn sliding_window_mask_matches_hf_rule() {
+    let m = causal_mask(4, 4, 0, Some(2), &Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
+    let visible: Vec<Vec<bool>> = m.iter().map(|r| r.iter().map(|v| v.is_finite()).collect()).collect();
+    assert_eq!(
+        visible,
+        vec![
+            vec![true, false, false, false],
+            vec![true, true, false, false],
+            vec![false, true, true, false],
+            vec![false, false, true, true],
+        ]
+    );
+    // With a cache: query at position 5 sees keys 4 and 5 only.
+    let m = causal_mask(1, 6, 5, Some(2), &Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
+    let seen: Vec<usize> = (0..6).filter(|&j| m[0][j].is_finite()).collect();
+    assert_eq!(seen, vec![4, 5]);
+}
+
+/// The CUDA paths against the composed ops on the CPU: the flash kernels and cuDNN's SDPA
+/// (f16, bf16; head_dim 64 and 128) and the fused softmax (f32), forward and backward, over
+/// rows that are not a multiple of the tiles, GQA, a sliding window that cuts and one that
+/// does not, and fewer queries than keys (a KV cache). With `LORA_FT_TEST_NEEDS_CUDNN=1` (the
+/// device scripts) cuDNN must have loaded and taken the training-shaped cases.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_attention_matches_the_composed_cpu_path() {
+    use crate::cuda::cudnn_sdpa::{self, Mode};
+    let needs_cudnn = std::env::var("LORA_FT_TEST_NEEDS_CUDNN").is_ok_and(|v| v == "1");
+    for mode in [Mode::Flash, Mode::Auto] {
+        cudnn_sdpa::set_mode(mode);
+        cuda_attention_cases(mode == Mode::Auto && needs_cudnn);
+    }
+    cudnn_sdpa::set_mode(Mode::Auto);
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_attention_cases(needs_cudnn: bool) {
+    let gpu = Device::new_cuda(0).unwrap();
+    let cpu = Device::Cpu;
+    let rand = |shape: (usize, usize, usize, usize)| Tensor::randn(0f32, 1.0, shape, &cpu).unwrap();
+    // the last two: Gemma's head_dim 256 with its query scale (composed path on the GPU), and
+    // Gemma 2's soft cap with a query scale the kernels take through q
+    let gemma = |d: usize, window, softcap| ScoreRule { scale: 1.0 / 144f64.sqrt(), softcap, window };
+    let cases = [
+        (64, QUERY_CHUNK + 300, QUERY_CHUNK + 300, ScoreRule::causal(64, Some(400))),
+        (128, 300, 300, ScoreRule::causal(128, None)),
+        (64, 200, 200, ScoreRule::causal(64, Some(1000))),
+        (128, 37, 300, ScoreRule::causal(128, Some(100))),
+        (256, 300, 300, gemma(256, Some(100), None)),
+        (256, 300, 300, gemma(256, None, None)),
+        (128, 300, 300, gemma(128, None, None)),
+        (128, 300, 300, gemma(128, Some(200), Some(50.0))),
+    ];
+    for (d, t, s, rule) in cases {
+        let window = rule.window;
+        let (b, h, kv) = (2, 8, 2);
+        let (q, k, v, dc) =
+            (rand((b, h, t, d)), rand((b, kv, s, d)), rand((b, kv, s, d)), rand((b, h, t, d)));
+        let (want, saved) = attention(&q, &k, &v, None, &rule).unwrap();
+        let (wq, wk, wv) = attention_backward(&q, &k, &v, None, &rule, &saved, &dc).unwrap();
+        for (dtype, tol) in [(DType::F32, 1e-5), (DType::F16, 2e-2), (DType::BF16, 5e-2)] {
+            let on_gpu = |x: &Tensor| x.to_dtype(dtype).unwrap().to_device(&gpu).unwrap();
+            let (gq, gk, gv) = (on_gpu(&q), on_gpu(&k), on_gpu(&v));
+            let (ctx, saved) = attention(&gq, &gk, &gv, None, &rule).unwrap();
+            let on_cudnn = matches!(saved.kernel, Some(KernelSaved::Cudnn { .. }));
+            let training_shape = t == s && window.is_none_or(|w| w >= s) && rule.softcap.is_none();
+            if dtype != DType::F32 && needs_cudnn {
+                assert_eq!(on_cudnn, training_shape, "d {d} t {t} s {s} {window:?}: cuDNN taken {on_cudnn}");
+            }
+            let (dq, dk, dv) = attention_backward(&gq, &gk, &gv, None, &rule, &saved, &on_gpu(&dc)).unwrap();
+            let check = |name: &str, ours: &Tensor, reference: &Tensor| {
+                let ours = ours.to_dtype(DType::F32).unwrap().to_device(&cpu).unwrap();
+                let err = max_rel(&ours, reference);
+                println!("d {d} t {t} s {s} {dtype:?} cudnn {on_cudnn} {name}: {err:.2e}");
+                assert!(err < tol, "d {d} t {t} s {s} {dtype:?} {name}: {err}");
+            };
+            for (name, ours, reference) in
+                [("context", ctx, &want), ("dq", dq, &wq), ("dk", dk, &wk), ("dv", dv, &wv)]
+            {
+                check(name, &ours, reference);
+            }
+            // both shapes of the backward kernel, whichever this GPU picks by default (called
+            // directly, so only where q needs no factor)
+            let plain_scale = rule == ScoreRule { window, ..ScoreRule::causal(d, None) };
+            if let (Some(KernelSaved::Flash { context, lse }), true) = (&saved.kernel, plain_scale) {
+                let dc = on_gpu(&dc);
+                for shape in crate::cuda::flash::BackwardShape::ALL {
+                    let (dq, dk, dv) =
+                        crate::cuda::flash::backward(&gq, &gk, &gv, context, lse, &dc, window, Some(shape))
+                            .unwrap();
+                    for (name, ours, reference) in [("dq", dq, &wq), ("dk", dk, &wk), ("dv", dv, &wv)] {
+                        check(&format!("{shape:?} {name}"), &ours, reference);
+                    }
+                }
+            }
+        }
+    }
+}
