@@ -55,6 +55,9 @@ def targets(theirs, ours):
     if o.get("peak_alloc_gib") and t.get("peak_alloc_gib"):
         v = o["peak_alloc_gib"] / t["peak_alloc_gib"]
         out.append(f"memory at 2048 × 8 {v:.2f}× (≤ 0.5) {'✓' if v <= 0.5 else '✗'}")
+    elif o.get("peak_alloc_gib") and t.get("error") == "OOM":
+        seen = t.get("peak_alloc_gib_at_error")
+        out.append("memory at 2048 × 8: the reference ran out of memory" + (f" (at {seen} GiB allocated)" if seen else ""))
     if o.get("peak_alloc_gib"):
         v = o["peak_alloc_gib"]
         out.append(f"lora-ft 8 × 2048 in {v:.2f} GiB (< 22) {'✓' if v < 22 else '✗'}")
