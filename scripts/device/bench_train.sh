@@ -10,6 +10,9 @@
 #   anchor's recipe in scripts/bench/peft_train_ref.py, 512x8,2048x4,2048x8, 4 timed steps, no
 #   first-step timing). Gemma 2 runs in bf16 on both stacks, its reference with eager attention
 #   (bench_models.py says why; PEFT_ATTN=sdpa measures transformers' uncapped SDPA path instead).
+# Expected wall time per issue 18 model on an H100, from issue 4's rates (PEFT ~3.4-4.0e13,
+# lora-ft ~8.5e13 N·tokens/s) and the folder written at >= 1 GB/s: 2.2 min (Qwen2.5-7B) to 3.2 min
+# (Qwen3-14B: 42 s to write 29.5 GB, PEFT 91 s, lora-ft 44 s); the 10-minute limit leaves ~3x.
 # Environment: STEPS (timed steps), FIRST_STEP=0|1, PEFT_ATTN, BUDGET_S (default 570: the device
 # command's 600 s less a margin): the reference gets what is left after the model is written less
 # lora-ft's share, so a slow reference is cut (its JSON keeps the shapes it finished), never lora-ft.
