@@ -1,44 +1,140 @@
 #!/usr/bin/env python3
-"""Side-by-side table of the reference stack's anchor JSON and `lora-ft bench train` JSON lines:
-tokens/s, MFU (6·N FLOPs per token over 790 TFLOP/s, as `lora-ft bench train` reports it) and
-peak allocated GPU memory per shape, with lora-ft / reference ratios; and, given the JSON line of
-scripts/bench/first_step_ref.py, the time from process start to the end of the first step."""
+"""Side-by-side table of the reference stack's JSON (../shared/anchors/peft_qlora_baseline.py or
+scripts/bench/peft_train_ref.py) and `lora-ft bench train` JSON lines: tokens/s, their ratio,
+MFU and hardware FLOP utilisation of each stack, peak allocated GPU memory and its ratio, per
+shape; issue 18's targets checked under it; and, given the JSON line of
+scripts/bench/first_step_ref.py, the time from process start to the end of the first step.
+
+    compare_train.py PEFT_JSON LORA_FT_JSONL [FIRST_STEP_JSON] [--config DIR|config.json]
+
+With --config, the FLOPs per token come from the model's config.json (bench_models.py: MFU counts
+4·N + 6·N_lora + 3·A per token, HFU 6·N + 8·N_lora + 4·A, both over 989 TFLOP/s); without it,
+the table has lora-ft's own `mfu` (6·N over 790 TFLOP/s), as the tables before issue 18.
+"""
+import argparse
 import json
 import os
-import sys
+
+import bench_models
 
 
-def main(ref_path: str, ours_path: str, first_step_ref: str = ""):
-    ref = json.load(open(ref_path))
-    theirs = {(r["seq"], r["bs"]): r for r in ref["results"]}
-    ours = {}
-    for line in open(ours_path):
+def fmt(v):
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def pct(v):
+    return f"{100 * v:.1f}%" if v else "-"
+
+
+def cell(r, k):
+    return r.get(k) if r.get(k) is not None else (r.get("error") or "-")
+
+
+def read_ours(path):
+    rows, errors = {}, []
+    for line in open(path):
         if line.startswith("{"):
             r = json.loads(line)
-            ours[(r["seq"], r["bs"])] = r
-    print(f"{ref.get('gpu', '?')}, {ref.get('arch', '?')}, {ref.get('dtype', '?')}; reference load {ref.get('load_s')} s\n")
-    print("| seq x batch | PEFT tok/s | lora-ft tok/s | speed ratio | PEFT MFU | lora-ft MFU "
-          "| PEFT peak GiB | lora-ft peak GiB | memory ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+            rows[(r["seq"], r["bs"])] = r
+        elif line.strip().lower().startswith(("error", "thread 'main' panicked")):
+            errors.append(line.strip())
+    return rows, errors
+
+
+def targets(theirs, ours):
+    """Issue 18's targets on the H100 at the shapes the run has."""
+    out = []
+    for key, floor in (((512, 8), 1.8), ((2048, 4), 1.8), ((2048, 8), 2.0)):
+        t, o = theirs.get(key, {}), ours.get(key, {})
+        if o.get("tok_s") and t.get("tok_s"):
+            v = o["tok_s"] / t["tok_s"]
+            out.append(f"speed at {key[0]} × {key[1]} {v:.2f}× (≥ {floor}) {'✓' if v >= floor else '✗'}")
+        elif o.get("tok_s") and t.get("error"):
+            out.append(f"speed at {key[0]} × {key[1]}: the reference failed ({t['error']})")
+    t, o = theirs.get((2048, 8), {}), ours.get((2048, 8), {})
+    if o.get("peak_alloc_gib") and t.get("peak_alloc_gib"):
+        v = o["peak_alloc_gib"] / t["peak_alloc_gib"]
+        out.append(f"memory at 2048 × 8 {v:.2f}× (≤ 0.5) {'✓' if v <= 0.5 else '✗'}")
+    elif o.get("peak_alloc_gib") and t.get("error") == "OOM":
+        seen = t.get("peak_alloc_gib_at_error")
+        out.append("memory at 2048 × 8: the reference ran out of memory" + (f" (at {seen} GiB allocated)" if seen else ""))
+    if o.get("peak_alloc_gib"):
+        v = o["peak_alloc_gib"]
+        out.append(f"lora-ft 8 × 2048 in {v:.2f} GiB (< 22) {'✓' if v < 22 else '✗'}")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ref")
+    ap.add_argument("ours")
+    ap.add_argument("first_step_ref", nargs="?", default="")
+    ap.add_argument("--config", default="", help="the model folder or its config.json (FLOPs per token)")
+    args = ap.parse_args()
+    ref = json.load(open(args.ref))
+    theirs = {(r["seq"], r["bs"]): r for r in ref["results"]}
+    ours, errors = read_ours(args.ours)
+    cfg = None
+    if args.config:
+        path = os.path.join(args.config, "config.json") if os.path.isdir(args.config) else args.config
+        if os.path.exists(path):
+            cfg = json.load(open(path))
+        else:
+            print(f"({path} is missing: no FLOPs per token, lora-ft's own MFU instead)\n")
+
+    head = f"{ref.get('gpu', '?')}, {ref.get('arch', '?')}, {ref.get('dtype', '?')}"
+    if cfg:
+        n, nl = bench_models.parameter_count(cfg), bench_models.lora_parameter_count(cfg)
+        head += f" (N = {n / 1e9:.3f}e9, N_lora = {nl / 1e6:.1f}e6)"
+    head += f"; reference attention {ref.get('attn', 'sdpa')}, load {ref.get('load_s')} s"
+    if ref.get("steps"):
+        head += f", {ref['steps']} timed steps"
+    print(head + "\n")
+    if cfg:
+        peak = bench_models.PEAK_FLOPS / 1e12
+        print(f"MFU = (4·N + 6·N_lora + 3·A) × tok/s / {peak:.0f} TFLOP/s: the FLOPs training needs "
+              "(frozen weights: forward and input gradient; LoRA: forward, input and weight gradients; "
+              "attention: forward and backward), N every parameter (embeddings included, a tied matrix once, "
+              "as the earlier tables), A the forward attention FLOPs per token at the row's length "
+              "(4·heads·head_dim·keys seen, causal, windows applied). HFU = (6·N + 8·N_lora + 4·A) × tok/s / "
+              f"{peak:.0f} TFLOP/s: the same with checkpointing's recomputed forward (the earlier tables' MFU "
+              "was 6·N / 790 TFLOP/s).\n")
+        print("| seq x batch | PEFT tok/s | lora-ft tok/s | speed ratio | PEFT MFU | lora-ft MFU | PEFT HFU "
+              "| lora-ft HFU | PEFT peak GiB | lora-ft peak GiB | memory ratio |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    else:
+        print("| seq x batch | PEFT tok/s | lora-ft tok/s | speed ratio | PEFT MFU | lora-ft MFU "
+              "| PEFT peak GiB | lora-ft peak GiB | memory ratio |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for key in sorted(set(theirs) | set(ours)):
         t, o = theirs.get(key, {}), ours.get(key, {})
-        def cell(r, k):
-            return r.get(k) if r.get(k) is not None else r.get("error", "-")
         speed = o.get("tok_s") and t.get("tok_s") and o["tok_s"] / t["tok_s"]
         mem = o.get("peak_alloc_gib") and t.get("peak_alloc_gib") and o["peak_alloc_gib"] / t["peak_alloc_gib"]
-        fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
-        # the same FLOPs per token on both sides: the reference's MFU scales with its tokens/s
-        ref_mfu = speed and o.get("mfu") and o["mfu"] / speed
-        pct = lambda v: f"{100 * v:.1f}%" if v else "-"  # noqa: E731
-        print(f"| {key[0]} x {key[1]} | {fmt(cell(t, 'tok_s'))} | {fmt(cell(o, 'tok_s'))} | "
-              f"{fmt(speed) if speed else '-'} | {pct(ref_mfu)} | {pct(o.get('mfu'))} | {fmt(cell(t, 'peak_alloc_gib'))} | "
-              f"{fmt(cell(o, 'peak_alloc_gib'))} | {fmt(mem) if mem else '-'} |")
+        row = f"| {key[0]} x {key[1]} | {fmt(cell(t, 'tok_s'))} | {fmt(cell(o, 'tok_s'))} | {fmt(speed) if speed else '-'} | "
+        if cfg:
+            f = bench_models.flops_per_token(cfg, key[0])
+            use = lambda r, k: r.get("tok_s") and r["tok_s"] * f[k] / bench_models.PEAK_FLOPS  # noqa: E731
+            row += f"{pct(use(t, 'model'))} | {pct(use(o, 'model'))} | {pct(use(t, 'hardware'))} | {pct(use(o, 'hardware'))} | "
+        else:
+            # the same FLOPs per token on both sides: the reference's MFU scales with its tokens/s
+            ref_mfu = speed and o.get("mfu") and o["mfu"] / speed
+            row += f"{pct(ref_mfu)} | {pct(o.get('mfu'))} | "
+        row += f"{fmt(cell(t, 'peak_alloc_gib'))} | {fmt(cell(o, 'peak_alloc_gib'))} | {fmt(mem) if mem else '-'} |"
+        print(row)
+    for e in errors[:3]:
+        print(f"\nlora-ft: {e}")
+    if cfg and ours:
+        checks = targets(theirs, ours)
+        if checks:
+            print("\nIssue 18's targets: " + "; ".join(checks))
     ours_first = next((r["first_step_s"] for r in ours.values() if r.get("first_step_s")), None)
-    if first_step_ref and os.path.exists(first_step_ref) and ours_first:
-        r = next(json.loads(l) for l in open(first_step_ref) if l.startswith("{"))
-        print(f"\nTime to the first step ({r['seq']} x {r['bs']}, from process start): PEFT {r['first_step_s']:.1f} s "
-              f"(load {r['load_s']:.1f} s), lora-ft {ours_first:.1f} s, ratio {ours_first / r['first_step_s']:.2f}")
+    if args.first_step_ref and os.path.exists(args.first_step_ref) and ours_first:
+        lines = [json.loads(line) for line in open(args.first_step_ref) if line.startswith("{")]
+        if lines:
+            r = lines[0]
+            print(f"\nTime to the first step ({r['seq']} x {r['bs']}, from process start): PEFT {r['first_step_s']:.1f} s "
+                  f"(load {r['load_s']:.1f} s), lora-ft {ours_first:.1f} s, ratio {ours_first / r['first_step_s']:.2f}")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main()

@@ -1,9 +1,9 @@
 """Time to the first training step in the reference stack, for `first_step_s` of `lora-ft bench
 train`: from process start (before importing torch) through loading the model into NF4 with
 bitsandbytes, PEFT's LoRA (the anchor's recipe: r=16 on all seven projections, checkpointing),
-Adafactor and one fp16 step with loss scaling at SEQxBATCH, to the GPU finishing it.
+Adafactor and one fp16 step with loss scaling (bf16: none) at SEQxBATCH, to the GPU finishing it.
 
-  python3 scripts/bench/first_step_ref.py --model DIR [--shape 512x8]
+  python3 scripts/bench/first_step_ref.py --model DIR [--shape 512x8] [--dtype f16|bf16] [--attn sdpa|eager]
 """
 import time
 
@@ -19,12 +19,15 @@ from transformers import AutoModelForCausalLM, BitsAndBytesConfig  # noqa: E402
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", required=True)
 ap.add_argument("--shape", default="512x8")
+ap.add_argument("--dtype", default="f16", choices=["f16", "bf16"])
+ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
 args = ap.parse_args()
 seq, bs = (int(x) for x in args.shape.split("x"))
+compute = torch.float16 if args.dtype == "f16" else torch.bfloat16
 bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                         bnb_4bit_compute_dtype=torch.float16)
-model = AutoModelForCausalLM.from_pretrained(args.model, quantization_config=bnb, dtype=torch.float16,
-                                             device_map={"": 0}, attn_implementation="sdpa")
+                         bnb_4bit_compute_dtype=compute)
+model = AutoModelForCausalLM.from_pretrained(args.model, quantization_config=bnb, dtype=compute,
+                                             device_map={"": 0}, attn_implementation=args.attn)
 load_s = time.time() - T0
 model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
                                         gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -34,9 +37,9 @@ model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, 
 model.train()
 params = [p for p in model.parameters() if p.requires_grad]
 opt = torch.optim.Adafactor(params, lr=2e-4)
-scaler = torch.amp.GradScaler("cuda")
+scaler = torch.amp.GradScaler("cuda", enabled=compute == torch.float16)
 ids = torch.randint(0, model.config.vocab_size, (bs, seq), device="cuda")
-with torch.autocast("cuda", dtype=torch.float16):
+with torch.autocast("cuda", dtype=compute):
     loss = model(input_ids=ids, labels=ids).loss
 scaler.scale(loss).backward()
 scaler.unscale_(opt)

@@ -4,7 +4,8 @@ as in ../shared/anchors/peft_qlora_baseline.py. Prints one JSON line: load time,
 torch.cuda.memory_allocated() after loading, and the growth of the device's used memory
 (cuMemGetInfo, the same view `lora-ft bench load` reports).
 
-    load_memory_ref.py --model /tmp/m7b --create mistral-7b   # write a random model once (fp16)
+    load_memory_ref.py --model /tmp/m7b --create mistral-7b   # write a random model once (fp16;
+                                                              # any name of bench_models.MODELS)
     load_memory_ref.py --model /tmp/m7b                       # load it with bitsandbytes
 """
 import argparse
@@ -14,37 +15,46 @@ import time
 
 import torch
 
+import bench_models
+
 GIB = float(1 << 30)
 
 
-def create(path: str, arch: str):
-    """A random model of the exact architecture (memory and speed do not depend on the values)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
-    if arch == "mistral-7b":
-        cfg = MistralConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                            num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=32768,
-                            rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=4096, tie_word_embeddings=False)
-        cls = MistralForCausalLM
-    else:
-        cfg = LlamaConfig(vocab_size=32000, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
-                          num_attention_heads=40, num_key_value_heads=40, max_position_embeddings=4096,
-                          rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False)
-        cls = LlamaForCausalLM
+def create(path: str, arch: str, device: str = "cuda", tiny: bool = False):
+    """A random model of the exact architecture (memory and speed do not depend on the values):
+    the published config.json of bench_models.py goes through transformers' own loader, as a
+    download would, the weights are drawn on `device` in the benchmark's dtype (f16, bf16 for
+    Gemma 2) with no fp32 copy (a 14B fp32 model would not fit beside it), and the folder keeps
+    the published config.json, not transformers' rewrite of it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    published = bench_models.tiny(arch) if tiny else bench_models.config(arch)
+    dtype = torch.bfloat16 if bench_models.MODELS[arch][1] == "bf16" else torch.float16
+    os.makedirs(path, exist_ok=True)
+    config_path = os.path.join(path, "config.json")
+    write_json = lambda: json.dump(published, open(config_path, "w"), indent=2)  # noqa: E731
+    write_json()
+    cfg = AutoConfig.from_pretrained(path)
     torch.manual_seed(0)
-    torch.set_default_dtype(torch.float16)  # no fp32 copy: a 13B fp32 model would not fit beside it
-    with torch.device("cuda"):
-        m = cls(cfg)
+    torch.set_default_dtype(dtype)
+    with torch.device(device):
+        m = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     m.save_pretrained(path, safe_serialization=True)
+    write_json()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--create", choices=["mistral-7b", "llama2-13b"])
+    ap.add_argument("--create", choices=list(bench_models.MODELS), help="write a random model of this name")
+    ap.add_argument("--device", default="cuda", help="where --create draws the weights (cpu for checks)")
+    ap.add_argument("--tiny", action="store_true", help="--create the toy-sized config (bench_models.tiny)")
     args = ap.parse_args()
     if args.create:
-        if not os.path.exists(os.path.join(args.model, "config.json")):
-            create(args.model, args.create)
+        if not os.path.exists(os.path.join(args.model, "model.safetensors.index.json")) and \
+                not os.path.exists(os.path.join(args.model, "model.safetensors")):
+            t0 = time.time()
+            create(args.model, args.create, args.device, args.tiny)
+            print(json.dumps({"created": args.create, "model": args.model, "write_s": round(time.time() - t0, 1)}))
         return
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
     bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
