@@ -27,9 +27,10 @@ import json
 import os
 import sys
 
+import gguf
 import numpy as np
 import torch
-import gguf
+import transformers
 from gguf import GGMLQuantizationType as QT
 from transformers import (
     AutoModelForCausalLM,
@@ -297,8 +298,8 @@ def main():
             overrides["rope_parameters"] = cfg.rope_parameters
         golden_config = {**config, **overrides}
         golden = {
-            "source": f"transformers {__import__('transformers').__version__} from_pretrained(gguf_file="
-            f"{os.path.basename(path)!r}, dtype=float32), gguf {gguf.__version__ if hasattr(gguf, '__version__') else ''}",
+            "source": f"transformers {transformers.__version__} from_pretrained(gguf_file="
+            f"{os.path.basename(path)!r}, dtype=float32)",
             "gguf_file": path,
             "transformers_config": config,
             "llama_cpp_overrides": sorted(overrides),
@@ -308,7 +309,6 @@ def main():
         if case == "llama3":
             factors, freqs = llama3_rope_factors(cfg)
             golden["llama_cpp_inv_freq"] = [float(f) / float(r) for f, r in zip(freqs, factors)]
-        # the source model's own weights, for the bit-exact F32 tensors (a sanity check of the loader)
         out = os.path.join(GOLDEN, f"gguf_{case}.json")
         with open(out, "w", encoding="utf-8") as f:
             json.dump(golden, f, indent=1)

@@ -179,4 +179,38 @@ mod tests {
         let err = llama3_from_factors(&meta, "llama", &r[..10], 500000.0, 128).unwrap_err().to_string();
         assert!(err.contains("10 entries for head_dim 128"), "{err}");
     }
+
+    /// `rope.scaling.*` keys → rope parameters; an unknown type and a missing factor are named.
+    #[test]
+    fn scaling_keys_are_read_and_unknown_ones_named() {
+        use candle_core::quantized::gguf_file::Value;
+        let read = |pairs: &[(&str, Value)]| {
+            let map: HashMap<String, Value> = pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+            let meta = Metadata { file: Path::new("m.gguf"), map: &map };
+            from_metadata(&meta, "qwen2").map(Json::Object).map_err(|e| e.to_string())
+        };
+        assert_eq!(read(&[]).unwrap(), json!({"rope_type": "default"}));
+        let t = |s: &str| Value::String(s.into());
+        let linear =
+            [("qwen2.rope.scaling.type", t("linear")), ("qwen2.rope.scaling.factor", Value::F32(8.0))];
+        assert_eq!(read(&linear).unwrap(), json!({"rope_type": "linear", "factor": 8.0}));
+        let yarn = [
+            ("qwen2.rope.scaling.type", t("yarn")),
+            ("qwen2.rope.scaling.factor", Value::F32(4.0)),
+            ("qwen2.rope.scaling.original_context_length", Value::U32(32768)),
+        ];
+        assert_eq!(
+            read(&yarn).unwrap(),
+            json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+        );
+        assert_eq!(
+            read(&yarn[..2]).unwrap_err(),
+            "m.gguf: GGUF key `qwen2.rope.scaling.original_context_length` is missing"
+        );
+        let err = read(&[("qwen2.rope.scaling.type", t("longrope"))]).unwrap_err();
+        assert!(
+            err.starts_with("m.gguf: GGUF key `qwen2.rope.scaling.type` is \"longrope\"; lora-ft imports"),
+            "{err}"
+        );
+    }
 }
