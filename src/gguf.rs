@@ -1,53 +1,35 @@
-//! `lora-ft import FILE.gguf OUTDIR`: turn a llama.cpp GGUF file into a Hugging Face folder
-//! (config.json, f32 model.safetensors, tokenizer.json, tokenizer_config.json,
-//! generation_config.json) that agrees with transformers' own GGUF loader
-//! (`from_pretrained(dir, gguf_file=...)`): same config, same dequantized weights with llama.cpp's
-//! Q/K row permutation undone, same token ids.
+//! `lora-ft import FILE.gguf OUTDIR`: turn a llama.cpp GGUF file of a Llama (2, 3.x), Mistral,
+//! Qwen2, Qwen3, Gemma 2 or Gemma 3 model into a Hugging Face folder (config.json, f32
+//! model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json) that agrees
+//! with transformers' own GGUF loader (`from_pretrained(dir, gguf_file=...)`): same config, same
+//! dequantized weights with llama.cpp's Q/K row permutation and Gemma's norm offset undone, same
+//! token ids; where that loader drops what llama.cpp reads (RoPE scaling, Qwen3's head_dim,
+//! Gemma's softcaps), config.json says what llama.cpp runs.
 
+mod arch;
+mod hparams;
+mod rope;
 mod tensors;
 mod tokenizer;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use arch::Architecture;
 use candle_core::quantized::gguf_file::{Content, Value};
+use hparams::ModelShape;
 use serde_json::{json, Value as Json};
 use std::collections::HashMap;
 use std::path::Path;
 
-pub use tensors::hf_tensor_name;
-
 /// What one import wrote.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ImportSummary {
-    /// `LlamaForCausalLM` or `MistralForCausalLM`.
+    /// The Hugging Face class, e.g. `LlamaForCausalLM` or `Gemma2ForCausalLM`.
     pub architecture: String,
     pub tensors: usize,
     pub parameters: u64,
     pub vocab_size: usize,
     /// Size of model.safetensors in bytes.
     pub weights_bytes: u64,
-}
-
-/// The decoder families this importer writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Architecture {
-    Llama,
-    Mistral,
-}
-
-impl Architecture {
-    fn class_name(self) -> &'static str {
-        match self {
-            Self::Llama => "LlamaForCausalLM",
-            Self::Mistral => "MistralForCausalLM",
-        }
-    }
-
-    fn model_type(self) -> &'static str {
-        match self {
-            Self::Llama => "llama",
-            Self::Mistral => "mistral",
-        }
-    }
 }
 
 /// Import `gguf` into `out_dir` (created if missing; existing files of the same names are
@@ -58,16 +40,27 @@ pub fn import_gguf(gguf: &Path, out_dir: &Path) -> Result<ImportSummary> {
     let content =
         Content::read(&mut file).with_context(|| format!("reading the GGUF header of {}", gguf.display()))?;
     let meta = Metadata { file: gguf, map: &content.metadata };
-    let (arch, key_prefix) = architecture(&meta)?;
-    let has_output = content.tensor_infos.contains_key("output.weight");
-    let shape = ModelShape::read(&meta, &key_prefix)?;
+    let (arch, prefix) = Architecture::read(&meta)?;
+    let shape = ModelShape::read(&meta, arch, &prefix)?;
     let tokenizer = tokenizer::convert(&meta, shape.context_length)?;
-    let config = model_config(&meta, arch, &shape, has_output, tokenizer.vocab_size)?;
+    let rope_freqs = match content.tensor_infos.contains_key(tensors::ROPE_FREQS) {
+        true => Some(tensors::read_f32(gguf, &mut file, &content, tensors::ROPE_FREQS)?),
+        false => None,
+    };
+    let inputs = hparams::Inputs {
+        arch,
+        prefix: &prefix,
+        shape: &shape,
+        has_output: content.tensor_infos.contains_key("output.weight"),
+        tokens: tokenizer.vocab_size,
+        rope_freqs,
+    };
+    let config = hparams::model_config(&meta, &inputs)?;
 
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("creating output folder {}", out_dir.display()))?;
     let heads = tensors::Heads { attention: shape.heads, key_value: shape.kv_heads };
-    let written = tensors::write_safetensors(gguf, &mut file, &content, heads, out_dir)?;
+    let written = tensors::write_safetensors(gguf, &mut file, &content, arch, heads, out_dir)?;
     write_json(&out_dir.join("config.json"), &config)?;
     write_json(&out_dir.join("generation_config.json"), &generation_config(&config))?;
     write_json(&out_dir.join("tokenizer.json"), &tokenizer.tokenizer)?;
@@ -79,121 +72,6 @@ pub fn import_gguf(gguf: &Path, out_dir: &Path) -> Result<ImportSummary> {
         vocab_size: tokenizer.vocab_size,
         weights_bytes: written.bytes,
     })
-}
-
-/// `general.architecture`, and the prefix of the model's own keys. llama.cpp writes Mistral models
-/// as "llama"; only a file that says "mistral" (architecture or name) becomes MistralForCausalLM.
-fn architecture(meta: &Metadata) -> Result<(Architecture, String)> {
-    let key = "general.architecture";
-    let name = meta.opt_string("general.name")?.unwrap_or_default().to_lowercase();
-    match meta.string(key)? {
-        "mistral" => Ok((Architecture::Mistral, "mistral".into())),
-        "llama" if name.contains("mistral") => Ok((Architecture::Mistral, "llama".into())),
-        "llama" => Ok((Architecture::Llama, "llama".into())),
-        other => bail!(
-            "{}: GGUF key `{key}` is {other:?}; lora-ft imports \"llama\" and \"mistral\"",
-            meta.file.display()
-        ),
-    }
-}
-
-/// The hyperparameters under `<arch>.*`.
-struct ModelShape {
-    hidden: u64,
-    intermediate: u64,
-    layers: u64,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: u64,
-    context_length: u64,
-    rms_norm_eps: f64,
-    rope_theta: f64,
-    vocab_size: Option<u64>,
-    sliding_window: Option<u64>,
-}
-
-impl ModelShape {
-    fn read(meta: &Metadata, prefix: &str) -> Result<Self> {
-        let key = |name: &str| format!("{prefix}.{name}");
-        let hidden = meta.uint(&key("embedding_length"))?;
-        let heads = meta.uint(&key("attention.head_count"))?;
-        if heads == 0 || hidden % heads != 0 {
-            bail!(
-                "{}: GGUF key `{}` = {heads} does not divide embedding_length {hidden}",
-                meta.file.display(),
-                key("attention.head_count")
-            );
-        }
-        let kv_heads = meta.opt_uint(&key("attention.head_count_kv"))?.unwrap_or(heads);
-        if let Some(scaling) = meta.opt_string(&key("rope.scaling.type"))? {
-            if scaling != "none" {
-                bail!(
-                    "{}: GGUF key `{}` = {scaling:?}: RoPE scaling is not supported by the importer",
-                    meta.file.display(),
-                    key("rope.scaling.type")
-                );
-            }
-        }
-        Ok(Self {
-            hidden,
-            intermediate: meta.uint(&key("feed_forward_length"))?,
-            layers: meta.uint(&key("block_count"))?,
-            heads: heads as usize,
-            kv_heads: kv_heads as usize,
-            head_dim: meta.opt_uint(&key("rope.dimension_count"))?.unwrap_or(hidden / heads),
-            context_length: meta.uint(&key("context_length"))?,
-            rms_norm_eps: meta.float(&key("attention.layer_norm_rms_epsilon"))?,
-            // transformers' LlamaConfig default, used when the file states none
-            rope_theta: meta.opt_float(&key("rope.freq_base"))?.unwrap_or(10000.0),
-            vocab_size: meta.opt_uint(&key("vocab_size"))?,
-            sliding_window: meta.opt_uint(&key("attention.sliding_window"))?,
-        })
-    }
-}
-
-fn model_config(
-    meta: &Metadata,
-    arch: Architecture,
-    shape: &ModelShape,
-    has_output: bool,
-    tokens: usize,
-) -> Result<Json> {
-    let mut config = json!({
-        "architectures": [arch.class_name()],
-        "model_type": arch.model_type(),
-        "hidden_size": shape.hidden,
-        "intermediate_size": shape.intermediate,
-        "num_hidden_layers": shape.layers,
-        "num_attention_heads": shape.heads,
-        "num_key_value_heads": shape.kv_heads,
-        "head_dim": shape.head_dim,
-        "max_position_embeddings": shape.context_length,
-        "rms_norm_eps": shape.rms_norm_eps,
-        "rope_theta": shape.rope_theta,
-        "rope_scaling": null,
-        "vocab_size": shape.vocab_size.unwrap_or(tokens as u64),
-        // llama.cpp writes `output.weight` only when it is not the embedding matrix
-        "tie_word_embeddings": !has_output,
-        "hidden_act": "silu",
-        "attention_bias": false,
-        "attention_dropout": 0.0,
-        "initializer_range": 0.02,
-        "use_cache": true,
-        "torch_dtype": "float32",
-    });
-    if arch == Architecture::Mistral {
-        config["sliding_window"] = json!(shape.sliding_window);
-    } else {
-        config["mlp_bias"] = json!(false);
-    }
-    for (name, key) in [
-        ("bos_token_id", "tokenizer.ggml.bos_token_id"),
-        ("eos_token_id", "tokenizer.ggml.eos_token_id"),
-        ("pad_token_id", "tokenizer.ggml.padding_token_id"),
-    ] {
-        config[name] = json!(meta.opt_uint(key)?);
-    }
-    Ok(config)
 }
 
 fn generation_config(config: &Json) -> Json {

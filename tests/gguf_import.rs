@@ -183,26 +183,6 @@ fn importing_a_non_gguf_file_names_the_file() {
     assert!(!out.join("config.json").exists());
 }
 
-/// A GGUF of another architecture is refused with the file, the key and the architecture it
-/// names, before anything is written.
-#[test]
-fn importing_an_unsupported_architecture_names_it() {
-    let path = std::env::temp_dir().join(format!("lora-ft-qwen2-{}.gguf", std::process::id()));
-    let arch = Value::String("qwen2".into());
-    let mut file = std::fs::File::create(&path).unwrap();
-    candle_core::quantized::gguf_file::write(&mut file, &[("general.architecture", &arch)], &[]).unwrap();
-    drop(file);
-    let out = std::env::temp_dir().join(format!("lora-ft-qwen2-out-{}", std::process::id()));
-    let err = format!("{:#}", lora_ft::gguf::import_gguf(&path, &out).unwrap_err());
-    let _ = std::fs::remove_file(&path);
-    let expected = format!(
-        "{}: GGUF key `general.architecture` is \"qwen2\"; lora-ft imports \"llama\" and \"mistral\"",
-        path.display()
-    );
-    assert_eq!(err, expected);
-    assert!(!out.exists());
-}
-
 /// A `.gguf` source is imported once into `<cache>/imported/<stem>-<hash>` and then reused.
 #[test]
 fn resolving_a_gguf_source_imports_once() {

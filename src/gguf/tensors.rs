@@ -1,6 +1,7 @@
 //! GGUF tensors → one f32 model.safetensors with Hugging Face names, written one tensor at a time
 //! (the dequantized model never exists whole in memory).
 
+use super::arch::Architecture;
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::Content;
 use candle_core::Device;
@@ -21,9 +22,12 @@ pub(super) struct Written {
     pub bytes: u64,
 }
 
-/// The Hugging Face name of a llama.cpp tensor, e.g. `blk.3.attn_q.weight` →
+/// llama.cpp's Llama 3 RoPE factors: read into config.json (`rope.rs`), not a weight.
+pub(super) const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// The Hugging Face name of a llama.cpp tensor of `arch`, e.g. `blk.3.attn_q.weight` →
 /// `model.layers.3.self_attn.q_proj.weight`. `None` for a name this importer does not know.
-pub fn hf_tensor_name(gguf_name: &str) -> Option<String> {
+pub(super) fn hf_tensor_name(arch: Architecture, gguf_name: &str) -> Option<String> {
     let fixed = match gguf_name {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -36,24 +40,15 @@ pub fn hf_tensor_name(gguf_name: &str) -> Option<String> {
     let rest = gguf_name.strip_prefix("blk.")?;
     let (layer, part) = rest.split_once('.')?;
     layer.parse::<usize>().ok()?;
-    let module = match part {
-        "attn_q.weight" => "self_attn.q_proj",
-        "attn_k.weight" => "self_attn.k_proj",
-        "attn_v.weight" => "self_attn.v_proj",
-        "attn_output.weight" => "self_attn.o_proj",
-        "ffn_gate.weight" => "mlp.gate_proj",
-        "ffn_up.weight" => "mlp.up_proj",
-        "ffn_down.weight" => "mlp.down_proj",
-        "attn_norm.weight" => "input_layernorm",
-        "ffn_norm.weight" => "post_attention_layernorm",
-        _ => return None,
-    };
-    Some(format!("model.layers.{layer}.{module}.weight"))
+    Some(format!("model.layers.{layer}.{}", arch.layer_tensor(part)?))
 }
 
-/// How many head groups a tensor's rows were permuted in (Q: all heads, K: the KV heads).
-fn permuted_heads(gguf_name: &str, heads: Heads) -> Option<usize> {
-    if gguf_name.ends_with(".attn_q.weight") {
+/// How many head groups a tensor's rows were permuted in (Q: all heads, K: the KV heads), for
+/// the families llama.cpp permutes.
+fn permuted_heads(arch: Architecture, gguf_name: &str, heads: Heads) -> Option<usize> {
+    if !arch.permutes_qk() {
+        None
+    } else if gguf_name.ends_with(".attn_q.weight") {
         Some(heads.attention)
     } else if gguf_name.ends_with(".attn_k.weight") {
         Some(heads.key_value)
@@ -66,6 +61,8 @@ struct Entry<'a> {
     gguf_name: &'a str,
     shape: Vec<usize>,
     permute: Option<usize>,
+    /// Subtracted from every value (Gemma's norms are stored as w + 1).
+    offset: f32,
 }
 
 impl Entry<'_> {
@@ -78,10 +75,11 @@ pub(super) fn write_safetensors<R: Read + Seek>(
     file: &Path,
     reader: &mut R,
     content: &Content,
+    arch: Architecture,
     heads: Heads,
     out_dir: &Path,
 ) -> Result<Written> {
-    let entries = plan(file, content, heads)?;
+    let entries = plan(file, content, arch, heads)?;
     let target = out_dir.join("model.safetensors");
     let partial = out_dir.join("model.safetensors.partial");
     // a full disk or a bad tensor leaves no half-written file behind
@@ -109,14 +107,11 @@ fn write_entries<R: Read + Seek>(
     out.write_all(&header).map_err(io)?;
     let mut parameters = 0u64;
     for entry in entries.values() {
-        let info = &content.tensor_infos[entry.gguf_name];
-        let qtensor = info
-            .read(reader, content.tensor_data_offset, &Device::Cpu)
-            .with_context(|| format!("{}: reading tensor {}", file.display(), entry.gguf_name))?;
-        let values = qtensor
-            .dequantize(&Device::Cpu)
-            .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
-            .with_context(|| format!("{}: dequantizing tensor {}", file.display(), entry.gguf_name))?;
+        let mut values = read_f32(file, reader, content, entry.gguf_name)?;
+        if entry.offset != 0.0 {
+            // as transformers' Gemma2TensorProcessor: `weights - 1` in f32
+            values.iter_mut().for_each(|v| *v -= entry.offset);
+        }
         let values = match entry.permute {
             Some(n_head) => unpermute_rows(&values, entry.shape[0], n_head),
             None => values,
@@ -129,20 +124,48 @@ fn write_entries<R: Read + Seek>(
     Ok(parameters)
 }
 
+/// One tensor of the file, dequantized to f32 in its stored (row-major) order.
+pub(super) fn read_f32<R: Read + Seek>(
+    file: &Path,
+    reader: &mut R,
+    content: &Content,
+    gguf_name: &str,
+) -> Result<Vec<f32>> {
+    let info = &content.tensor_infos[gguf_name];
+    let qtensor = info
+        .read(reader, content.tensor_data_offset, &Device::Cpu)
+        .with_context(|| format!("{}: reading tensor {gguf_name}", file.display()))?;
+    qtensor
+        .dequantize(&Device::Cpu)
+        .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
+        .with_context(|| format!("{}: dequantizing tensor {gguf_name}", file.display()))
+}
+
 /// Every tensor of the file with its HF name (sorted, as safetensors files usually are); an
 /// unknown tensor is an error, since skipping it would silently change the model.
-fn plan<'a>(file: &Path, content: &'a Content, heads: Heads) -> Result<BTreeMap<String, Entry<'a>>> {
+fn plan<'a>(
+    file: &Path,
+    content: &'a Content,
+    arch: Architecture,
+    heads: Heads,
+) -> Result<BTreeMap<String, Entry<'a>>> {
     let mut entries = BTreeMap::new();
     for (gguf_name, info) in &content.tensor_infos {
-        let Some(hf_name) = hf_tensor_name(gguf_name) else {
+        if gguf_name == ROPE_FREQS {
+            continue;
+        }
+        let Some(hf_name) = hf_tensor_name(arch, gguf_name) else {
             bail!(
-                "{}: tensor `{gguf_name}` has no Llama/Mistral counterpart (rope_freqs, biases, \
-                 MoE experts and other architectures are not supported)",
-                file.display()
+                "{}: tensor `{gguf_name}` has no {} counterpart (MoE experts, vision towers and \
+                 other architectures are not supported)",
+                file.display(),
+                arch.class_name()
             );
         };
         let shape = info.shape.dims().to_vec();
-        let permute = permuted_heads(gguf_name, heads);
+        let permute = permuted_heads(arch, gguf_name, heads);
+        // transformers subtracts 1 from every Gemma tensor whose name has "norm.weight"
+        let offset = if gguf_name.contains("norm.weight") { arch.stored_norm_offset() } else { 0.0 };
         if let Some(n_head) = permute {
             if shape.len() != 2 || n_head == 0 || shape[0] % (2 * n_head) != 0 {
                 bail!(
@@ -152,7 +175,7 @@ fn plan<'a>(file: &Path, content: &'a Content, heads: Heads) -> Result<BTreeMap<
                 );
             }
         }
-        entries.insert(hf_name, Entry { gguf_name: gguf_name.as_str(), shape, permute });
+        entries.insert(hf_name, Entry { gguf_name: gguf_name.as_str(), shape, permute, offset });
     }
     Ok(entries)
 }
@@ -197,19 +220,49 @@ mod tests {
 
     #[test]
     fn names_map_to_hugging_face() {
-        assert_eq!(hf_tensor_name("token_embd.weight").unwrap(), "model.embed_tokens.weight");
-        assert_eq!(hf_tensor_name("output.weight").unwrap(), "lm_head.weight");
+        use Architecture::*;
+        let name = |arch, gguf: &str| hf_tensor_name(arch, gguf);
+        assert_eq!(name(Llama, "token_embd.weight").unwrap(), "model.embed_tokens.weight");
+        assert_eq!(name(Llama, "output.weight").unwrap(), "lm_head.weight");
         assert_eq!(
-            hf_tensor_name("blk.12.attn_output.weight").unwrap(),
+            name(Llama, "blk.12.attn_output.weight").unwrap(),
             "model.layers.12.self_attn.o_proj.weight"
         );
         assert_eq!(
-            hf_tensor_name("blk.0.ffn_norm.weight").unwrap(),
+            name(Llama, "blk.0.ffn_norm.weight").unwrap(),
             "model.layers.0.post_attention_layernorm.weight"
         );
-        assert_eq!(hf_tensor_name("blk.x.attn_q.weight"), None);
-        assert_eq!(hf_tensor_name("blk.0.attn_q.bias"), None);
-        assert_eq!(hf_tensor_name("rope_freqs.weight"), None);
+        assert_eq!(name(Llama, "blk.x.attn_q.weight"), None);
+        assert_eq!(name(Llama, "blk.0.attn_q.bias"), None);
+        assert_eq!(name(Llama, "blk.0.attn_q_norm.weight"), None);
+        assert_eq!(name(Llama, "rope_freqs.weight"), None);
+        // Qwen2: q/k/v biases, no output bias
+        assert_eq!(name(Qwen2, "blk.1.attn_k.bias").unwrap(), "model.layers.1.self_attn.k_proj.bias");
+        assert_eq!(name(Qwen2, "blk.1.attn_output.bias"), None);
+        assert_eq!(name(Qwen3, "blk.1.attn_k.bias"), None);
+        assert_eq!(
+            name(Qwen3, "blk.1.attn_k_norm.weight").unwrap(),
+            "model.layers.1.self_attn.k_norm.weight"
+        );
+        // Gemma: ffn_norm is the norm before the MLP, two more norms after the sub-layers
+        assert_eq!(
+            name(Gemma2, "blk.2.ffn_norm.weight").unwrap(),
+            "model.layers.2.pre_feedforward_layernorm.weight"
+        );
+        assert_eq!(
+            name(Gemma2, "blk.2.post_attention_norm.weight").unwrap(),
+            "model.layers.2.post_attention_layernorm.weight"
+        );
+        assert_eq!(
+            name(Gemma2, "blk.2.post_ffw_norm.weight").unwrap(),
+            "model.layers.2.post_feedforward_layernorm.weight"
+        );
+        assert_eq!(name(Gemma2, "blk.2.attn_q_norm.weight"), None);
+        assert_eq!(
+            name(Gemma3, "blk.2.attn_q_norm.weight").unwrap(),
+            "model.layers.2.self_attn.q_norm.weight"
+        );
+        assert_eq!(name(Qwen2, "blk.2.post_ffw_norm.weight"), None);
     }
 
     /// llama.cpp's permute (convert_hf_to_gguf.py): reshape(n_head, 2, half, cols)
@@ -240,8 +293,9 @@ mod tests {
     #[test]
     fn header_is_padded_and_contiguous() {
         let mut entries = BTreeMap::new();
-        entries.insert("a".to_string(), Entry { gguf_name: "x", shape: vec![2, 3], permute: None });
-        entries.insert("b".to_string(), Entry { gguf_name: "y", shape: vec![5], permute: None });
+        entries
+            .insert("a".to_string(), Entry { gguf_name: "x", shape: vec![2, 3], permute: None, offset: 0.0 });
+        entries.insert("b".to_string(), Entry { gguf_name: "y", shape: vec![5], permute: None, offset: 0.0 });
         let bytes = header(&entries).unwrap();
         assert_eq!(bytes.len() % 8, 0);
         let parsed: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
