@@ -199,3 +199,21 @@ fn refused_rows_name_file_line_and_the_templates_message() {
     );
     let _ = std::fs::remove_file(&data);
 }
+
+/// Without `date_string`, Llama 3.2's template takes today's date from `strftime_now` (defined,
+/// as in transformers), so the golden pins it; everything else of the render is unchanged.
+#[test]
+fn llama32_prints_todays_date_unless_date_string_is_given() {
+    let golden = golden();
+    let family = golden.families.iter().find(|f| f.family == "llama-3.2").unwrap();
+    assert_eq!(family.variables["date_string"], "05 Mar 2025");
+    let dir = folder("llama-3.2", "llama3");
+    let unpinned = ChatTokenizer::from_dir(&dir.0).unwrap();
+    let case = &family.cases[0];
+    let clock =
+        lora_ft::data::ChatTemplate::new(r#"{{ strftime_now("%d %b %Y") }}"#.into(), Default::default());
+    let today = clock.unwrap().render(&[], false).unwrap();
+    let rendered = unpinned.template().render(&case.messages, false).unwrap();
+    assert_eq!(rendered, case.text.replace("Today Date: 05 Mar 2025", &format!("Today Date: {today}")));
+    assert_ne!(today, "05 Mar 2025");
+}
