@@ -65,7 +65,10 @@ fn gunzip(path: &Path) -> Vec<u8> {
 }
 
 fn folder(family: &str, vocab: &str) -> Folder {
-    let dir = std::env::temp_dir().join(format!("lora-ft-tok-{family}-{}", std::process::id()));
+    // tests run side by side: each folder its own
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("lora-ft-tok-{family}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let fixtures = Path::new(FIXTURES);
