@@ -40,6 +40,9 @@ pub fn import_gguf(gguf: &Path, out_dir: &Path) -> Result<ImportSummary> {
     let content =
         Content::read(&mut file).with_context(|| format!("reading the GGUF header of {}", gguf.display()))?;
     let meta = Metadata { file: gguf, map: &content.metadata };
+    if content.tensor_infos.is_empty() && content.metadata.contains_key("tokenizer.ggml.tokens") {
+        return import_vocabulary(&meta, out_dir);
+    }
     let (arch, prefix) = Architecture::read(&meta)?;
     let shape = ModelShape::read(&meta, arch, &prefix)?;
     let tokenizer = tokenizer::convert(&meta, shape.context_length)?;
@@ -71,6 +74,25 @@ pub fn import_gguf(gguf: &Path, out_dir: &Path) -> Result<ImportSummary> {
         parameters: written.parameters,
         vocab_size: tokenizer.vocab_size,
         weights_bytes: written.bytes,
+    })
+}
+
+/// A vocabulary-only file (llama.cpp's `models/ggml-vocab-*.gguf`, written by
+/// `convert_hf_to_gguf.py --vocab-only`) of any architecture: only the tokenizer files.
+fn import_vocabulary(meta: &Metadata, out_dir: &Path) -> Result<ImportSummary> {
+    let arch = meta.string("general.architecture")?;
+    let context_length = meta.uint(&format!("{arch}.context_length"))?;
+    let tokenizer = tokenizer::convert(meta, context_length)?;
+    std::fs::create_dir_all(out_dir)
+        .with_context(|| format!("creating output folder {}", out_dir.display()))?;
+    write_json(&out_dir.join("tokenizer.json"), &tokenizer.tokenizer)?;
+    write_json(&out_dir.join("tokenizer_config.json"), &tokenizer.tokenizer_config)?;
+    Ok(ImportSummary {
+        architecture: format!("none (vocabulary only, {arch})"),
+        tensors: 0,
+        parameters: 0,
+        vocab_size: tokenizer.vocab_size,
+        weights_bytes: 0,
     })
 }
 

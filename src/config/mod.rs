@@ -83,6 +83,17 @@ pub enum TruncationSide {
     Left,
 }
 
+/// What to do with a conversation's leading system message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SystemMessage {
+    /// Give it to the chat template as it is (a template without a system role refuses the row).
+    #[default]
+    Keep,
+    /// Fold its text into the first user turn as "{system}\n\n{user}" (for Gemma 2, Mistral v0.1).
+    Fold,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataSection {
@@ -95,6 +106,8 @@ pub struct DataSection {
     pub max_seq_len: usize,
     #[serde(default = "default_truncation")]
     pub truncation_side: TruncationSide,
+    #[serde(default)]
+    pub system_message: SystemMessage,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

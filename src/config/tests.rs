@@ -107,3 +107,14 @@ fn rslora_scale_is_alpha_over_sqrt_r() {
     let c = parse(&format!("{MINIMAL}[lora]\nr = 16\nalpha = 8\nrslora = true\n")).unwrap();
     assert_eq!(c.lora_scale(), 2.0);
 }
+
+#[test]
+fn system_message_policy_is_keep_fold_or_an_error_naming_the_key() {
+    assert_eq!(parse(MINIMAL).unwrap().data.system_message, SystemMessage::Keep);
+    let fold = MINIMAL.replace("[data]\n", "[data]\nsystem_message = \"fold\"\n");
+    assert_eq!(parse(&fold).unwrap().data.system_message, SystemMessage::Fold);
+    let drop = MINIMAL.replace("[data]\n", "[data]\nsystem_message = \"drop\"\n");
+    let err = parse(&drop).unwrap_err().to_string();
+    assert!(err.starts_with("run.toml: data.system_message:"), "{err}");
+    assert!(err.contains("`keep`") && err.contains("`fold`"), "{err}");
+}

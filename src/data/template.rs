@@ -19,6 +19,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     /// `bos_token`, `eos_token`, `pad_token`, `unk_token` as the template sees them.
     special_tokens: BTreeMap<&'static str, String>,
+    /// Further variables, as `apply_chat_template(..., name=value)` passes them.
+    variables: BTreeMap<String, Value>,
 }
 
 impl ChatTemplate {
@@ -59,7 +61,14 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, message))
         });
         env.add_template_owned(NAME, source).map_err(|e| anyhow::anyhow!("cannot compile: {e:#}"))?;
-        Ok(Self { env, special_tokens })
+        Ok(Self { env, special_tokens, variables: BTreeMap::new() })
+    }
+
+    /// Sets a variable the template reads, as transformers' `apply_chat_template(..., name=value)`
+    /// does: Llama 3.2 prints `date_string` (else today's date from `strftime_now`), Qwen3 reads
+    /// `enable_thinking`.
+    pub fn set_variable(&mut self, name: &str, value: Value) {
+        self.variables.insert(name.to_string(), value);
     }
 
     /// Renders a conversation; with `add_generation_prompt` the text ends where the assistant's
@@ -67,6 +76,7 @@ impl ChatTemplate {
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> anyhow::Result<String> {
         let mut ctx: BTreeMap<&str, Value> =
             self.special_tokens.iter().map(|(k, v)| (*k, Value::from(v.as_str()))).collect();
+        ctx.extend(self.variables.iter().map(|(k, v)| (k.as_str(), v.clone())));
         ctx.insert("messages", Value::from_serialize(messages));
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
         let template = self.env.get_template(NAME).expect("compiled in new()");

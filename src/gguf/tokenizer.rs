@@ -75,7 +75,7 @@ pub(super) fn convert(meta: &Metadata, context_length: u64) -> Result<TokenizerF
             "end_of_word_suffix": "",
             "fuse_unk": false,
             "byte_fallback": false,
-            "ignore_merges": false,
+            "ignore_merges": ignores_merges(pre),
             "vocab": vocab,
             "merges": merges,
         },
@@ -240,6 +240,26 @@ fn split_regex(pre: &str) -> Option<&'static str> {
         "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => GPT4O,
         _ => return None,
     })
+}
+
+/// The pre-tokenizers for which llama.cpp sets `ignore_merges` (llama-vocab.cpp): a word that is
+/// itself a token is taken whole, as the models' own tokenizer.json say (Llama 3's and Tekken's
+/// `"ignore_merges": true`). Without it " Việt" is 3 Llama 3 tokens instead of llama.cpp's one.
+fn ignores_merges(pre: Option<&str>) -> bool {
+    matches!(
+        pre,
+        Some(
+            "llama3"
+                | "llama-v3"
+                | "llama-bpe"
+                | "falcon3"
+                | "falcon-h1"
+                | "pixtral"
+                | "midm-2.0"
+                | "lfm2"
+                | "tekken"
+        )
+    )
 }
 
 /// transformers' `update_post_processor`: `[bos] $A [eos]`, for the flags the file sets.

@@ -115,7 +115,7 @@ fn load_data(
     vocab_size: usize,
     log: bool,
 ) -> anyhow::Result<(TokenizedDataset, Option<TokenizedDataset>, u32)> {
-    let tokenizer = ChatTokenizer::from_dir(dir)?;
+    let tokenizer = ChatTokenizer::from_dir(dir)?.with_system_message(cfg.data.system_message);
     let (max_len, side) = (cfg.data.max_seq_len, cfg.data.truncation_side);
     let train_set = TokenizedDataset::from_jsonl(&cfg.data.train, &tokenizer, max_len, side)?;
     let s = &train_set.stats;

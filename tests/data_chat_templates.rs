@@ -1,0 +1,222 @@
+//! The real chat templates and tokenizers of Llama 3.2/3.3, Qwen2.5, Qwen3, Mistral Nemo, Gemma 2
+//! and Gemma 3 (tests/fixtures/tokenizers/, sources in its README) rendered, tokenized and masked
+//! exactly as transformers does it: tests/golden/chat_templates.json from
+//! scripts/golden/chat_templates.py, which finds the trained spans by string search on each
+//! family's turn markers, independently of lora-ft's prefix rendering.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use lora_ft::config::{SystemMessage, TruncationSide};
+use lora_ft::data::{ChatTokenizer, Message, TokenizedDataset};
+use serde::Deserialize;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizers");
+
+#[derive(Deserialize)]
+struct Golden {
+    families: Vec<Family>,
+}
+
+#[derive(Deserialize)]
+struct Family {
+    family: String,
+    vocab: String,
+    variables: serde_json::Map<String, serde_json::Value>,
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    messages: Vec<Message>,
+    /// transformers' message when the template refuses the row.
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    fold_system: bool,
+    #[serde(default)]
+    text: String,
+    #[serde(default)]
+    prompt_text: String,
+    #[serde(default)]
+    input_ids: Vec<u32>,
+    #[serde(default)]
+    labels: Vec<i64>,
+}
+
+fn golden() -> Golden {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/chat_templates.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// A tokenizer folder assembled from the fixtures (gzip files decompressed), removed on drop.
+struct Folder(PathBuf);
+
+impl Drop for Folder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn gunzip(path: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()).read_to_end(&mut out).unwrap();
+    out
+}
+
+fn folder(family: &str, vocab: &str) -> Folder {
+    // tests run side by side: each folder its own
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("lora-ft-tok-{family}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fixtures = Path::new(FIXTURES);
+    let tokenizer = gunzip(&fixtures.join("vocab").join(format!("{vocab}.tokenizer.json.gz")));
+    std::fs::write(dir.join("tokenizer.json"), tokenizer).unwrap();
+    for entry in std::fs::read_dir(fixtures.join(family)).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        match name.strip_suffix(".gz") {
+            Some(plain) => std::fs::write(dir.join(plain), gunzip(&path)).unwrap(),
+            None => std::fs::write(dir.join(name), std::fs::read(&path).unwrap()).unwrap(),
+        }
+    }
+    Folder(dir)
+}
+
+fn tokenizer(family: &Family, dir: &Path, policy: SystemMessage) -> ChatTokenizer {
+    let mut tok = ChatTokenizer::from_dir(dir).unwrap().with_system_message(policy);
+    for (name, value) in &family.variables {
+        tok.template_mut().set_variable(name, minijinja::Value::from_serialize(value));
+    }
+    tok
+}
+
+/// The golden script's fold: "{system}\n\n{first user}".
+fn folded(messages: &[Message]) -> Vec<Message> {
+    let mut rest = messages[1..].to_vec();
+    rest[0].content = format!("{}\n\n{}", messages[0].content, rest[0].content);
+    rest
+}
+
+#[test]
+fn real_templates_render_tokenize_and_mask_like_transformers() {
+    let golden = golden();
+    let names: Vec<&str> = golden.families.iter().map(|f| f.family.as_str()).collect();
+    assert_eq!(names, ["llama-3.2", "llama-3.3", "qwen2.5", "qwen3", "mistral-nemo", "gemma-2", "gemma-3"]);
+    for family in &golden.families {
+        let dir = folder(&family.family, &family.vocab);
+        let keep = tokenizer(family, &dir.0, SystemMessage::Keep);
+        let fold = tokenizer(family, &dir.0, SystemMessage::Fold);
+        let mut checked = 0;
+        for (i, case) in family.cases.iter().enumerate() {
+            let what = format!("{} case {i}", family.family);
+            if let Some(error) = &case.error {
+                let got = keep.template().render(&case.messages, false).unwrap_err().to_string();
+                assert_eq!(got, format!("chat template: {error}"), "{what}: refusal");
+                continue;
+            }
+            let (tok, messages) = match case.fold_system {
+                true => (&fold, folded(&case.messages)),
+                false => (&keep, case.messages.clone()),
+            };
+            assert_eq!(tok.template().render(&messages, false).unwrap(), case.text, "{what}: text");
+            assert_eq!(tok.template().render(&messages, true).unwrap(), case.prompt_text, "{what}: prompt");
+            let example = tok.encode(&case.messages).unwrap();
+            assert_eq!(example.input_ids, case.input_ids, "{what}: input_ids");
+            assert_eq!(example.labels, case.labels, "{what}: labels");
+            checked += 1;
+        }
+        assert_eq!(checked, 5, "{}: every dialogue rendered", family.family);
+    }
+}
+
+/// Gemma 3's template folds a system message into the first user turn itself, as
+/// `data.system_message = "fold"` does: both give the same tokens and labels.
+#[test]
+fn folding_matches_gemma3s_own_system_handling() {
+    let golden = golden();
+    let family = golden.families.iter().find(|f| f.family == "gemma-3").unwrap();
+    let dir = folder("gemma-3", "gemma3");
+    let keep = tokenizer(family, &dir.0, SystemMessage::Keep);
+    let fold = tokenizer(family, &dir.0, SystemMessage::Fold);
+    let with_system: Vec<&Case> = family.cases.iter().filter(|c| c.messages[0].role == "system").collect();
+    assert_eq!(with_system.len(), 3);
+    for case in with_system {
+        assert_eq!(fold.encode(&case.messages).unwrap(), keep.encode(&case.messages).unwrap());
+    }
+}
+
+fn write_rows(name: &str, rows: &[&str]) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("lora-ft-{name}-{}.jsonl", std::process::id()));
+    std::fs::write(&path, rows.join("\n") + "\n").unwrap();
+    path
+}
+
+const PLAIN: &str =
+    r#"{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}"#;
+const SYSTEM: &str = r#"{"messages": [{"role": "system", "content": "You are a terse support agent for Acme Corp."}, {"role": "user", "content": "My order #1234 hasn't arrived."}, {"role": "assistant", "content": "Sorry! I've re-shipped order #1234; it arrives Friday."}]}"#;
+const NOT_ALTERNATING: &str = r#"{"messages": [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Anyone there?"}, {"role": "assistant", "content": "Yes."}]}"#;
+
+/// A row the template refuses is an error naming the data file, the line and the template's own
+/// message; with `data.system_message = "fold"` Gemma 2 takes the row as transformers renders the
+/// folded conversation.
+#[test]
+fn refused_rows_name_file_line_and_the_templates_message() {
+    let golden = golden();
+    let gemma2 = golden.families.iter().find(|f| f.family == "gemma-2").unwrap();
+    let dir = folder("gemma-2", "gemma2");
+    let data = write_rows("gemma2-system", &[PLAIN, "", SYSTEM]);
+    let keep = tokenizer(gemma2, &dir.0, SystemMessage::Keep);
+    let err = TokenizedDataset::from_jsonl(&data, &keep, 1024, TruncationSide::Right).err().unwrap();
+    assert_eq!(
+        format!("{err:#}"),
+        format!(
+            "{}:3: chat template: System role not supported \
+             (data.system_message = \"fold\" would fold the system text into the first user turn)",
+            data.display()
+        )
+    );
+
+    let fold = tokenizer(gemma2, &dir.0, SystemMessage::Fold);
+    let set = TokenizedDataset::from_jsonl(&data, &fold, 1024, TruncationSide::Right).unwrap();
+    assert_eq!(set.lines, [1, 3]);
+    let expected = gemma2.cases.iter().find(|c| c.fold_system && c.messages.len() == 3).unwrap();
+    assert_eq!(set.examples[1].input_ids, expected.input_ids);
+    assert_eq!(set.examples[1].labels, expected.labels);
+    let _ = std::fs::remove_file(&data);
+
+    let nemo = golden.families.iter().find(|f| f.family == "mistral-nemo").unwrap();
+    let dir = folder("mistral-nemo", "tekken");
+    let data = write_rows("nemo-alternation", &[NOT_ALTERNATING]);
+    let keep = tokenizer(nemo, &dir.0, SystemMessage::Keep);
+    let err = TokenizedDataset::from_jsonl(&data, &keep, 1024, TruncationSide::Right).err().unwrap();
+    assert_eq!(
+        format!("{err:#}"),
+        format!(
+            "{}:1: chat template: After the optional system message, conversation roles must \
+             alternate user/assistant/user/assistant/...",
+            data.display()
+        )
+    );
+    let _ = std::fs::remove_file(&data);
+}
+
+/// Without `date_string`, Llama 3.2's template takes today's date from `strftime_now` (defined,
+/// as in transformers), so the golden pins it; everything else of the render is unchanged.
+#[test]
+fn llama32_prints_todays_date_unless_date_string_is_given() {
+    let golden = golden();
+    let family = golden.families.iter().find(|f| f.family == "llama-3.2").unwrap();
+    assert_eq!(family.variables["date_string"], "05 Mar 2025");
+    let dir = folder("llama-3.2", "llama3");
+    let unpinned = ChatTokenizer::from_dir(&dir.0).unwrap();
+    let case = &family.cases[0];
+    let clock =
+        lora_ft::data::ChatTemplate::new(r#"{{ strftime_now("%d %b %Y") }}"#.into(), Default::default());
+    let today = clock.unwrap().render(&[], false).unwrap();
+    let rendered = unpinned.template().render(&case.messages, false).unwrap();
+    assert_eq!(rendered, case.text.replace("Today Date: 05 Mar 2025", &format!("Today Date: {today}")));
+    assert_ne!(today, "05 Mar 2025");
+}

@@ -1,0 +1,101 @@
+//! `lora-ft import` of vocabulary-only GGUF files of the real Llama 3 (`llama-bpe`), Qwen2.5
+//! (`qwen2`) and Mistral Nemo (`tekken`) tokenizers reproduces every id llama.cpp expects for its
+//! test strings (`ggml-vocab-*.gguf.inp` / `.out`, from llama.cpp), and the token ids of the real
+//! chat templates' renders (tests/golden/chat_templates.json, from transformers).
+//! The GGUF files are written by scripts/golden/vocab_gguf.py as llama.cpp's converter does; see
+//! tests/fixtures/vocab-gguf/README.md.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value as Json;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/vocab-gguf");
+const SEP: &str = "\n__ggml_vocab_test__\n";
+
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Decompresses `ggml-vocab-<name>.gguf.gz` and imports it with the `lora-ft` binary.
+fn import(name: &str) -> (Scratch, tokenizers::Tokenizer) {
+    let dir = std::env::temp_dir().join(format!("lora-ft-vocab-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let gguf = dir.join(format!("ggml-vocab-{name}.gguf"));
+    let mut bytes = Vec::new();
+    let packed = Path::new(FIXTURES).join(format!("ggml-vocab-{name}.gguf.gz"));
+    flate2::read::GzDecoder::new(std::fs::File::open(packed).unwrap()).read_to_end(&mut bytes).unwrap();
+    std::fs::write(&gguf, bytes).unwrap();
+    let out = dir.join("hf");
+    let run =
+        Command::new(env!("CARGO_BIN_EXE_lora-ft")).arg("import").arg(&gguf).arg(&out).output().unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{stdout}{}", String::from_utf8_lossy(&run.stderr));
+    assert!(stdout.contains("tensors: 0"), "{stdout}");
+    assert!(!out.join("model.safetensors").exists() && !out.join("config.json").exists());
+    let tokenizer = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
+    (Scratch(dir), tokenizer)
+}
+
+/// The `.inp` texts and the `.out` ids, in llama.cpp's format.
+fn cases(name: &str) -> Vec<(String, Vec<u32>)> {
+    let base = Path::new(FIXTURES).join(format!("ggml-vocab-{name}.gguf"));
+    let inp = std::fs::read_to_string(base.with_extension("gguf.inp")).unwrap();
+    let out = std::fs::read_to_string(base.with_extension("gguf.out")).unwrap();
+    let texts: Vec<&str> = inp.strip_suffix(SEP).unwrap().split(SEP).collect();
+    let ids: Vec<Vec<u32>> =
+        out.lines().map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect()).collect();
+    assert_eq!(texts.len(), ids.len(), "{name}: .inp and .out disagree on the number of tests");
+    texts.into_iter().map(String::from).zip(ids).collect()
+}
+
+/// Every render of `family` in the chat template golden, with transformers' ids.
+fn template_renders(family: &str) -> Vec<(String, Vec<u32>)> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/chat_templates.json");
+    let golden: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let family = golden["families"].as_array().unwrap().iter().find(|f| f["family"] == family).unwrap();
+    let cases = family["cases"].as_array().unwrap().iter().filter(|c| c.get("text").is_some());
+    cases
+        .map(|c| {
+            (c["text"].as_str().unwrap().into(), serde_json::from_value(c["input_ids"].clone()).unwrap())
+        })
+        .collect()
+}
+
+fn check(name: &str, family: &str, tests: usize, vocab_size: usize) {
+    let (_scratch, tokenizer) = import(name);
+    assert_eq!(tokenizer.get_vocab_size(true), vocab_size, "{name}: vocabulary");
+    let cases = cases(name);
+    assert_eq!(cases.len(), tests);
+    for (text, want) in cases {
+        let got = tokenizer.encode(text.as_str(), false).unwrap().get_ids().to_vec();
+        assert_eq!(got, want, "{name}: ids of {text:?}");
+    }
+    let renders = template_renders(family);
+    assert_eq!(renders.len(), 5);
+    for (text, want) in renders {
+        let got = tokenizer.encode(text.as_str(), false).unwrap().get_ids().to_vec();
+        assert_eq!(got, want, "{name}: ids of the {family} render {text:?}");
+    }
+}
+
+#[test]
+fn llama_bpe_vocabulary_gives_llama_cpps_ids() {
+    check("llama-bpe", "llama-3.3", 44, 128256);
+}
+
+#[test]
+fn qwen2_vocabulary_gives_llama_cpps_ids() {
+    check("qwen2", "qwen2.5", 43, 152064);
+}
+
+#[test]
+fn tekken_vocabulary_gives_llama_cpps_ids() {
+    check("tekken", "mistral-nemo", 46, 131072);
+}
