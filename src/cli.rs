@@ -73,6 +73,9 @@ pub enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
+    /// The mean loss and perplexity over the trained tokens of a dialogue file (rows rendered,
+    /// masked and cut as training does), with or without an adapter.
+    Eval(EvalArgs),
     /// Inspect training data.
     Data {
         #[command(subcommand)]
@@ -213,6 +216,49 @@ pub fn parse_dtype(name: &str) -> candle_core::DType {
         "f32" => candle_core::DType::F32,
         "bf16" => candle_core::DType::BF16,
         _ => candle_core::DType::F16,
+    }
+}
+
+#[derive(Args)]
+pub struct EvalArgs {
+    /// Hub repo id, local HF folder or .gguf file [default: the config's model.source].
+    #[arg(long)]
+    pub model: Option<String>,
+    /// [default: the config's model.revision, else main]
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// A PEFT adapter folder (adapter_config.json + adapter_model.safetensors).
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
+    /// The dialogues: one {"messages": [...]} object per line.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// A training config: the model, quantization, max_seq_len, truncation side, compute dtype
+    /// and device come from it (the flags below override it); without it, `lora-ft train`'s
+    /// defaults.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Also write one JSON line per dialogue (index, line, loss, ppl, tokens, ...) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// auto, cpu, cuda or cuda:N [default: the config's train.device, else auto].
+    #[arg(long)]
+    pub device: Option<String>,
+    /// [default: the config's train.compute_dtype; without a config f32 on the CPU, f16 on a GPU]
+    #[arg(long, value_parser = ["f32", "f16", "bf16"])]
+    pub dtype: Option<String>,
+    /// Storage of the base's projection weights [default: the config's, else nf4 as training].
+    #[arg(long, value_parser = ["nf4", "nf4-no-double-quant", "none"])]
+    pub quantization: Option<String>,
+    /// Rows longer than this are cut as training cuts them [default: the config's data.max_seq_len].
+    #[arg(long, value_parser = at_least_two)]
+    pub max_seq_len: Option<usize>,
+}
+
+pub fn at_least_two(text: &str) -> Result<usize, String> {
+    match text.parse() {
+        Ok(n) if n >= 2 => Ok(n),
+        _ => Err("expected a number, at least 2".into()),
     }
 }
 

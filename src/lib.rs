@@ -11,6 +11,7 @@ pub mod cuda;
 pub mod data;
 pub mod distributed;
 pub mod durable;
+pub mod eval;
 pub mod export;
 pub mod fixtures;
 pub mod generate;

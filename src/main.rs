@@ -161,6 +161,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("wrote {}", png.display());
             Ok(())
         }
+        Command::Eval(args) => eval(&args),
         Command::Data { command: DataCommand::Check { file, config } } => {
             let cfg = Config::from_file(&config)?;
             let files = lora_ft::hub::resolve(&cfg.model.expanded_source(), &cfg.model.revision)?;
@@ -311,6 +312,49 @@ fn launch_ranks(
         LaunchError::Failed { .. } => anyhow::anyhow!("{e}\n{}", lora_ft::train::resume_point(cfg)),
         other => anyhow::Error::new(other),
     })
+}
+
+/// `lora-ft eval`: the settings from the flags, else the config, else training's defaults (those
+/// of a config naming only the required keys).
+fn eval(args: &EvalArgs) -> anyhow::Result<()> {
+    let cfg = match &args.config {
+        Some(file) => Some(Config::from_file(file)?),
+        None => None,
+    };
+    let source = match (&args.model, &cfg) {
+        (Some(model), _) => model.clone(),
+        (None, Some(cfg)) => cfg.model.expanded_source(),
+        (None, None) => anyhow::bail!("lora-ft eval needs --model, or --config with a [model] source"),
+    };
+    let defaults = match cfg {
+        Some(cfg) => cfg,
+        None => Config::from_toml("[model]\nsource = \"\"\n[data]\ntrain = \"\"\n", Path::new("defaults"))?,
+    };
+    let device = parse_device(args.device.as_deref().unwrap_or(&defaults.train.device))?;
+    let dtype = match (&args.dtype, &args.config) {
+        (Some(d), _) => parse_dtype(d),
+        (None, Some(_)) => lora_ft::train::compute_dtype(defaults.train.compute_dtype),
+        (None, None) if device.is_cpu() => candle_core::DType::F32,
+        (None, None) => candle_core::DType::F16,
+    };
+    let model = lora_ft::eval::EvalModel {
+        source: &source,
+        revision: args.revision.as_deref().unwrap_or(&defaults.model.revision),
+        adapter: args.adapter.as_deref(),
+        dtype,
+        quantization: args.quantization.as_deref().map_or(defaults.model.quantization(), parse_quantization),
+    };
+    let settings = lora_ft::eval::EvalSettings {
+        max_seq_len: args.max_seq_len.unwrap_or(defaults.data.max_seq_len),
+        truncation_side: defaults.data.truncation_side,
+    };
+    let report = lora_ft::eval::run(&model, &args.data, &settings, &device)?;
+    if let Some(out) = &args.out {
+        report.write_jsonl(out)?;
+        tracing::info!("wrote {} ({} lines)", out.display(), report.dialogues.len());
+    }
+    print!("{}", report.summary(&args.data, &settings));
+    Ok(())
 }
 
 fn chat(args: &ChatArgs) -> anyhow::Result<()> {

@@ -14,7 +14,7 @@ const FLOORS: &[&[&str]] = &[
     &["model", "optim", "gguf"],
     &["data", "hub", "plan"],
     &["export", "generate"],
-    &["train", "merge"],
+    &["train", "merge", "eval"],
     &["bench"],
 ];
 
