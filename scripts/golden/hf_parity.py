@@ -188,12 +188,24 @@ def inv_freq_f64(cfg, layer_type=None):
     return inv_freq, scaling
 
 
-def f32_errors(ref64, ref32, names=None):
-    """torch's own float32 error per stored tensor: rel_err(f32 run, float64 run)."""
+def f32_errors(ref64, ref32, names=None, tag="f32"):
+    """torch's own error per stored tensor: rel_err(f32 (or f16/bf16) run, float64 run)."""
     out = {}
     for k, v in ref64.items():
         if names is None or k in names:
-            out["torch_f32_err." + k] = torch.tensor([rel_err(ref32[k], v)], dtype=torch.float64)
+            out[f"torch_{tag}_err." + k] = torch.tensor([rel_err(ref32[k].double(), v)], dtype=torch.float64)
+    return out
+
+
+def half_errors(out_dir: Path, input_ids, labels, stored):
+    """torch's own f16 and bf16 errors: the same eager model and adapter cast whole to the half
+    dtype (transformers still takes the norms, softmax and loss in float32), on the CPU."""
+    out = {}
+    for dtype, tag in ((torch.float16, "f16"), (torch.bfloat16, "bf16")):
+        half = reference_run(load_fixture(out_dir, "eager").to(dtype), input_ids, labels)
+        errs = f32_errors(stored, flat(half), tag=tag)
+        print(f"  torch {tag}: worst rel err {max(float(e) for e in errs.values()):.2e}")
+        out.update(errs)
     return out
 
 
@@ -497,7 +509,8 @@ def run_tiny(case: str, arch: str, seed: int, rope_theta: float, rope=None, **ov
         print(f"  sliding window: logits differ from sliding_window=None by {diff:.2e}")
 
     stored = flat(ref64)
-    tensors = {"input_ids": input_ids, "labels": labels, **stored, **f32_errors(stored, flat(ref))}
+    tensors = {"input_ids": input_ids, "labels": labels, **stored, **f32_errors(stored, flat(ref)),
+               **half_errors(out_dir, input_ids, labels, stored)}
     golden = GOLDEN / f"parity_{case}.safetensors"
     save_file(contiguous(tensors), golden, metadata={"generator": f"scripts/golden/hf_parity.py --case {case}"})
     cfg = pm.get_base_model().config
@@ -516,7 +529,8 @@ def run_tiny(case: str, arch: str, seed: int, rope_theta: float, rope=None, **ov
         "(all ones: pure causal, pads attend like any token)",
         "checks": checks,
         "stored_precision": "the float64 run (norms and RoPE in float64 too); torch_f32_err.<name>: "
-        "rel_err of the float32 eager run against it",
+        "rel_err of the float32 eager run against it; torch_f16_err / torch_bf16_err: of the same run with "
+        "the model and adapter cast to float16 / bfloat16",
         "tensors": describe(tensors),
     }
 
@@ -645,7 +659,8 @@ def run_smollm2():
         "checks": {"lora_changes_logits_by_max_abs": lora_diff, "sdpa_rel_err": sdpa_err,
                    "float32_run_rel_err_to_stored_float64": f64_err},
         "stored_precision": "the float64 run (norms and RoPE in float64 too); torch_f32_err.<name>: "
-        "rel_err of the float32 eager run against it",
+        "rel_err of the float32 eager run against it; torch_f16_err / torch_bf16_err: of the same run with "
+        "the model and adapter cast to float16 / bfloat16",
         "tensors": describe(tensors),
     }
 

@@ -106,16 +106,16 @@ fn cuda_attention_cases(needs_cudnn: bool) {
     let rand = |shape: (usize, usize, usize, usize)| Tensor::randn(0f32, 1.0, shape, &cpu).unwrap();
     // the last two: Gemma's head_dim 256 with its query scale (composed path on the GPU), and
     // Gemma 2's soft cap with a query scale the kernels take through q
-    let gemma = |d: usize, window, softcap| ScoreRule { scale: 1.0 / 144f64.sqrt(), softcap, window };
+    let gemma = |window, softcap| ScoreRule { scale: 1.0 / 144f64.sqrt(), softcap, window };
     let cases = [
         (64, QUERY_CHUNK + 300, QUERY_CHUNK + 300, ScoreRule::causal(64, Some(400))),
         (128, 300, 300, ScoreRule::causal(128, None)),
         (64, 200, 200, ScoreRule::causal(64, Some(1000))),
         (128, 37, 300, ScoreRule::causal(128, Some(100))),
-        (256, 300, 300, gemma(256, Some(100), None)),
-        (256, 300, 300, gemma(256, None, None)),
-        (128, 300, 300, gemma(128, None, None)),
-        (128, 300, 300, gemma(128, Some(200), Some(50.0))),
+        (256, 300, 300, gemma(Some(100), None)),
+        (256, 300, 300, gemma(None, None)),
+        (128, 300, 300, gemma(None, None)),
+        (128, 300, 300, gemma(Some(200), Some(50.0))),
     ];
     for (d, t, s, rule) in cases {
         let window = rule.window;
