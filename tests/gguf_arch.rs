@@ -144,6 +144,12 @@ fn gemma2_matches_transformers() {
         config["layer_types"],
         serde_json::json!(["sliding_attention", "full_attention", "sliding_attention"])
     );
+    // and the model reads it as Gemma 2
+    let arch = model_architecture(&imported);
+    assert_eq!((arch.attention_softcap, arch.final_logit_softcap), (Some(40.0), Some(25.0)));
+    assert_eq!((arch.norm_weight_offset, arch.post_sublayer_norms), (1.0, true));
+    assert_eq!(arch.query_scale, 1.0 / 32f64.sqrt());
+    assert_eq!(arch.windows.iter().map(Option::is_some).collect::<Vec<_>>(), [true, false, true]);
 }
 
 /// Gemma 3: q/k norms, five local layers to one global, linear RoPE scaling (8) on the global
@@ -162,6 +168,14 @@ fn gemma3_matches_transformers() {
     let kinds: Vec<String> = serde_json::from_value(config["layer_types"].clone()).unwrap();
     assert_eq!(kinds.iter().filter(|k| *k == "full_attention").count(), 1);
     assert_eq!(kinds[5], "full_attention");
+    // and the model reads it as Gemma 3: the global layer's RoPE scaled, the local ones' not
+    let arch = model_architecture(&imported);
+    assert!(arch.qk_norm && arch.tied_embeddings);
+    assert_eq!(arch.rope_of(5).scaling, lora_ft::model::arch::RopeScaling::Linear { factor: 8.0 });
+    assert_eq!(
+        (arch.rope_of(0).theta, &arch.rope_of(0).scaling),
+        (1e4, &lora_ft::model::arch::RopeScaling::None)
+    );
 }
 
 fn write_gguf(name: &str, metadata: &[(&str, Value)]) -> PathBuf {
