@@ -335,10 +335,11 @@ def save_tiny_base(model, out_dir: Path):
     # most readers) use the top-level key, so write both. transformers reads either.
     cfg_path = out_dir / "config.json"
     cfg = json.loads(cfg_path.read_text())
-    if "rope_theta" not in cfg["rope_parameters"]:
-        pass  # Gemma 3: one parameter set per layer kind, as transformers 5 writes it
-    elif (cfg.setdefault("rope_theta", cfg["rope_parameters"]["rope_theta"]) and
-          cfg["rope_parameters"].get("rope_type", "default") != "default"):
+    # (Gemma 3's rope_parameters hold one set per layer kind, as transformers 5 writes them: kept)
+    flat_rope = "rope_theta" in cfg["rope_parameters"]
+    if flat_rope:
+        cfg["rope_theta"] = cfg["rope_parameters"]["rope_theta"]
+    if flat_rope and cfg["rope_parameters"].get("rope_type", "default") != "default":
         # Llama 3.1's and Qwen's published config.json carry the scaling as `rope_scaling`
         cfg["rope_scaling"] = {k: v for k, v in cfg["rope_parameters"].items() if k != "rope_theta"}
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
@@ -542,12 +543,14 @@ def tiny_config_summary(cfg):
                 "hidden_activation"):
         if getattr(cfg, key, None) is not None:
             out[key] = getattr(cfg, key)
-    if "rope_theta" not in cfg.rope_parameters:
+    flat_rope = "rope_theta" in cfg.rope_parameters
+    if flat_rope:
+        out["rope_theta"] = cfg.rope_parameters["rope_theta"]
+    else:  # Gemma 3: one set per layer kind
         out["rope_parameters"] = cfg.rope_parameters
         for kind in cfg.rope_parameters:
             out[f"rope_inv_freq_float64.{kind}"] = inv_freq_f64(cfg, kind)[0].tolist()
-    elif (out.setdefault("rope_theta", cfg.rope_parameters["rope_theta"]) and
-          cfg.rope_parameters.get("rope_type", "default") != "default"):
+    if flat_rope and cfg.rope_parameters.get("rope_type", "default") != "default":
         out["rope_scaling"] = {k: v for k, v in cfg.rope_parameters.items() if k != "rope_theta"}
         inv_freq, scaling = inv_freq_f64(cfg)
         out["rope_inv_freq_float64"] = inv_freq.tolist()

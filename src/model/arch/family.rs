@@ -69,14 +69,10 @@ fn qwen3(c: &ModelConfig) -> anyhow::Result<Architecture> {
 
 /// What Gemma 2 and 3 share: (1 + w) norms, norms after each sublayer's output too, GeGLU
 /// (`hidden_activation`), embeddings times sqrt(hidden), scores scaled by
-/// 1/sqrt(query_pre_attn_scalar), and `layer_types` (or every `pattern`-th layer global) for the
-/// sliding windows.
+/// 1/sqrt(query_pre_attn_scalar), `layer_types` (or every `pattern`-th layer global) for the
+/// sliding windows, and the soft caps where the config sets them (Gemma 2's do).
 fn gemma(c: &ModelConfig, pattern: usize) -> anyhow::Result<Architecture> {
-    let mut c = c.clone();
-    if let Some(act) = &c.hidden_activation {
-        c.hidden_act = act.clone();
-    }
-    let mut a = Architecture::llama(&c)?;
+    let mut a = Architecture::llama(c)?;
     a.norm_weight_offset = 1.0;
     a.post_sublayer_norms = true;
     a.embedding_scale = Some((c.hidden_size as f64).sqrt());
@@ -91,16 +87,15 @@ fn gemma(c: &ModelConfig, pattern: usize) -> anyhow::Result<Architecture> {
         None => (0..c.num_hidden_layers).map(|l| (l + 1) % pattern != 0).collect(),
     };
     a.windows = kinds.iter().map(|&sliding| c.sliding_window.filter(|_| sliding)).collect();
+    a.attention_softcap = c.attn_logit_softcapping;
+    a.final_logit_softcap = c.final_logit_softcapping;
     Ok(a)
 }
 
 /// Gemma 2: local and global layers alternating (the first local), soft-capped attention scores
 /// and final logits.
 fn gemma2(c: &ModelConfig) -> anyhow::Result<Architecture> {
-    let mut a = gemma(c, 2)?;
-    a.attention_softcap = c.attn_logit_softcapping;
-    a.final_logit_softcap = c.final_logit_softcapping;
-    Ok(a)
+    gemma(c, 2)
 }
 
 /// Gemma 3 (text): five local layers to one global by default, q/k norms, and a RoPE of their
@@ -112,8 +107,6 @@ fn gemma3(c: &ModelConfig) -> anyhow::Result<Architecture> {
     }
     let mut a = gemma(c, c.sliding_window_pattern.unwrap_or(6))?;
     a.qk_norm = true;
-    a.attention_softcap = c.attn_logit_softcapping;
-    a.final_logit_softcap = c.final_logit_softcapping;
     let by_kind = c.rope_parameters.as_ref().filter(|p| p.get("sliding_attention").is_some());
     let local = match by_kind {
         Some(p) => {
@@ -263,10 +256,15 @@ impl Architecture {
         if c.mlp_bias {
             bail!("mlp_bias: biased MLP projections are not supported");
         }
-        let activation = match c.hidden_act.as_str() {
+        // Gemma's configs name it `hidden_activation` (Gemma 2's carry both; that one wins)
+        let (key, act) = match &c.hidden_activation {
+            Some(act) => ("hidden_activation", act.as_str()),
+            None => ("hidden_act", c.hidden_act.as_str()),
+        };
+        let activation = match act {
             "silu" | "swish" => Activation::Silu,
             "gelu_pytorch_tanh" | "gelu_tanh" => Activation::GeluTanh,
-            other => bail!("hidden_act: {other:?} (lora-ft computes silu and gelu_pytorch_tanh)"),
+            other => bail!("{key}: {other:?} (lora-ft computes silu and gelu_pytorch_tanh)"),
         };
         let head_dim = c.head_dim();
         Ok(Self {
