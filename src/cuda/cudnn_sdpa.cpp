@@ -3,8 +3,14 @@
 // loaded when the program runs (lft_cudnn_load), never linked: without it the project's own
 // kernels (kernels/flash_attention.cu) do the work. model/cudnn_sdpa.rs is the Rust side.
 //
-// Each call names its shape, dtype and strides in a SdpaDesc; the graph built for a desc is kept,
-// so a training run builds two graphs per sequence shape (forward, backward) and reuses them.
+// Each call names its shape, dtype, strides and score rule in a SdpaDesc; the graph built for a
+// desc is kept, so a training run builds two graphs per sequence shape and rule (forward,
+// backward) and reuses them.
+//
+// The score rule: s = scale · q·kᵀ, then Gemma 2's soft cap cap · tanh(s / cap) where asked,
+// then the causal mask and, with a window w, HF Mistral's rule (key j visible from row i when
+// i − j < w). cuDNN takes a soft cap only as a score modifier (its Softcap, forward and bprop), and
+// a modifier turns its built-in masks off, so the masks are then built inside the modifier.
 // Every entry point returns 0 or writes one line into `err` and returns -1: no exception leaves.
 #define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
 #define CUDNN_FRONTEND_SKIP_JSON_LIB
@@ -16,7 +22,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <cudnn_frontend.h>
@@ -34,6 +42,8 @@ struct SdpaDesc {
     int64_t batch, heads, kv_heads, seq, head_dim;
     int32_t bf16;  // 0: f16, 1: bf16
     float scale;
+    float softcap;   // 0: none
+    int64_t window;  // 0: none
     int64_t q[4], k[4], v[4], o[4], d_o[4], dq[4], dk[4], dv[4];
 };
 }
@@ -47,12 +57,12 @@ void set_error(char *err, size_t len, const std::string &what) {
 }
 
 // Graphs are keyed by the whole desc and the direction.
-using Key = std::tuple<bool, std::vector<int64_t>, float>;
+using Key = std::tuple<bool, std::vector<int64_t>, float, float>;
 
 Key key_of(const SdpaDesc &d, bool backward) {
-    std::vector<int64_t> v{d.batch, d.heads, d.kv_heads, d.seq, d.head_dim, d.bf16};
+    std::vector<int64_t> v{d.batch, d.heads, d.kv_heads, d.seq, d.head_dim, d.bf16, d.window};
     for (const int64_t *s : {d.q, d.k, d.v, d.o, d.d_o, d.dq, d.dk, d.dv}) v.insert(v.end(), s, s + 4);
-    return {backward, v, d.scale};
+    return {backward, v, d.scale, d.softcap};
 }
 
 struct State {
@@ -92,13 +102,45 @@ fe::graph::Tensor_attributes stats_tensor(const SdpaDesc &d) {
         .set_stride({d.heads * d.seq, d.seq, 1, 1});
 }
 
+using GraphPtr = std::shared_ptr<fe::graph::Graph>;
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+// The causal mask and the window (top-left aligned: row i is position i), as score-modifier nodes.
+TensorPtr causal_window(GraphPtr g, TensorPtr scores, int64_t window) {
+    std::optional<int64_t> left = window > 0 ? std::optional<int64_t>(window) : std::nullopt;
+    return fe::graph::attn::score_modifiers::sliding_window_mask(g, scores, fe::DiagonalAlignment_t::TOP_LEFT, left, 0,
+                                                                 0, 0, nullptr, nullptr);
+}
+
+// The desc's score rule on forward (SDPA_attributes) or backward (SDPA_backward_attributes) options.
+template <typename Options>
+void set_rule(fe::graph::Graph &g, Options &options, const SdpaDesc &d) {
+    options.set_attn_scale(d.scale);
+    if (d.softcap <= 0.0f) {
+        options.set_causal_mask(true);
+        if (d.window > 0) options.set_diagonal_band_left_bound(static_cast<int>(d.window));
+        return;
+    }
+    auto cap = g.tensor(d.softcap);
+    // one Softcap per graph: its forward keeps the pre-tanh scores that its bprop reads
+    auto softcap = std::make_shared<fe::graph::attn::score_modifiers::Softcap>();
+    const int64_t window = d.window;
+    options.set_score_mod([softcap, cap, window](GraphPtr sub, TensorPtr scores) {
+        return causal_window(sub, softcap->forward(sub, scores, cap), window);
+    });
+    if constexpr (std::is_same_v<Options, fe::graph::SDPA_backward_attributes>) {
+        options.set_score_mod_bprop(
+            [softcap, cap](GraphPtr sub, TensorPtr d_scores) { return softcap->backward(sub, d_scores, cap); });
+    }
+}
+
 std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaDesc &d) {
     auto g = new_graph(d);
     auto q = input(*g, "q", Q, dims(d.batch, d.heads, d.seq, d.head_dim), d.q);
     auto k = input(*g, "k", K, dims(d.batch, d.kv_heads, d.seq, d.head_dim), d.k);
     auto v = input(*g, "v", V, dims(d.batch, d.kv_heads, d.seq, d.head_dim), d.v);
-    auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_causal_mask(true).set_attn_scale(
-        d.scale);
+    auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true);
+    set_rule(*g, options, d);
     auto [o, stats] = g->sdpa(q, k, v, options);
     o->set_output(true).set_uid(O).set_dim(dims(d.batch, d.heads, d.seq, d.head_dim)).set_stride(strides(d.o));
     stats->set_output(true).set_uid(STATS).set_data_type(fe::DataType_t::FLOAT);
@@ -114,8 +156,8 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaDesc &d) {
     auto o = input(*g, "o", O, dims(d.batch, d.heads, d.seq, d.head_dim), d.o);
     auto d_o = input(*g, "do", DO, dims(d.batch, d.heads, d.seq, d.head_dim), d.d_o);
     auto stats = g->tensor(stats_tensor(d));
-    auto options = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_causal_mask(true).set_attn_scale(
-        d.scale);
+    auto options = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward");
+    set_rule(*g, options, d);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
     dq->set_output(true).set_uid(DQ).set_dim(dims(d.batch, d.heads, d.seq, d.head_dim)).set_stride(strides(d.dq));
     dk->set_output(true).set_uid(DK).set_dim(dims(d.batch, d.kv_heads, d.seq, d.head_dim)).set_stride(strides(d.dk));

@@ -6,8 +6,13 @@
 //! `LORA_FT_ATTENTION` picks: `auto` (default: cuDNN when it loads and takes the call),
 //! `cudnn` (an error when it cannot), or `flash` (the project's kernels). `LORA_FT_CUDNN` names
 //! the library file when `libcudnn.so.9` is not on the loader's path. cuDNN takes the training
-//! shape — as many queries as keys, a sliding window no shorter than the sequence — and the
-//! flash kernels the rest (decoding with a cache, a window that cuts).
+//! shape — as many queries as keys — with the family's query scale, sliding window and Gemma 2's
+//! soft cap; the flash kernels the rest (decoding with a cache).
+//!
+//! A graph cuDNN refuses in `auto` mode is refused for its kind only: plain causal graphs,
+//! windowed ones and soft-capped ones each fall back on their own (plain and windowed to the
+//! flash kernels, soft-capped to the composed path), so one unsupported feature never slows the
+//! others.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -21,10 +26,38 @@ pub enum Mode {
     Flash = 2,
 }
 
+/// How scores are made and masked: s = scale · q·kᵀ, cap · tanh(s / cap) with a soft cap, then
+/// causal and, with a window w, key j visible from row i only when i − j < w.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rule {
+    pub scale: f64,
+    pub softcap: Option<f64>,
+    pub window: Option<usize>,
+}
+
+impl Rule {
+    /// The kind of graph the rule needs, as a bit of `REFUSED_KINDS`.
+    fn kind(&self) -> u8 {
+        match (self.softcap, self.window) {
+            (Some(_), _) => 4,
+            (None, Some(_)) => 2,
+            (None, None) => 1,
+        }
+    }
+
+    fn kind_name(&self) -> &'static str {
+        match self.kind() {
+            4 => "soft-capped",
+            2 => "windowed",
+            _ => "causal",
+        }
+    }
+}
+
 const UNSET: u8 = u8::MAX;
-/// Set once a cuDNN graph is refused in `auto` mode, so the run warns once and stays on flash.
-const REFUSED: u8 = u8::MAX - 1;
 static MODE: AtomicU8 = AtomicU8::new(UNSET);
+/// The kinds of graph (`Rule::kind` bits) cuDNN refused in `auto` mode: those stay off it.
+static REFUSED_KINDS: AtomicU8 = AtomicU8::new(0);
 
 fn mode_from_env() -> Mode {
     match std::env::var("LORA_FT_ATTENTION").as_deref() {
@@ -38,7 +71,7 @@ fn mode_from_env() -> Mode {
     }
 }
 
-/// The mode in force (`LORA_FT_ATTENTION` until `set_mode`), `Flash` once cuDNN refused in `auto`.
+/// The mode in force (`LORA_FT_ATTENTION` until `set_mode`).
 pub fn mode() -> Mode {
     match MODE.load(Ordering::Relaxed) {
         UNSET => {
@@ -47,72 +80,70 @@ pub fn mode() -> Mode {
             mode()
         }
         1 => Mode::Cudnn,
-        2 | REFUSED => Mode::Flash,
+        2 => Mode::Flash,
         _ => Mode::Auto,
     }
 }
 
-/// Overrides `LORA_FT_ATTENTION` for the rest of the process (tests and `bench attention`).
+/// Overrides `LORA_FT_ATTENTION` for the rest of the process (tests and `bench attention`), and
+/// forgets earlier refusals.
 pub fn set_mode(m: Mode) {
     MODE.store(m as u8, Ordering::Relaxed);
+    REFUSED_KINDS.store(0, Ordering::Relaxed);
 }
 
-/// Whether cuDNN takes this call: the mode allows it, as many queries as keys, no window that
-/// cuts, and cuDNN loaded.
-fn applies(q: &Tensor, k: &Tensor, window: Option<usize>) -> Result<bool> {
-    if mode() == Mode::Flash {
+/// Whether cuDNN takes this call: the mode allows it, as many queries as keys, its kind of
+/// graph not refused before, and cuDNN loaded.
+fn applies(q: &Tensor, k: &Tensor, rule: &Rule) -> Result<bool> {
+    if mode() == Mode::Flash || REFUSED_KINDS.load(Ordering::Relaxed) & rule.kind() != 0 {
         return Ok(false);
     }
-    let (t, s) = (q.dim(2)?, k.dim(2)?);
-    Ok(t == s && window.is_none_or(|w| w >= s) && ffi::version().is_some())
+    Ok(q.dim(2)? == k.dim(2)? && ffi::version().is_some())
 }
 
-/// cuDNN could not take a call it should have: an error in `cudnn` mode, else a warning and the
-/// flash kernels from now on.
-fn refused(what: &str) -> Result<()> {
+/// cuDNN could not take a call it should have: an error in `cudnn` mode, else a warning and
+/// the fallback for this kind of graph from now on.
+fn refused(rule: &Rule, what: &str) -> Result<()> {
     if mode() == Mode::Cudnn {
         candle_core::bail!("LORA_FT_ATTENTION=cudnn, but {what}");
     }
-    tracing::warn!("cuDNN attention unavailable ({what}); using the flash kernels");
-    MODE.store(REFUSED, Ordering::Relaxed);
+    let kind = rule.kind();
+    if REFUSED_KINDS.fetch_or(kind, Ordering::Relaxed) & kind == 0 {
+        let fallback = if rule.softcap.is_some() { "the composed path" } else { "the flash kernels" };
+        tracing::warn!("cuDNN attention unavailable for {} scores ({what}); using {fallback}", rule.kind_name());
+    }
     Ok(())
 }
 
 /// q `[b, h, t, d]`, k/v `[b, kv, t, d]` → (context `[b, h, t, d]` (a view of `[b, t, h, d]`,
-/// as `flash::forward`), stats `[b, h, t]` f32: the row log-sum-exp in natural-log units), or
-/// `None` where cuDNN does not take the call.
-pub fn forward(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    window: Option<usize>,
-) -> Result<Option<(Tensor, Tensor)>> {
-    if !applies(q, k, window)? {
+/// as `flash::forward`), stats `[b, h, t]` f32: the row log-sum-exp of the (capped) scores in
+/// natural-log units), or `None` where cuDNN does not take the call.
+pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, rule: &Rule) -> Result<Option<(Tensor, Tensor)>> {
+    if !applies(q, k, rule)? {
         if mode() == Mode::Cudnn {
-            refused(&format!("cuDNN does not take this call ({})", ffi::why_not()))?;
+            refused(rule, &format!("cuDNN does not take this call ({})", ffi::why_not()))?;
         }
         return Ok(None);
     }
-    match ffi::forward(q, k, v)? {
+    match ffi::forward(q, k, v, rule)? {
         Ok(out) => Ok(Some(out)),
-        Err(why) => refused(&why).map(|_| None),
+        Err(why) => refused(rule, &why).map(|_| None),
     }
 }
 
-/// The backward of `forward`'s output: (dq, dk, dv) with dk/dv summed to the kv heads (`[b, h,
-/// t, d]` views of `[b, t, h, d]` memory, the projections' layout), or `None`
-/// where cuDNN refuses the graph (the caller then runs the flash backward on `stats` × log2 e).
+/// The backward of `forward`'s output under the same rule: (dq, dk, dv) with dk/dv summed to
+/// the kv heads (`[b, h, t, d]` views of `[b, t, h, d]` memory, the projections' layout), or
+/// `None` where cuDNN refuses the graph (the caller then falls back on `stats`).
 pub fn backward(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
     context: &Tensor,
     stats: &Tensor,
     d_context: &Tensor,
+    rule: &Rule,
 ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
-    match ffi::backward(q, k, v, context, stats, d_context)? {
+    match ffi::backward((q, k, v), context, stats, d_context, rule)? {
         Ok(grads) => Ok(Some(grads)),
-        Err(why) => refused(&why).map(|_| None),
+        Err(why) => refused(rule, &why).map(|_| None),
     }
 }
 
@@ -128,6 +159,7 @@ mod ffi {
     use candle_core::{bail, DType, Result, Tensor, WithDType};
     use half::{bf16, f16};
 
+    use super::Rule;
     use crate::cuda::{cuda_device, view, wrap};
 
     #[repr(C)]
@@ -140,6 +172,8 @@ mod ffi {
         head_dim: i64,
         bf16: i32,
         scale: f32,
+        softcap: f32,
+        window: i64,
         q: [i64; 4],
         k: [i64; 4],
         v: [i64; 4],
@@ -223,7 +257,7 @@ mod ffi {
 
     pub fn why_not() -> String {
         match load() {
-            Ok(_) => "queries and keys differ in length, or a sliding window cuts".into(),
+            Ok(_) => "queries and keys differ in length, or cuDNN refused this kind of graph before".into(),
             Err(why) => why.clone(),
         }
     }
@@ -242,7 +276,7 @@ mod ffi {
         [(t * h * d) as i64, d as i64, (h * d) as i64, 1]
     }
 
-    fn desc(q: &Tensor, k: &Tensor) -> Result<SdpaDesc> {
+    fn desc(q: &Tensor, k: &Tensor, rule: &Rule) -> Result<SdpaDesc> {
         let (b, h, t, d) = q.dims4()?;
         let kv = k.dim(1)?;
         Ok(SdpaDesc {
@@ -252,7 +286,10 @@ mod ffi {
             seq: t as i64,
             head_dim: d as i64,
             bf16: i32::from(q.dtype() == DType::BF16),
-            scale: (1.0 / (d as f64).sqrt()) as f32,
+            scale: rule.scale as f32,
+            softcap: rule.softcap.unwrap_or(0.0) as f32,
+            // a window as long as the sequence cuts nothing: the plain graph
+            window: rule.window.filter(|&w| w < t).unwrap_or(0) as i64,
             q: strides(q)?,
             k: strides(k)?,
             // the context is written as [b, t, h, d], the layout the output projection reads
@@ -309,10 +346,10 @@ mod ffi {
         x.device_ptr(stream).0 as Ptr
     }
 
-    pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor) -> Outcome<(Tensor, Tensor)> {
+    pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, rule: &Rule) -> Outcome<(Tensor, Tensor)> {
         match q.dtype() {
-            DType::F16 => forward_typed::<f16>(q, k, v),
-            DType::BF16 => forward_typed::<bf16>(q, k, v),
+            DType::F16 => forward_typed::<f16>(q, k, v, rule),
+            DType::BF16 => forward_typed::<bf16>(q, k, v, rule),
             dt => bail!("cuDNN attention takes f16 or bf16, not {dt:?}"),
         }
     }
@@ -329,9 +366,10 @@ mod ffi {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
+        rule: &Rule,
     ) -> Outcome<(Tensor, Tensor)> {
         let (q, k, v) = (readable(q)?, readable(k)?, readable(v)?);
-        let mut d = desc(&q, &k)?;
+        let mut d = desc(&q, &k, rule)?;
         d.v = strides(&v)?;
         let dev = cuda_device(&q)?;
         let ws = match workspace(&dev, &d, false)? {
@@ -356,33 +394,31 @@ mod ffi {
     }
 
     pub fn backward(
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        qkv: (&Tensor, &Tensor, &Tensor),
         context: &Tensor,
         stats: &Tensor,
         d_context: &Tensor,
+        rule: &Rule,
     ) -> Outcome<(Tensor, Tensor, Tensor)> {
-        match q.dtype() {
-            DType::F16 => backward_typed::<f16>(q, k, v, context, stats, d_context),
-            DType::BF16 => backward_typed::<bf16>(q, k, v, context, stats, d_context),
+        match qkv.0.dtype() {
+            DType::F16 => backward_typed::<f16>(qkv, context, stats, d_context, rule),
+            DType::BF16 => backward_typed::<bf16>(qkv, context, stats, d_context, rule),
             dt => bail!("cuDNN attention takes f16 or bf16, not {dt:?}"),
         }
     }
 
     fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
         context: &Tensor,
         stats: &Tensor,
         d_context: &Tensor,
+        rule: &Rule,
     ) -> Outcome<(Tensor, Tensor, Tensor)> {
         let (q, k, v, stats) = (readable(q)?, readable(k)?, readable(v)?, stats.contiguous()?);
         let (context, d_context) = (readable(context)?, readable(d_context)?);
         let (b, h, t, hd) = q.dims4()?;
         let kvh = k.dim(1)?;
-        let mut d = desc(&q, &k)?;
+        let mut d = desc(&q, &k, rule)?;
         d.v = strides(&v)?;
         d.o = strides(&context)?;
         d.d_o = strides(&d_context)?;
@@ -421,6 +457,8 @@ mod ffi {
 mod ffi {
     use candle_core::{Result, Tensor};
 
+    use super::Rule;
+
     pub type Outcome<T> = Result<std::result::Result<T, String>>;
 
     pub fn version() -> Option<i64> {
@@ -431,17 +469,16 @@ mod ffi {
         "this binary was built without the cuDNN headers".into()
     }
 
-    pub fn forward(_: &Tensor, _: &Tensor, _: &Tensor) -> Outcome<(Tensor, Tensor)> {
+    pub fn forward(_: &Tensor, _: &Tensor, _: &Tensor, _: &Rule) -> Outcome<(Tensor, Tensor)> {
         Ok(Err(why_not()))
     }
 
     pub fn backward(
+        _: (&Tensor, &Tensor, &Tensor),
         _: &Tensor,
         _: &Tensor,
         _: &Tensor,
-        _: &Tensor,
-        _: &Tensor,
-        _: &Tensor,
+        _: &Rule,
     ) -> Outcome<(Tensor, Tensor, Tensor)> {
         Ok(Err(why_not()))
     }

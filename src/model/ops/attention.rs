@@ -166,9 +166,15 @@ enum KernelSaved {
     Cudnn { context: Tensor, stats: Tensor },
 }
 
-/// q as the fused kernels take it: times `query_factor` where the rule's scale is not theirs.
+/// The rule as cuDNN takes it (scale, cap and window are its graph's own).
 #[cfg(feature = "cuda")]
-fn kernel_query(q: &Tensor, rule: &ScoreRule) -> Result<Tensor> {
+fn cudnn_rule(rule: &ScoreRule) -> crate::cuda::cudnn_sdpa::Rule {
+    crate::cuda::cudnn_sdpa::Rule { scale: rule.scale, softcap: rule.softcap, window: rule.window }
+}
+
+/// q as the flash kernels take it: times `query_factor` where the rule's scale is not theirs.
+#[cfg(feature = "cuda")]
+fn flash_query(q: &Tensor, rule: &ScoreRule) -> Result<Tensor> {
     let factor = rule.query_factor(q.dim(D::Minus1)?);
     if (factor - 1.0).abs() < 1e-12 {
         return Ok(q.clone());
@@ -176,8 +182,15 @@ fn kernel_query(q: &Tensor, rule: &ScoreRule) -> Result<Tensor> {
     q * factor
 }
 
-/// The fused kernels' forward where one takes the call: cuDNN (head_dim up to 256), else our
-/// flash kernels (64, 128); `None` for the composed path (f32, soft caps, other head dims).
+/// Whether our flash kernels take the call: head_dim 64 or 128, no soft cap.
+#[cfg(feature = "cuda")]
+fn flash_takes(q: &Tensor, rule: &ScoreRule) -> bool {
+    rule.softcap.is_none() && crate::cuda::flash::supported(q)
+}
+
+/// The fused kernels' forward where one takes the call: cuDNN (head_dim up to 256, soft caps
+/// and windows included), else our flash kernels (64, 128, no cap); `None` for the composed path
+/// (f32, other head dims, or a soft cap cuDNN refused).
 #[cfg(feature = "cuda")]
 fn kernel_forward(
     q: &Tensor,
@@ -187,23 +200,22 @@ fn kernel_forward(
 ) -> Result<Option<(Tensor, AttentionSaved)>> {
     let d = q.dim(D::Minus1)?;
     let half = matches!(q.dtype(), DType::F16 | DType::BF16);
-    if !q.device().is_cuda() || !half || rule.softcap.is_some() || d % 8 != 0 || d > 256 {
+    if !q.device().is_cuda() || !half || d % 8 != 0 || d > 256 {
         return Ok(None);
     }
-    let qk = kernel_query(q, rule)?;
-    if let Some((context, stats)) = crate::cuda::cudnn_sdpa::forward(&qk, k, v, rule.window)? {
+    if let Some((context, stats)) = crate::cuda::cudnn_sdpa::forward(q, k, v, &cudnn_rule(rule))? {
         let saved = AttentionSaved { kernel: Some(KernelSaved::Cudnn { context: context.clone(), stats }) };
         return Ok(Some((context, saved)));
     }
-    if !crate::cuda::flash::supported(q) {
+    if !flash_takes(q, rule) {
         return Ok(None);
     }
-    let (context, lse) = crate::cuda::flash::forward(&qk, k, v, rule.window)?;
+    let (context, lse) = crate::cuda::flash::forward(&flash_query(q, rule)?, k, v, rule.window)?;
     Ok(Some((context.clone(), AttentionSaved { kernel: Some(KernelSaved::Flash { context, lse }) })))
 }
 
 /// The fused kernels' backward for a forward they ran; `None` where cuDNN refuses the backward
-/// graph and the flash kernels do not take the head_dim (the composed path recomputes instead).
+/// graph and the flash kernels do not take the call (the composed path recomputes instead).
 #[cfg(feature = "cuda")]
 fn kernel_backward(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
@@ -211,35 +223,32 @@ fn kernel_backward(
     kernel: &KernelSaved,
     d_context: &Tensor,
 ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
-    let qk = kernel_query(q, rule)?;
-    let window = rule.window;
-    let grads = match kernel {
-        KernelSaved::Flash { context, lse } => {
-            crate::cuda::flash::backward(&qk, k, v, context, lse, d_context, window, None)?
-        }
+    let flash = |context: &Tensor, lse: &Tensor| -> Result<(Tensor, Tensor, Tensor)> {
+        let (dq, dk, dv) =
+            crate::cuda::flash::backward(&flash_query(q, rule)?, k, v, context, lse, d_context, rule.window, None)?;
+        let factor = rule.query_factor(q.dim(D::Minus1)?);
+        let dq = if (factor - 1.0).abs() < 1e-12 { dq } else { (dq * factor)? };
+        Ok((dq, dk, dv))
+    };
+    match kernel {
+        KernelSaved::Flash { context, lse } => flash(context, lse).map(Some),
         KernelSaved::Cudnn { context, stats } => {
-            match crate::cuda::cudnn_sdpa::backward(&qk, k, v, context, stats, d_context)? {
-                Some(grads) => grads,
-                None if !crate::cuda::flash::supported(q) => return Ok(None),
-                None => {
-                    // cuDNN refused the backward graph: the flash kernel takes the statistic in
-                    // log2 units
-                    let lse = (stats * std::f64::consts::LOG2_E)?;
-                    crate::cuda::flash::backward(&qk, k, v, context, &lse, d_context, window, None)?
-                }
+            let cudnn = crate::cuda::cudnn_sdpa::backward((q, k, v), context, stats, d_context, &cudnn_rule(rule))?;
+            match cudnn {
+                Some(grads) => Ok(Some(grads)),
+                None if !flash_takes(q, rule) => Ok(None),
+                // cuDNN refused the backward graph: the flash kernel takes the statistic in log2
+                // units
+                None => flash(context, &(stats * std::f64::consts::LOG2_E)?).map(Some),
             }
         }
-    };
-    let (dq, dk, dv) = grads;
-    let factor = rule.query_factor(q.dim(D::Minus1)?);
-    let dq = if (factor - 1.0).abs() < 1e-12 { dq } else { (dq * factor)? };
-    Ok(Some((dq, dk, dv)))
+    }
 }
 
 /// q `[b, h, t, d]`, k/v `[b, kv, s, d]` (already rotated), mask `[t, s]` or `None` (causal: query
 /// i sits at position s − t + i; `rule.window` is the same sliding window the mask holds; the CUDA
-/// kernels mask by position and never read it). Returns the context `[b, h, t, d]`. Soft-capped
-/// scores take the composed path everywhere (the fused kernels do not cap).
+/// kernels mask by position and never read it). Returns the context `[b, h, t, d]`. On CUDA,
+/// soft-capped scores take cuDNN where it builds the graph, else the composed path.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,

@@ -83,9 +83,9 @@ fn sliding_window_mask_matches_hf_rule() {
 }
 
 /// The CUDA paths against the composed ops on the CPU: the flash kernels and cuDNN's SDPA
-/// (f16, bf16; head_dim 64 and 128) and the fused softmax (f32), forward and backward, over
-/// rows that are not a multiple of the tiles, GQA, a sliding window that cuts and one that
-/// does not, and fewer queries than keys (a KV cache). With `LORA_FT_TEST_NEEDS_CUDNN=1` (the
+/// (f16, bf16; head_dim 64, 128 and 256, soft caps) and the fused softmax (f32), forward and
+/// backward, over rows that are not a multiple of the tiles, GQA, a sliding window that cuts and
+/// one that does not, and fewer queries than keys (a KV cache). With `LORA_FT_TEST_NEEDS_CUDNN=1` (the
 /// device scripts) cuDNN must have loaded and taken the training-shaped cases.
 #[cfg(feature = "cuda")]
 #[test]
@@ -104,8 +104,9 @@ fn cuda_attention_cases(needs_cudnn: bool) {
     let gpu = Device::new_cuda(0).unwrap();
     let cpu = Device::Cpu;
     let rand = |shape: (usize, usize, usize, usize)| Tensor::randn(0f32, 1.0, shape, &cpu).unwrap();
-    // the last two: Gemma's head_dim 256 with its query scale (composed path on the GPU), and
-    // Gemma 2's soft cap with a query scale the kernels take through q
+    // Gemma's head_dim 256 with its query scale, windows that cut, and Gemma 2's soft cap (at 50,
+    // as Gemma 2 has it, and at 1, where it bends the scores hard): cuDNN takes them all in
+    // `auto` mode; in `flash` mode d = 256 and the soft caps take the composed path
     let gemma = |window, softcap| ScoreRule { scale: 1.0 / 144f64.sqrt(), softcap, window };
     let cases = [
         (64, QUERY_CHUNK + 300, QUERY_CHUNK + 300, ScoreRule::causal(64, Some(400))),
@@ -116,6 +117,8 @@ fn cuda_attention_cases(needs_cudnn: bool) {
         (256, 300, 300, gemma(None, None)),
         (128, 300, 300, gemma(None, None)),
         (128, 300, 300, gemma(Some(200), Some(50.0))),
+        (256, 300, 300, gemma(None, Some(1.0))),
+        (64, 300, 300, gemma(Some(100), Some(1.0))),
     ];
     for (d, t, s, rule) in cases {
         let window = rule.window;
@@ -129,7 +132,7 @@ fn cuda_attention_cases(needs_cudnn: bool) {
             let (gq, gk, gv) = (on_gpu(&q), on_gpu(&k), on_gpu(&v));
             let (ctx, saved) = attention(&gq, &gk, &gv, None, &rule).unwrap();
             let on_cudnn = matches!(saved.kernel, Some(KernelSaved::Cudnn { .. }));
-            let training_shape = t == s && window.is_none_or(|w| w >= s) && rule.softcap.is_none();
+            let training_shape = t == s;
             if dtype != DType::F32 && needs_cudnn {
                 assert_eq!(on_cudnn, training_shape, "d {d} t {t} s {s} {window:?}: cuDNN taken {on_cudnn}");
             }
