@@ -24,6 +24,9 @@
 //!    as HF stores them, w not 1 + w; Qwen2's biases; tied embeddings stay tied, no lm_head),
 //!    every adapted one within the rounding bound of W + scale·B·A, config.json the base's but
 //!    the dtype, and our logits of the merged folder equal PEFT's.
+//! 4. The script also loads the default (f16) merge in transformers: float16, no key missing, its
+//!    logits within 4 x torch's own f16 error of PEFT's. `the_default_merge_is_the_f32_merge_in_f16`:
+//!    that folder is the f32 merge rounded to f16 tensor for tensor.
 //!
 //! The f32 rule (`lora_ft::testing`): our error against PEFT's float64 logits is at most
 //! MULTIPLE × torch's own float32 error (PEFT's unmerged run for the adapter; transformers'
@@ -173,13 +176,18 @@ fn pefts_logits_are_ours() {
     }
 }
 
-/// `lora-ft merge --dtype f32` of each fixture with its committed adapter, as users run it.
-fn run_merge(case: &str) -> PathBuf {
-    let out =
-        std::env::temp_dir().join(format!("lora-ft-peft-families-merged-{case}-{}", std::process::id()));
+/// `lora-ft merge [--dtype DTYPE]` of each fixture with its committed adapter, as users run it.
+fn run_merge(case: &str, dtype: Option<&str>) -> PathBuf {
+    let tag = dtype.unwrap_or("default");
+    let out = std::env::temp_dir().join(format!("lora-ft-peft-families-{tag}-{case}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let output = Command::new(env!("CARGO_BIN_EXE_lora-ft"))
-        .args(["merge", "--dtype", "f32", "--model"])
+    let mut merge = Command::new(env!("CARGO_BIN_EXE_lora-ft"));
+    merge.arg("merge");
+    if let Some(dtype) = dtype {
+        merge.args(["--dtype", dtype]);
+    }
+    let output = merge
+        .arg("--model")
         .arg(fixture(case))
         .arg("--adapter")
         .arg(adapter_dir(case))
@@ -232,7 +240,7 @@ fn merge_writes_what_transformers_loaded() {
         for key in ["missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"] {
             assert_eq!(loaded["loading_info"][key], serde_json::json!([]), "{case}: transformers' {key}");
         }
-        let out = run_merge(case);
+        let out = run_merge(case, Some("f32"));
         let merged = safetensors(&out.join("model.safetensors"));
         let base = safetensors(&fixture(case).join("model.safetensors"));
         let adapter = safetensors(&adapter_dir(case).join("adapter_model.safetensors"));
@@ -274,5 +282,40 @@ fn merge_writes_what_transformers_loaded() {
         assert_eq!(ours, theirs, "{case}: config.json");
         check_logits(case, "merged vs PEFT", &logits(&load(&out), &g), &g, "merged_logits");
         std::fs::remove_dir_all(&out).unwrap();
+    }
+}
+
+/// The default merge (f16), which transformers loaded as float16 with no key missing (the golden
+/// script checks its logits against PEFT's to 4 x torch's own f16 error), is the f32 merge
+/// rounded to f16, tensor for tensor, with config.json saying float16.
+#[test]
+fn the_default_merge_is_the_f32_merge_in_f16() {
+    let index_json = golden_json();
+    for case in CASES {
+        let loaded = &index_json["cases"][case]["merged_f16"];
+        assert_eq!(loaded["loaded_dtype"], "float16", "{case}");
+        for key in ["missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"] {
+            assert_eq!(loaded["loading_info"][key], serde_json::json!([]), "{case}: transformers' {key}");
+        }
+        let (f32_dir, f16_dir) = (run_merge(case, Some("f32")), run_merge(case, None));
+        let (wide, half) = (
+            safetensors(&f32_dir.join("model.safetensors")),
+            safetensors(&f16_dir.join("model.safetensors")),
+        );
+        assert_eq!(half.len(), wide.len(), "{case}");
+        for (name, t) in &half {
+            assert_eq!(t.dtype(), DType::F16, "{case} {name}");
+            let values =
+                |t: &Tensor| t.flatten_all().unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(values(t), values(&wide[name].to_dtype(DType::F16).unwrap()), "{case} {name}");
+        }
+        let config = config_json(&f16_dir.join("config.json"));
+        assert_eq!(
+            (&config["dtype"], &config["torch_dtype"]),
+            (&"float16".into(), &"float16".into()),
+            "{case}"
+        );
+        std::fs::remove_dir_all(&f32_dir).unwrap();
+        std::fs::remove_dir_all(&f16_dir).unwrap();
     }
 }
