@@ -9,6 +9,7 @@
 mod arch;
 mod hparams;
 mod rope;
+mod spm;
 mod tensors;
 mod tokenizer;
 
@@ -199,6 +200,19 @@ impl Metadata<'_> {
             })
             .collect::<Result<_>>()?;
         Ok(Some(strings))
+    }
+
+    fn floats(&self, key: &str) -> Result<Option<Vec<f32>>> {
+        let Some(items) = self.array(key)? else { return Ok(None) };
+        let floats = items
+            .iter()
+            .map(|item| match *item {
+                Value::F32(v) => Ok(v),
+                Value::F64(v) => Ok(v as f32),
+                _ => Err(self.wrong_type(key, item, "an array of floats")),
+            })
+            .collect::<Result<_>>()?;
+        Ok(Some(floats))
     }
 
     fn ints(&self, key: &str) -> Result<Option<Vec<i64>>> {

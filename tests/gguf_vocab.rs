@@ -1,8 +1,13 @@
-//! `lora-ft import` of vocabulary-only GGUF files of the real Llama 3 (`llama-bpe`), Qwen2.5
-//! (`qwen2`) and Mistral Nemo (`tekken`) tokenizers reproduces every id llama.cpp expects for its
-//! test strings (`ggml-vocab-*.gguf.inp` / `.out`, from llama.cpp), and the token ids of the real
-//! chat templates' renders (tests/golden/chat_templates.json, from transformers).
-//! The GGUF files are written by scripts/golden/vocab_gguf.py as llama.cpp's converter does; see
+//! `lora-ft import` of vocabulary-only GGUF files of real tokenizers reproduces every id expected
+//! for the test strings (`ggml-vocab-*.gguf.inp` / `.out`), and the token ids of the real chat
+//! templates' renders (tests/golden/chat_templates.json, from transformers):
+//! - byte-level BPE (`gpt2`): Llama 3 (`llama-bpe`), Qwen2.5 (`qwen2`), Mistral Nemo (`tekken`),
+//!   with llama.cpp's own test pairs;
+//! - SentencePiece (`llama`): Llama 2 (`llama-spm`: llama.cpp's own file and pair), Mistral 7B
+//!   v0.1 and v0.3 (sentencepiece's ids), Gemma 2 and 3 (transformers' ids).
+//!
+//! Except llama.cpp's `ggml-vocab-llama-spm.gguf`, the GGUF files are written by
+//! scripts/golden/vocab_gguf.py and vocab_gguf_spm.py as llama.cpp's converter does; see
 //! tests/fixtures/vocab-gguf/README.md.
 
 use std::io::Read;
@@ -68,7 +73,7 @@ fn template_renders(family: &str) -> Vec<(String, Vec<u32>)> {
         .collect()
 }
 
-fn check(name: &str, family: &str, tests: usize, vocab_size: usize) {
+fn check(name: &str, family: Option<&str>, tests: usize, vocab_size: usize) {
     let (_scratch, tokenizer) = import(name);
     assert_eq!(tokenizer.get_vocab_size(true), vocab_size, "{name}: vocabulary");
     let cases = cases(name);
@@ -77,6 +82,7 @@ fn check(name: &str, family: &str, tests: usize, vocab_size: usize) {
         let got = tokenizer.encode(text.as_str(), false).unwrap().get_ids().to_vec();
         assert_eq!(got, want, "{name}: ids of {text:?}");
     }
+    let Some(family) = family else { return };
     let renders = template_renders(family);
     assert_eq!(renders.len(), 5);
     for (text, want) in renders {
@@ -87,15 +93,54 @@ fn check(name: &str, family: &str, tests: usize, vocab_size: usize) {
 
 #[test]
 fn llama_bpe_vocabulary_gives_llama_cpps_ids() {
-    check("llama-bpe", "llama-3.3", 44, 128256);
+    check("llama-bpe", Some("llama-3.3"), 44, 128256);
 }
 
 #[test]
 fn qwen2_vocabulary_gives_llama_cpps_ids() {
-    check("qwen2", "qwen2.5", 43, 152064);
+    check("qwen2", Some("qwen2.5"), 43, 152064);
 }
 
 #[test]
 fn tekken_vocabulary_gives_llama_cpps_ids() {
-    check("tekken", "mistral-nemo", 46, 131072);
+    check("tekken", Some("mistral-nemo"), 46, 131072);
+}
+
+#[test]
+fn llama_spm_vocabulary_gives_llama_cpps_ids() {
+    check("llama-spm", None, 46, 32000);
+}
+
+#[test]
+fn mistral_v01_vocabulary_gives_sentencepieces_ids() {
+    check("mistral-v0.1", None, 46, 32000);
+}
+
+#[test]
+fn mistral_v03_vocabulary_gives_sentencepieces_ids() {
+    check("mistral-v0.3", None, 46, 32768);
+}
+
+#[test]
+fn gemma2_vocabulary_gives_transformers_ids() {
+    check("gemma-2", Some("gemma-2"), 46, 256000);
+}
+
+#[test]
+fn gemma3_vocabulary_gives_transformers_ids() {
+    check("gemma-3", Some("gemma-3"), 46, 262208);
+}
+
+/// The SentencePiece import: spaces become `▁` with one prepended to each run of text (Llama 2)
+/// or none (Gemma, `add_space_prefix = false`), control tokens are special, and decoding undoes it.
+#[test]
+fn sentencepiece_imports_keep_llama_cpps_space_rules() {
+    let (_scratch, llama) = import("llama-spm");
+    let ids = llama.encode("<s>[INST] Hi [/INST]", false).unwrap().get_ids().to_vec();
+    assert_eq!(ids[0], 1, "<s> is the control token, not text");
+    assert_eq!(llama.decode(&ids[1..], false).unwrap(), "[INST] Hi [/INST]");
+    assert_eq!(llama.encode(" Hello", false).unwrap().get_ids(), [29871, 15043]);
+    let (_scratch, gemma) = import("gemma-2");
+    assert_eq!(gemma.encode("<start_of_turn>user", false).unwrap().get_ids(), [106, 1645]);
+    assert_eq!(gemma.decode(&[106, 1645], false).unwrap(), "<start_of_turn>user");
 }

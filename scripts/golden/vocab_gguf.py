@@ -12,7 +12,9 @@ bos/eos ids, the add_bos/add_eos flags and the chat template. Before writing, it
 transformers' tokenizer from the same tokenizer.json gives every `.out` id of every `.inp` line
 (llama.cpp's own expected output), so the GGUF is built from the tokenizer llama.cpp tested.
 
-Usage: python scripts/golden/vocab_gguf.py   (rewrites tests/fixtures/vocab-gguf/*.gguf.gz)
+SentencePiece ("llama") vocabularies are in scripts/golden/vocab_gguf_spm.py.
+
+Usage: python scripts/golden/vocab_gguf.py   (rewrites the BPE tests/fixtures/vocab-gguf/*.gguf.gz)
 """
 
 import gzip

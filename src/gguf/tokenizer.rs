@@ -7,8 +7,8 @@ use serde_json::{json, Map, Value as Json};
 use std::collections::{HashMap, HashSet};
 
 /// llama.cpp's token type for control tokens (`<|im_start|>`); 4 is user-defined.
-const CONTROL: i64 = 3;
-const USER_DEFINED: i64 = 4;
+pub(super) const CONTROL: i64 = 3;
+pub(super) const USER_DEFINED: i64 = 4;
 
 pub(super) struct TokenizerFiles {
     pub tokenizer: Json,
@@ -26,14 +26,19 @@ const SPECIAL_TOKENS: [(&str, &str); 4] = [
 
 pub(super) fn convert(meta: &Metadata, context_length: u64) -> Result<TokenizerFiles> {
     let model_key = "tokenizer.ggml.model";
-    let model = meta.string(model_key)?;
-    if model != "gpt2" {
-        bail!(
-            "{}: GGUF key `{model_key}` is {model:?}; the importer builds byte-level BPE (\"gpt2\") \
-             tokenizers only — for a sentencepiece (\"llama\") model use its Hugging Face repo",
+    match meta.string(model_key)? {
+        "gpt2" => convert_bpe(meta, context_length),
+        "llama" => super::spm::convert(meta, context_length),
+        model => bail!(
+            "{}: GGUF key `{model_key}` is {model:?}; the importer builds byte-level BPE (\"gpt2\") and \
+             SentencePiece (\"llama\") tokenizers only — for another model use its Hugging Face repo",
             meta.file.display()
-        );
+        ),
     }
+}
+
+/// A byte-level BPE (`gpt2`) vocabulary: tokens and merges as the file has them.
+fn convert_bpe(meta: &Metadata, context_length: u64) -> Result<TokenizerFiles> {
     let tokens_key = "tokenizer.ggml.tokens";
     let Some(tokens) = meta.strings(tokens_key)? else {
         bail!("{}: GGUF key `{tokens_key}` is missing", meta.file.display());
@@ -80,6 +85,19 @@ pub(super) fn convert(meta: &Metadata, context_length: u64) -> Result<TokenizerF
             "merges": merges,
         },
     });
+    let config = tokenizer_config(meta, &specials, &added, (add_bos, add_eos), context_length)?;
+    Ok(TokenizerFiles { tokenizer, tokenizer_config: config, vocab_size: tokens.len() })
+}
+
+/// tokenizer_config.json: the special tokens, the add_bos/add_eos flags the file sets, the chat
+/// template and the added tokens.
+pub(super) fn tokenizer_config(
+    meta: &Metadata,
+    specials: &HashMap<&'static str, (String, u64)>,
+    added: &[AddedToken],
+    (add_bos, add_eos): (bool, bool),
+    context_length: u64,
+) -> Result<Json> {
     let mut config = json!({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "add_bos_token": add_bos && specials.contains_key("bos_token"),
@@ -87,16 +105,19 @@ pub(super) fn convert(meta: &Metadata, context_length: u64) -> Result<TokenizerF
         "clean_up_tokenization_spaces": false,
         "model_max_length": context_length,
         "chat_template": meta.opt_string("tokenizer.chat_template")?,
-        "added_tokens_decoder": added_tokens_decoder(&added),
+        "added_tokens_decoder": added_tokens_decoder(added),
     });
     for (name, _) in SPECIAL_TOKENS {
         config[name] = json!(specials.get(name).map(|(token, _)| token));
     }
-    Ok(TokenizerFiles { tokenizer, tokenizer_config: config, vocab_size: tokens.len() })
+    Ok(config)
 }
 
 /// bos/eos/unk/pad as (token, id), for the ids the file states.
-fn special_tokens(meta: &Metadata, tokens: &[&str]) -> Result<HashMap<&'static str, (String, u64)>> {
+pub(super) fn special_tokens(
+    meta: &Metadata,
+    tokens: &[&str],
+) -> Result<HashMap<&'static str, (String, u64)>> {
     let mut specials = HashMap::new();
     for (name, key) in SPECIAL_TOKENS {
         if let Some(id) = meta.opt_uint(key)? {
@@ -147,14 +168,14 @@ fn byte_level_vocab(tokens: &[&str]) -> Map<String, Json> {
     vocab
 }
 
-struct AddedToken {
-    id: usize,
-    content: String,
-    special: bool,
+pub(super) struct AddedToken {
+    pub id: usize,
+    pub content: String,
+    pub special: bool,
 }
 
 impl AddedToken {
-    fn to_json(&self) -> Json {
+    pub(super) fn to_json(&self) -> Json {
         json!({
             "id": self.id,
             "content": self.content,
@@ -263,7 +284,11 @@ fn ignores_merges(pre: Option<&str>) -> bool {
 }
 
 /// transformers' `update_post_processor`: `[bos] $A [eos]`, for the flags the file sets.
-fn post_processor(specials: &HashMap<&'static str, (String, u64)>, add_bos: bool, add_eos: bool) -> Json {
+pub(super) fn post_processor(
+    specials: &HashMap<&'static str, (String, u64)>,
+    add_bos: bool,
+    add_eos: bool,
+) -> Json {
     let bos = specials.get("bos_token").filter(|_| add_bos);
     let eos = specials.get("eos_token").filter(|_| add_eos);
     let piece = |token: &(String, u64), type_id: u32| json!({ "SpecialToken": { "id": token.0, "type_id": type_id } });
