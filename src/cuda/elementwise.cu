@@ -69,6 +69,76 @@ __device__ void rms_norm_backward(const T* x, const T* w, const T* dy, T* dx, in
     }
 }
 
+// The same two kernels for short rows (Qwen3's and Gemma 3's per-head q/k norms: 128 values):
+// `group` lanes per row (a power of two up to 32, so that a row's lanes share a warp), many rows
+// per block. A block per row would leave most of its threads idle and pay two block-wide
+// reductions per 256 bytes. The sums run in another order than the block kernels' (same rounding
+// of the results).
+__device__ __forceinline__ float group_sum(float v, int group) {
+    for (int off = group / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
+    return v;
+}
+
+template <typename T>
+__device__ void rms_norm_short(const T* x, const T* w, T* y, int64_t rows, int cols, int group, float eps) {
+    constexpr int N = Vec16<T>::N;
+    const int64_t row = ((int64_t)blockIdx.x * THREADS + threadIdx.x) / group;
+    const int lane = threadIdx.x % group;
+    const bool live = row < rows;  // every lane stays for the shuffles
+    const T* xr = x + (live ? row : 0) * cols;
+    T* yr = y + (live ? row : 0) * cols;
+    const bool vec = cols % N == 0 && aligned16(xr, yr, w);
+    float sq = 0.0f;
+    if (live && vec) {
+        for (int j = lane * N; j < cols; j += group * N) {
+            const Vec16<T> xv = load16(xr + j);
+#pragma unroll
+            for (int k = 0; k < N; ++k) sq += to_f32(xv.v[k]) * to_f32(xv.v[k]);
+        }
+    } else if (live) {
+        for (int j = lane; j < cols; j += group) sq += to_f32(xr[j]) * to_f32(xr[j]);
+    }
+    const float inv_rms = rsqrtf(group_sum(sq, group) / cols + eps);
+    if (!live) return;
+    if (vec) {
+        for (int j = lane * N; j < cols; j += group * N) {
+            const Vec16<T> xv = load16(xr + j), wv = load16(w + j);
+            Vec16<T> out;
+#pragma unroll
+            for (int k = 0; k < N; ++k)
+                out.v[k] = round_to<T>(to_f32(round_to<T>(to_f32(xv.v[k]) * inv_rms)) * to_f32(wv.v[k]));
+            store16(yr + j, out);
+        }
+    } else {
+        for (int j = lane; j < cols; j += group) store(yr + j, to_f32(round_to<T>(to_f32(xr[j]) * inv_rms)) * to_f32(w[j]));
+    }
+}
+
+template <typename T>
+__device__ void rms_norm_backward_short(const T* x, const T* w, const T* dy, T* dx, int64_t rows, int cols, int group,
+                                        float eps) {
+    const int64_t row = ((int64_t)blockIdx.x * THREADS + threadIdx.x) / group;
+    const int lane = threadIdx.x % group;
+    const bool live = row < rows;
+    const int64_t off = (live ? row : 0) * cols;
+    float sq = 0.0f, gx = 0.0f;
+    if (live) {
+        for (int j = lane; j < cols; j += group) {
+            const float xv = to_f32(x[off + j]);
+            const float g = to_f32(round_to<T>(to_f32(dy[off + j]) * to_f32(w[j])));
+            sq += xv * xv;
+            gx += g * xv;
+        }
+    }
+    const float r = rsqrtf(group_sum(sq, group) / cols + eps);
+    const float coef = r * r * r * group_sum(gx, group) / cols;
+    if (!live) return;
+    for (int j = lane; j < cols; j += group) {
+        const float g = to_f32(round_to<T>(to_f32(dy[off + j]) * to_f32(w[j])));
+        store(dx + off + j, r * g - to_f32(x[off + j]) * coef);
+    }
+}
+
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 // The gate activations: 0 silu (SwiGLU), 1 gelu with the tanh approximation (GeGLU, Gemma's
@@ -155,6 +225,14 @@ __device__ void gated_backward(const T* g, const T* u, const T* da, T* d_gate_up
     extern "C" __global__ void rms_norm_backward_##NAME(const T* x, const T* w, const T* dy, T* dx, int cols, \
                                                         float eps) {                                         \
         rms_norm_backward<T>(x, w, dy, dx, cols, eps);                                                       \
+    }                                                                                                        \
+    extern "C" __global__ void rms_norm_short_##NAME(const T* x, const T* w, T* y, int64_t rows, int cols,    \
+                                                     int group, float eps) {                                 \
+        rms_norm_short<T>(x, w, y, rows, cols, group, eps);                                                  \
+    }                                                                                                        \
+    extern "C" __global__ void rms_norm_backward_short_##NAME(const T* x, const T* w, const T* dy, T* dx,     \
+                                                              int64_t rows, int cols, int group, float eps) { \
+        rms_norm_backward_short<T>(x, w, dy, dx, rows, cols, group, eps);                                    \
     }                                                                                                        \
     extern "C" __global__ void gated_##NAME(const T* g, const T* u, T* a, int64_t n, int gelu) {             \
         gated<T>(g, u, a, n, gelu);                                                                          \

@@ -1,7 +1,7 @@
 //! The fused RMSNorm and SwiGLU kernels of `kernels/elementwise.cu` (CUDA only). `ops.rs` calls
 //! them for CUDA tensors and keeps the composed ops as the CPU path and the tests' reference.
 
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, Result, Tensor, WithDType};
 
@@ -16,6 +16,26 @@ fn rows_cols(x: &Tensor) -> Result<(usize, usize)> {
     Ok((x.elem_count() / cols, cols))
 }
 
+/// Rows up to this long take the `_short` kernels (a group of lanes per row, many rows per
+/// block); longer ones a block per row.
+const SHORT_ROW: usize = 1024;
+
+/// Lanes per row of the `_short` kernels: enough for one 16-byte load each across the row, a
+/// power of two, at most a warp.
+fn lanes_per_row(cols: usize, dtype_bytes: usize) -> usize {
+    cols.div_ceil(16 / dtype_bytes).next_power_of_two().clamp(1, 32)
+}
+
+/// The launch of a row kernel over `rows` × `cols`: (name suffix, launch, lanes per row).
+fn row_launch(rows: usize, cols: usize, dtype_bytes: usize) -> (&'static str, LaunchConfig, i32) {
+    if cols > SHORT_ROW {
+        return ("", blocks(rows, THREADS), 0);
+    }
+    let group = lanes_per_row(cols, dtype_bytes);
+    let rows_per_block = THREADS as usize / group;
+    ("short_", blocks(rows.div_ceil(rows_per_block), THREADS), group as i32)
+}
+
 /// y = w ⊙ round(x · rsqrt(mean(x²) + eps)) over the last dim.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     by_dtype!(x.dtype(), rms_norm_typed(x, weight, eps))
@@ -26,14 +46,21 @@ fn rms_norm_typed<T: CudaDType + WithDType + DeviceRepr>(x: &Tensor, w: &Tensor,
     let (rows, cols) = rows_cols(&x)?;
     let dev = cuda_device(&x)?;
     let y = unsafe { dev.alloc::<T>(rows * cols)? };
-    let func = dev.get_or_load_custom_func(&format!("rms_norm_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    let (short, launch, group) = row_launch(rows, cols, T::DTYPE.size_in_bytes());
+    let func = dev.get_or_load_custom_func(&format!("rms_norm_{short}{}", suffix(T::DTYPE)?), MODULE, PTX)?;
     {
         let (xs, ws) = (x.storage_and_layout().0, w.storage_and_layout().0);
         let (xv, wv) = (view::<T>(&xs, &x)?, view::<T>(&ws, &w)?);
-        let (cols_i, eps) = (cols as i32, eps as f32);
+        let (rows_i, cols_i, eps) = (rows as i64, cols as i32, eps as f32);
         let mut l = func.builder();
-        l.arg(&xv).arg(&wv).arg(&y).arg(&cols_i).arg(&eps);
-        unsafe { l.launch(blocks(rows, THREADS)) }.w()?;
+        l.arg(&xv).arg(&wv).arg(&y);
+        if group > 0 {
+            l.arg(&rows_i).arg(&cols_i).arg(&group);
+        } else {
+            l.arg(&cols_i);
+        }
+        l.arg(&eps);
+        unsafe { l.launch(launch) }.w()?;
     }
     Ok(wrap(y, &dev, x.dims()))
 }
@@ -56,15 +83,22 @@ fn rms_norm_backward_typed<T: CudaDType + WithDType + DeviceRepr>(
     let (rows, cols) = rows_cols(&x)?;
     let dev = cuda_device(&x)?;
     let dx = unsafe { dev.alloc::<T>(rows * cols)? };
-    let func =
-        dev.get_or_load_custom_func(&format!("rms_norm_backward_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    let (short, launch, group) = row_launch(rows, cols, T::DTYPE.size_in_bytes());
+    let name = format!("rms_norm_backward_{short}{}", suffix(T::DTYPE)?);
+    let func = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
     {
         let g = [&x, &w, &dy].map(|t| t.storage_and_layout().0);
         let (xv, wv, dyv) = (view::<T>(&g[0], &x)?, view::<T>(&g[1], &w)?, view::<T>(&g[2], &dy)?);
-        let (cols_i, eps) = (cols as i32, eps as f32);
+        let (rows_i, cols_i, eps) = (rows as i64, cols as i32, eps as f32);
         let mut l = func.builder();
-        l.arg(&xv).arg(&wv).arg(&dyv).arg(&dx).arg(&cols_i).arg(&eps);
-        unsafe { l.launch(blocks(rows, THREADS)) }.w()?;
+        l.arg(&xv).arg(&wv).arg(&dyv).arg(&dx);
+        if group > 0 {
+            l.arg(&rows_i).arg(&cols_i).arg(&group);
+        } else {
+            l.arg(&cols_i);
+        }
+        l.arg(&eps);
+        unsafe { l.launch(launch) }.w()?;
     }
     Ok(wrap(dx, &dev, x.dims()))
 }

@@ -114,12 +114,13 @@ mod tests {
     }
 
     /// The fused CUDA kernels against the composed CPU ops: f32 tight, f16/bf16 within rounding.
-    /// 1000 columns take the 16-byte path throughout; 1001 the one-value path of RMSNorm and the
-    /// scalar tail of the gated activations.
+    /// 128, 1000 and 2056 columns take the 16-byte paths throughout; 1001 and 2049 the one-value
+    /// paths of RMSNorm and the scalar tail of the gated activations. Up to 1024 columns RMSNorm
+    /// runs a group of lanes per row (128: Qwen3's q/k norms), beyond a block per row.
     #[cfg(feature = "cuda")]
     #[test]
     fn fused_cuda_norm_and_gated_activations_match_the_composed_cpu_ops() {
-        for cols in [1000, 1001] {
+        for cols in [128, 1000, 1001, 2049, 2056] {
             for act in [Activation::Silu, Activation::GeluTanh] {
                 fused_cuda_ops_at(cols, act);
             }
