@@ -12,6 +12,7 @@
 //! benches/issue18/) in this folder's tests.
 
 mod activations;
+pub mod init;
 
 use serde::Serialize;
 
