@@ -161,3 +161,36 @@ fn a_hub_repo_id_from_the_cache() {
     assert_eq!((cfg.data.train.as_path(), cfg.data.eval.as_deref()), (data.as_path(), None));
     assert_eq!(cfg.output.adapter_name, "q-chats");
 }
+
+/// The ready configs `lora-ft init` wrote (scripts/ready_configs.py) say the planner's
+/// prediction for their shape today, on the published config.json of their model, and fit
+/// their card.
+#[test]
+fn the_ready_configs_headers_are_the_planners_predictions() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    for name in ["llama3.1-8b", "qwen3-8b", "qwen3-14b", "gemma2-9b"] {
+        let model =
+            ModelConfig::from_file(&root.join(format!("tests/fixtures/bench-models/{name}/config.json")))
+                .unwrap();
+        for (file, gib) in [(format!("configs/{name}.toml"), 24), (format!("configs/{name}-48g.toml"), 48)] {
+            let cfg = check_written(
+                &root.join(&file),
+                &Config::from_file(&root.join(&file)).unwrap().model.source,
+                &model,
+                gib,
+            );
+            let text = std::fs::read_to_string(root.join(&file)).unwrap();
+            assert!(text.contains("\n# measured peak: "), "{file}");
+            assert!(
+                text.contains(&format!(
+                    "`lora-ft init {} --gpu-mem {gib}GiB --out {file}`",
+                    cfg.model.source
+                )),
+                "{file}"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 8);
+}

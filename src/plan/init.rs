@@ -136,8 +136,12 @@ pub fn write_config(req: &InitRequest) -> anyhow::Result<Written> {
     };
     let accum = ROWS_PER_STEP / batch;
     let (_, cfg) = config(seq, batch, accum)?;
-    let peak = estimate(req.model, &run_shape(&cfg), (seq, batch)).peak();
-    let toml = render(req, &arch, (seq, batch, accum), Some((peak, budget)));
+    let run = run_shape(&cfg);
+    let peak = estimate(req.model, &run, (seq, batch)).peak();
+    // soft-capped attention scores: also the composed path's peak (builds before cuDNN took caps)
+    let composed = super::RunShape { fused_attention: false, ..run };
+    let composed = arch.attention_softcap.map(|_| estimate(req.model, &composed, (seq, batch)).peak());
+    let toml = render(req, &arch, (seq, batch, accum), Some((peak, composed, budget)));
     Config::from_toml(&toml, Path::new("lora-ft init")).context("the config init writes")?;
     Ok(Written { toml, seq, batch, grad_accum: accum, peak, budget: budget.bytes() })
 }
@@ -178,7 +182,7 @@ fn render(
     req: &InitRequest,
     arch: &Architecture,
     (seq, batch, accum): (usize, usize, usize),
-    prediction: Option<(u64, VramBudget)>,
+    prediction: Option<(u64, Option<u64>, VramBudget)>,
 ) -> String {
     let gemma = arch.family.starts_with("Gemma");
     let card = req.gpu_mem as f64 / GIB;
@@ -194,7 +198,7 @@ fn render(
         req.model.parameter_count() as f64 / 1e9,
         if gemma { "bf16" } else { "f16" },
     );
-    if let Some((peak, budget)) = prediction {
+    if let Some((peak, composed, budget)) = prediction {
         out += &format!(
             "# Peak GPU memory {:.2} GiB predicted (`lora-ft estimate`, {batch} x {seq}, dropout 0.05{}),\n\
              # within {HEADROOM} of the budget of {:.2} GiB (train.max_vram_fraction's default, {:.2} of the card).\n",
@@ -203,6 +207,13 @@ fn render(
             budget.bytes() as f64 / GIB,
             budget.fraction,
         );
+        if let Some(composed) = composed {
+            out += &format!(
+                "# With the soft-capped attention scores on the composed path instead of cuDNN: {:.2} GiB{}.\n",
+                composed as f64 / GIB,
+                if composed > budget.bytes() { ", over the budget" } else { "" }
+            );
+        }
     }
     let toml_str = |s: &str| toml::Value::String(s.to_string()).to_string();
     let path = |p: &Path| toml_str(&p.display().to_string());
