@@ -58,6 +58,11 @@ pub enum Command {
         /// The card's memory: 24GiB, 48GB, 80 (GiB).
         #[arg(long, default_value = "24GiB")]
         gpu_mem: String,
+        /// Attention as the run computes it: on the fused kernels wherever they take a layer, or
+        /// on the composed path (query chunks of scores) everywhere, as builds before cuDNN took
+        /// Gemma 2's soft caps ran it.
+        #[arg(long, default_value = "fused", value_parser = ["fused", "composed"])]
+        attention: String,
     },
     /// Write a commented training config for a model, with the batch size and max_seq_len the
     /// memory planner fits on the card.

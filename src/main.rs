@@ -145,13 +145,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Estimate { config, gpu_mem } => {
+        Command::Estimate { config, gpu_mem, attention } => {
             let cfg = Config::from_file(&config)?;
             let config_json = lora_ft::hub::config_json(&cfg.model.expanded_source(), &cfg.model.revision)?;
             let model = lora_ft::model::ModelConfig::from_file(&config_json)?;
             let total = parse_gib(&gpu_mem)?;
             let budget = lora_ft::memory::VramBudget::new(total, cfg.train.max_vram_fraction).bytes();
-            let run = lora_ft::plan::run_shape(&cfg);
+            let mut run = lora_ft::plan::run_shape(&cfg);
+            run.fused_attention &= attention == "fused";
             let shape = (cfg.data.max_seq_len, estimated_batch(&cfg, &model, &run, budget));
             print!("{}", lora_ft::plan::report(&model, &run, shape, budget));
             Ok(())
