@@ -58,6 +58,33 @@ pub enum Command {
         /// The card's memory: 24GiB, 48GB, 80 (GiB).
         #[arg(long, default_value = "24GiB")]
         gpu_mem: String,
+        /// Attention as the run computes it: on the fused kernels wherever they take a layer, or
+        /// on the composed path (query chunks of scores) everywhere, as builds before cuDNN took
+        /// Gemma 2's soft caps ran it.
+        #[arg(long, default_value = "fused", value_parser = ["fused", "composed"])]
+        attention: String,
+    },
+    /// Write a commented training config for a model, with the batch size and max_seq_len the
+    /// memory planner fits on the card.
+    Init {
+        /// A Hub repo id (meta-llama/Llama-3.1-8B-Instruct; only config.json is fetched), a local
+        /// HF folder, or a .gguf file (only its metadata is read).
+        model: String,
+        #[arg(long, default_value = "main")]
+        revision: String,
+        /// The card's memory: 24GiB, 48GB, 80 (GiB).
+        #[arg(long, default_value = "24GiB")]
+        gpu_mem: String,
+        /// The training data: a folder with train.jsonl (and eval.jsonl), or one JSONL file.
+        #[arg(long, default_value = "datasets/customer-service")]
+        data: PathBuf,
+        /// Where to write the config [default: MODEL-NAME.toml, lowercased]; its stem names the
+        /// run's output folder and adapter.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// Replace an existing output file.
+        #[arg(long)]
+        force: bool,
     },
     /// Draw a run's metrics.jsonl as a PNG: loss and eval loss, learning rate and GPU memory over
     /// steps (`lora-ft train` writes RUN_DIR/metrics.png itself at the end).

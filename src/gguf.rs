@@ -36,30 +36,12 @@ pub struct ImportSummary {
 /// Import `gguf` into `out_dir` (created if missing; existing files of the same names are
 /// replaced).
 pub fn import_gguf(gguf: &Path, out_dir: &Path) -> Result<ImportSummary> {
-    let mut file =
-        std::fs::File::open(gguf).with_context(|| format!("opening GGUF file {}", gguf.display()))?;
-    let content =
-        Content::read(&mut file).with_context(|| format!("reading the GGUF header of {}", gguf.display()))?;
+    let (mut file, content) = open(gguf)?;
     let meta = Metadata { file: gguf, map: &content.metadata };
     if content.tensor_infos.is_empty() && content.metadata.contains_key("tokenizer.ggml.tokens") {
         return import_vocabulary(&meta, out_dir);
     }
-    let (arch, prefix) = Architecture::read(&meta)?;
-    let shape = ModelShape::read(&meta, arch, &prefix)?;
-    let tokenizer = tokenizer::convert(&meta, shape.context_length)?;
-    let rope_freqs = match content.tensor_infos.contains_key(tensors::ROPE_FREQS) {
-        true => Some(tensors::read_f32(gguf, &mut file, &content, tensors::ROPE_FREQS)?),
-        false => None,
-    };
-    let inputs = hparams::Inputs {
-        arch,
-        prefix: &prefix,
-        shape: &shape,
-        has_output: content.tensor_infos.contains_key("output.weight"),
-        tokens: tokenizer.vocab_size,
-        rope_freqs,
-    };
-    let config = hparams::model_config(&meta, &inputs)?;
+    let Header { arch, shape, tokenizer, config } = header(gguf, &mut file, &content)?;
 
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("creating output folder {}", out_dir.display()))?;
@@ -76,6 +58,52 @@ pub fn import_gguf(gguf: &Path, out_dir: &Path) -> Result<ImportSummary> {
         vocab_size: tokenizer.vocab_size,
         weights_bytes: written.bytes,
     })
+}
+
+/// The config.json and tokenizer_config.json that `import_gguf` writes, from the file's metadata
+/// alone (of the tensors only llama.cpp's small `rope_freqs` is read): for planning a run on a
+/// GGUF model before importing its weights.
+pub fn read_configs(gguf: &Path) -> Result<(Json, Json)> {
+    let (mut file, content) = open(gguf)?;
+    let header = header(gguf, &mut file, &content)?;
+    Ok((header.config, header.tokenizer.tokenizer_config))
+}
+
+fn open(gguf: &Path) -> Result<(std::fs::File, Content)> {
+    let mut file =
+        std::fs::File::open(gguf).with_context(|| format!("opening GGUF file {}", gguf.display()))?;
+    let content =
+        Content::read(&mut file).with_context(|| format!("reading the GGUF header of {}", gguf.display()))?;
+    Ok((file, content))
+}
+
+/// What a model file's metadata says: its architecture and sizes, tokenizer and config.json.
+struct Header {
+    arch: Architecture,
+    shape: ModelShape,
+    tokenizer: tokenizer::TokenizerFiles,
+    config: Json,
+}
+
+fn header(gguf: &Path, file: &mut std::fs::File, content: &Content) -> Result<Header> {
+    let meta = Metadata { file: gguf, map: &content.metadata };
+    let (arch, prefix) = Architecture::read(&meta)?;
+    let shape = ModelShape::read(&meta, arch, &prefix)?;
+    let tokenizer = tokenizer::convert(&meta, shape.context_length)?;
+    let rope_freqs = match content.tensor_infos.contains_key(tensors::ROPE_FREQS) {
+        true => Some(tensors::read_f32(gguf, file, content, tensors::ROPE_FREQS)?),
+        false => None,
+    };
+    let inputs = hparams::Inputs {
+        arch,
+        prefix: &prefix,
+        shape: &shape,
+        has_output: content.tensor_infos.contains_key("output.weight"),
+        tokens: tokenizer.vocab_size,
+        rope_freqs,
+    };
+    let config = hparams::model_config(&meta, &inputs)?;
+    Ok(Header { arch, shape, tokenizer, config })
 }
 
 /// A vocabulary-only file (llama.cpp's `models/ggml-vocab-*.gguf`, written by

@@ -82,6 +82,36 @@ pub fn config_json(source: &str, revision: &str) -> Result<PathBuf> {
         .with_context(|| format!("downloading config.json from Hub repo {source} at revision {revision}"))
 }
 
+/// A model's config.json, read for planning, and its chat template where one is at hand.
+pub struct PlanningSource {
+    pub config: crate::model::ModelConfig,
+    /// `chat_template` of the tokenizer_config.json beside config.json (a local folder, a cached
+    /// Hub snapshot, a GGUF file's metadata); `None` where there is none.
+    pub chat_template: Option<String>,
+}
+
+/// config.json of `source` without loading or importing weights: a GGUF file's from its
+/// metadata (`gguf::read_configs`), else as `config_json` finds it; checked to be a family the
+/// layers compute.
+pub fn planning_source(source: &str, revision: &str) -> Result<PlanningSource> {
+    let template = |tokenizer_config: &serde_json::Value| {
+        tokenizer_config.get("chat_template").and_then(|t| t.as_str()).map(str::to_string)
+    };
+    if source.ends_with(".gguf") {
+        let (config, tokenizer_config) = crate::gguf::read_configs(Path::new(source))?;
+        let config = crate::model::ModelConfig::from_value(config, source)?;
+        return Ok(PlanningSource { config, chat_template: template(&tokenizer_config) });
+    }
+    let path = config_json(source, revision)?;
+    let config = crate::model::ModelConfig::from_file(&path)?;
+    let beside = path.with_file_name("tokenizer_config.json");
+    let chat_template = std::fs::read_to_string(&beside)
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|json| template(&json));
+    Ok(PlanningSource { config, chat_template })
+}
+
 /// Import the GGUF file once into `<lora-ft cache>/imported/<stem>-<hash of size and mtime>`.
 fn resolve_gguf(gguf: &Path) -> Result<ModelFiles> {
     let meta =

@@ -145,16 +145,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Estimate { config, gpu_mem } => {
+        Command::Estimate { config, gpu_mem, attention } => {
             let cfg = Config::from_file(&config)?;
             let config_json = lora_ft::hub::config_json(&cfg.model.expanded_source(), &cfg.model.revision)?;
             let model = lora_ft::model::ModelConfig::from_file(&config_json)?;
             let total = parse_gib(&gpu_mem)?;
             let budget = lora_ft::memory::VramBudget::new(total, cfg.train.max_vram_fraction).bytes();
-            let run = lora_ft::plan::run_shape(&cfg);
+            let mut run = lora_ft::plan::run_shape(&cfg);
+            run.fused_attention &= attention == "fused";
             let shape = (cfg.data.max_seq_len, estimated_batch(&cfg, &model, &run, budget));
             print!("{}", lora_ft::plan::report(&model, &run, shape, budget));
             Ok(())
+        }
+        Command::Init { model, revision, gpu_mem, data, out, force } => {
+            init(&model, &revision, &gpu_mem, &data, out, force)
         }
         Command::Plot { run_dir, out } => {
             let png = lora_ft::train::plot::plot_run(&run_dir, out.as_deref())?;
@@ -169,6 +173,61 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `lora-ft init`: the model's config.json (a GGUF's metadata), the planner's shape for the card,
+/// the commented TOML written to `out` (an existing file only with `force`).
+fn init(
+    model: &str,
+    revision: &str,
+    gpu_mem: &str,
+    data: &Path,
+    out: Option<std::path::PathBuf>,
+    force: bool,
+) -> anyhow::Result<()> {
+    use lora_ft::plan::init::{model_name, write_config, DataFiles, InitRequest};
+    let out = out.unwrap_or_else(|| format!("{}.toml", model_name(model).to_lowercase()).into());
+    if out.exists() && !force {
+        anyhow::bail!("{} exists; pass --force to overwrite it", out.display());
+    }
+    let source = lora_ft::hub::planning_source(model, revision)?;
+    let (data_arg, data) = (data, DataFiles::of(data)?);
+    let name = out.file_stem().map_or("run".into(), |s| s.to_string_lossy().into_owned());
+    let revision_flag = if revision == "main" { String::new() } else { format!(" --revision {revision}") };
+    let data_flag = match data.train.parent() {
+        Some(dir) if dir == Path::new("datasets/customer-service") => String::new(),
+        _ => format!(" --data {}", data_arg.display()),
+    };
+    let command =
+        format!("lora-ft init {model}{revision_flag} --gpu-mem {gpu_mem}{data_flag} --out {}", out.display());
+    let written = write_config(&InitRequest {
+        source: model,
+        revision,
+        model: &source.config,
+        chat_template: source.chat_template.as_deref(),
+        gpu_mem: parse_gib(gpu_mem)?,
+        data: &data,
+        name: &name,
+        command: &command,
+        out: &out,
+    })?;
+    let file = match force {
+        true => std::fs::File::create(&out),
+        false => std::fs::OpenOptions::new().write(true).create_new(true).open(&out),
+    };
+    file.and_then(|mut f| f.write_all(written.toml.as_bytes()))
+        .with_context(|| format!("writing {}", out.display()))?;
+    let gib = |b: u64| b as f64 / lora_ft::memory::GIB;
+    println!(
+        "wrote {}: batch {} x {} tokens, grad_accum {}, predicted peak {:.2} GiB of a {:.2} GiB budget",
+        out.display(),
+        written.batch,
+        written.seq,
+        written.grad_accum,
+        gib(written.peak),
+        gib(written.budget)
+    );
+    Ok(())
 }
 
 /// The config's batch size; for "auto", the planner's largest within `budget`, where training

@@ -49,12 +49,22 @@ fn invalid_value_names_key_path() {
     assert!(err.starts_with("run.toml: train.lr:"), "{err}");
 }
 
+/// Every config in configs/ (the ready ones and those `lora-ft init` wrote).
 #[test]
 fn shipped_configs_parse() {
-    for name in ["quickstart", "mistral-7b", "mistral-7b-48g", "llama2-13b", "llama2-13b-48g"] {
-        let path = std::path::PathBuf::from(format!("configs/{name}.toml"));
-        Config::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir("configs").unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            Config::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+            names.push(path.file_stem().unwrap().to_string_lossy().into_owned());
+        }
     }
+    names.sort();
+    for name in ["quickstart", "mistral-7b-48g", "llama2-13b", "qwen3-14b-48g", "gemma2-9b", "llama3.1-8b"] {
+        assert!(names.iter().any(|n| n == name), "configs/{name}.toml is missing: {names:?}");
+    }
+    assert_eq!(names.len(), 13, "{names:?}");
 }
 
 #[test]

@@ -1,19 +1,25 @@
 //! The memory planner behind `lora-ft estimate`: a training run's peak GPU memory predicted from
 //! the model's config.json and the run's settings, before anything is loaded.
 //!
-//! The model follows what the trainer keeps (src/model/decoder.rs, layer.rs): the frozen model
+//! The model follows what the trainer keeps (src/model/decoder/, layer.rs): the frozen model
 //! and the adapters with their optimizer state stay for the whole run; the forward keeps one
 //! f16 input per layer (the checkpoints); the backward's peak is the first layer it reaches —
 //! every checkpoint still alive, that layer's recomputed activations, and the three
-//! intermediate-size gradients of the SwiGLU backward — and the loss before it holds one chunk
-//! of logits and their gradient. Peak = the frozen parts + the larger of those two moments.
-//! Checked against the peaks measured on the H100 (benches/train_*.md) in this file's tests.
+//! intermediate-size gradients of the gated MLP's backward, or the composed attention's query
+//! chunk where a layer runs it — and the loss before it holds one chunk of logits and their
+//! gradient (`activations.rs` counts both). Peak = the frozen parts + the larger of those two
+//! moments. Checked against the peaks measured on the H100 (benches/train_*.md,
+//! benches/issue18/) in this folder's tests.
+
+mod activations;
+pub mod init;
 
 use serde::Serialize;
 
 use crate::model::decoder::LOSS_CHUNK_ROWS;
 use crate::model::lora::linear::{MIN_SLICE_VALUES, WHOLE_WEIGHT_TOKENS};
 use crate::model::{ModelConfig, PROJECTIONS};
+use activations::Family;
 
 /// What a run trains on, as far as memory goes.
 #[derive(Debug, Clone)]
@@ -37,6 +43,12 @@ pub struct RunShape {
     pub lora_dropout: bool,
     /// Checkpoints and an untied lm_head wait in host memory (`train.host_offload`).
     pub host_offload: bool,
+    /// Attention on the fused kernels wherever one takes a layer (CUDA in f16/bf16: cuDNN's SDPA
+    /// up to head_dim 256, the flash kernels for a window that cuts at head_dim 64 or 128), as for
+    /// every family once Gemma 2's soft caps run on cuDNN. `false`: the composed path on every
+    /// layer (f32, or soft-capped scores before that), which holds one query chunk's scores
+    /// (`[batch, heads, 512, seq]`) and their soft cap's f32 temporaries in the backward.
+    pub fused_attention: bool,
 }
 
 /// Predicted bytes of each part of the peak, for `tokens` = batch × sequence length per step.
@@ -51,9 +63,11 @@ pub struct Estimate {
     /// The layer inputs on the device when the backward starts: all of them, or with host
     /// offload the few still leaving or already fetched.
     pub checkpoints: u64,
-    /// One backward layer: its recomputed activations and the SwiGLU backward's gradients.
+    /// One backward layer: its recomputed activations and the gated MLP backward's gradients, or
+    /// the composed attention's query chunk where that is larger.
     pub layer_recompute: u64,
-    /// The loss: one chunk of logits and their gradient, or with lm_head streamed, two vocab
+    /// The loss: one chunk of logits and their gradient (soft-capped: with the cap's f32
+    /// temporaries) beside the last layer's output rows, or with lm_head streamed, two vocab
     /// chunks of it, one chunk of logits and the f32 hidden-gradient accumulator.
     pub loss_chunk: u64,
     /// The adapters' gradients (compute dtype), all alive when the backward reaches layer 0.
@@ -105,19 +119,22 @@ fn stored_weight_bytes(n: u64, run: &RunShape) -> u64 {
     }
 }
 
-/// Predicts the parts of the peak for `tokens` tokens per step.
-pub fn estimate(m: &ModelConfig, run: &RunShape, tokens: usize) -> Estimate {
+/// Predicts the parts of the peak for `batch` rows of `seq` tokens per step.
+pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -> Estimate {
+    let f = Family::of(m);
+    let tokens = seq * batch;
     let (layers, h, i) = (m.num_hidden_layers as u64, m.hidden_size as u64, m.intermediate_size as u64);
     let (b, t) = (run.dtype_bytes as u64, tokens as u64);
     let dims = projection_dims(m);
     let projections: u64 = dims.iter().map(|&(o, n)| stored_weight_bytes((o * n) as u64, run)).sum();
     let table = m.vocab_size as u64 * h * b;
     let tables_on_device = if m.tied_embeddings() || !run.embeddings_on_host { 1 } else { 0 };
-    // an untied lm_head is streamed from the host with offload (model/lm_head.rs)
-    let lm_head = if m.tied_embeddings() || run.host_offload { 0 } else { table };
-    let rope = m.max_position_embeddings as u64 * m.head_dim() as u64 * b;
-    let norms = (2 * layers + 1) * h * b;
-    let base_weights = layers * projections + lm_head + tables_on_device * table + rope + norms;
+    // an untied lm_head is streamed from the host with offload (model/lm_head.rs), unless the
+    // logits are soft-capped (the streamed loss does not cap)
+    let streamed = run.host_offload && !m.tied_embeddings() && !f.logit_softcap;
+    let lm_head = if m.tied_embeddings() || streamed { 0 } else { table };
+    let base_weights =
+        layers * projections + lm_head + tables_on_device * table + small_tensors(m, &f, seq) * b;
 
     let adapted = |name: &str| run.target_modules.iter().any(|t| t == name);
     let r = run.lora_r as u64;
@@ -136,19 +153,9 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, tokens: usize) -> Estimate {
         })
         .sum();
 
-    let (q, kv) = (dims[0].0 as u64, dims[1].0 as u64);
-    // n1, h1, n2, the gradient of the layer output and three more hidden-size temporaries (the
-    // third found by the H100 peaks at 39-90K tokens per step, benches/fits.md: the measured
-    // slope is one hidden-size f16 row per token above six); q and the context; k, v; gate and
-    // up kept, and d(act), d(gate), d(up) of the SwiGLU backward
-    let per_token = 7 * h + 2 * q + 2 * kv + 5 * i;
-    // the dropped inputs kept for the LoRA backward: 3h + i per token, fitted to the H100 peaks
-    // of the ready configs' shapes with dropout 0.05 (benches/train_*.md)
-    let per_token = per_token + if run.lora_dropout { 3 * h + i } else { 0 };
     let largest_weight = dims.iter().map(|&(o, n)| (o * n) as u64).max().unwrap_or(0);
     let checkpoint_bytes = t * h * b;
     let all_checkpoints = layers * checkpoint_bytes;
-    let streamed = run.host_offload && !m.tied_embeddings();
     Estimate {
         tokens,
         base_weights,
@@ -158,17 +165,34 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, tokens: usize) -> Estimate {
         } else {
             all_checkpoints
         },
-        layer_recompute: t * per_token * b,
-        loss_chunk: if streamed { streamed_loss_bytes(m, t, b) } else { dense_loss_bytes(m, run, tokens, b) },
+        layer_recompute: activations::layer_peak(m, &f, run, (seq, batch)),
+        loss_chunk: if streamed {
+            streamed_loss_bytes(m, t, b)
+        } else {
+            activations::dense_loss_bytes(m, &f, run, tokens)
+        },
         gradients: layers * lora_params_per_layer(m, run) * b,
         workspace: FIXED_WORKSPACE + dequantized_slice(largest_weight, tokens, i) * b,
         checkpoint_bytes,
     }
 }
 
-/// One chunk of `[rows, vocab]` logits and their gradient (model/loss.rs).
-fn dense_loss_bytes(m: &ModelConfig, run: &RunShape, tokens: usize, b: u64) -> u64 {
-    2 * tokens.min(run.loss_chunk_rows) as u64 * m.vocab_size as u64 * b
+/// Values of the frozen tensors beside the projections: every norm (Gemma's four a layer, the
+/// q/k norms), q/k/v biases, and the RoPE tables as far as `seq` fills them (rope.rs: a power of
+/// two from 256, at most max_position_embeddings; Gemma 3 has a second for its local layers).
+fn small_tensors(m: &ModelConfig, f: &Family, seq: usize) -> u64 {
+    let (h, d) = (m.hidden_size as u64, m.head_dim() as u64);
+    let (q, kv) = (m.num_attention_heads as u64 * d, m.num_kv_heads() as u64 * d);
+    let mut layer = if f.post_norms { 4 * h } else { 2 * h };
+    if f.qk_norm {
+        layer += 2 * d;
+    }
+    if f.qkv_bias {
+        layer += q + 2 * kv;
+    }
+    let rows = seq.next_power_of_two().max(256).min(m.max_position_embeddings) as u64;
+    let ropes = if f.local_rope { 2 } else { 1 };
+    m.num_hidden_layers as u64 * layer + h + ropes * rows * d
 }
 
 /// The streamed loss (model/lm_head.rs): two vocab chunks of lm_head, one chunk of logits, the
@@ -201,7 +225,7 @@ fn dequantized_slice(largest_weight: u64, tokens: usize, intermediate: u64) -> u
 
 /// The largest batch at `seq` whose predicted peak is at most `budget` bytes (0 if none).
 pub fn largest_batch(m: &ModelConfig, run: &RunShape, seq: usize, budget: u64) -> usize {
-    largest_where(1 << 20, |batch| estimate(m, run, batch * seq).peak() <= budget)
+    largest_where(1 << 20, |batch| estimate(m, run, (seq, batch)).peak() <= budget)
 }
 
 /// The largest n in [0, limit) with `fits(n)`, for `fits` true up to some n and false after (the
@@ -233,13 +257,14 @@ pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
         accumulates_gradients: cfg.train.grad_accum > 1,
         lora_dropout: cfg.lora.dropout > 0.0,
         host_offload: cfg.train.host_offload,
+        fused_attention: cfg.train.compute_dtype != ComputeDtype::F32,
     }
 }
 
 /// The longest sequence (a multiple of 64) whose predicted peak at `batch` is within `budget`.
 fn longest_seq(m: &ModelConfig, run: &RunShape, batch: usize, budget: u64) -> usize {
     // in units of 64 tokens, up to 2^20
-    64 * largest_where(1 << 14, |units| estimate(m, run, units * 64 * batch).peak() <= budget)
+    64 * largest_where(1 << 14, |units| estimate(m, run, (units * 64, batch)).peak() <= budget)
 }
 
 /// `Err` with settings that fit when the predicted peak at (seq, batch) is over `budget`.
@@ -250,7 +275,7 @@ pub fn check_fits(
     budget: u64,
 ) -> Result<(), String> {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let peak = estimate(m, run, seq * batch).peak();
+    let peak = estimate(m, run, (seq, batch)).peak();
     if peak <= budget {
         return Ok(());
     }
@@ -275,7 +300,7 @@ pub fn check_fits(
 /// length, then the largest batch within `budget` bytes at each sequence length.
 pub fn report(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize), budget: u64) -> String {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let e = estimate(m, run, seq * batch);
+    let e = estimate(m, run, (seq, batch));
     let mut out = format!("predicted peak GPU memory at batch {batch} x {seq} tokens:\n");
     for (what, bytes) in [
         ("base weights", e.base_weights),
@@ -295,7 +320,8 @@ pub fn report(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize), bud
     seqs.dedup();
     for s in seqs {
         let b = largest_batch(m, run, s, budget);
-        let peak = if b > 0 { format!("{:.2} GiB", gib(estimate(m, run, b * s).peak())) } else { "-".into() };
+        let peak =
+            if b > 0 { format!("{:.2} GiB", gib(estimate(m, run, (s, b)).peak())) } else { "-".into() };
         out += &format!("  seq {s:>5}: batch {b:>4}   (peak {peak})\n");
     }
     out

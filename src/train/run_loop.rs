@@ -257,7 +257,7 @@ pub fn oom_report(
     };
     let seq = cfg.data.max_seq_len;
     let run = crate::plan::run_shape(cfg);
-    let predicted = crate::plan::estimate(model.config(), &run, seq * batch).peak();
+    let predicted = crate::plan::estimate(model.config(), &run, (seq, batch)).peak();
     let advice = match crate::memory::VramBudget::of(model.device(), cfg.train.max_vram_fraction) {
         Some(budget) => {
             let fits = crate::plan::largest_batch(model.config(), &run, seq, budget.bytes());

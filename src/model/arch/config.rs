@@ -95,9 +95,21 @@ impl ModelConfig {
         let de = &mut serde_json::Deserializer::from_str(&text);
         let cfg: ModelConfig = serde_path_to_error::deserialize(de)
             .map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.path(), e.inner()))?;
-        super::Architecture::from_config(&cfg)
-            .with_context(|| format!("{}: unsupported model", path.display()))?;
-        Ok(cfg)
+        cfg.checked(&path.display().to_string())
+    }
+
+    /// A config.json held as JSON (a GGUF file's, `gguf::read_configs`), checked as `from_file`
+    /// checks a file; errors name `origin`.
+    pub fn from_value(value: serde_json::Value, origin: &str) -> anyhow::Result<Self> {
+        let cfg: ModelConfig = serde_path_to_error::deserialize(value)
+            .map_err(|e| anyhow::anyhow!("{origin}: {}: {}", e.path(), e.inner()))?;
+        cfg.checked(origin)
+    }
+
+    /// Itself, when its family is one the layers compute.
+    fn checked(self, origin: &str) -> anyhow::Result<Self> {
+        super::Architecture::from_config(&self).with_context(|| format!("{origin}: unsupported model"))?;
+        Ok(self)
     }
 
     /// RoPE base frequency: `rope_parameters.rope_theta` (transformers ≥ 5; Gemma 3 keeps one
@@ -125,13 +137,19 @@ impl ModelConfig {
         self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads)
     }
 
-    /// Parameters of the full model (embeddings, projections, norms, lm_head unless tied): the N
-    /// of the usual 6·N training FLOPs per token (Mistral-7B: 7.24e9).
+    /// Parameters of the full model (embeddings, projections, norms — Gemma's four a layer, the
+    /// q/k norms —, q/k/v biases, lm_head unless tied): the N of the usual 6·N training FLOPs per
+    /// token (Mistral-7B: 7.24e9).
     pub fn parameter_count(&self) -> usize {
-        let (h, i) = (self.hidden_size, self.intermediate_size);
-        let q = self.num_attention_heads * self.head_dim();
-        let kv = self.num_key_value_heads.unwrap_or(self.num_attention_heads) * self.head_dim();
-        let layer = h * q * 2 + h * kv * 2 + 3 * h * i + 2 * h;
+        let (h, i, d) = (self.hidden_size, self.intermediate_size, self.head_dim());
+        let q = self.num_attention_heads * d;
+        let kv = self.num_key_value_heads.unwrap_or(self.num_attention_heads) * d;
+        let mut layer = h * q * 2 + h * kv * 2 + 3 * h * i + 2 * h;
+        if let Ok(arch) = super::Architecture::from_config(self) {
+            layer += if arch.post_sublayer_norms { 2 * h } else { 0 };
+            layer += if arch.qk_norm { 2 * d } else { 0 };
+            layer += if arch.qkv_bias { q + 2 * kv } else { 0 };
+        }
         let heads = if self.tied_embeddings() { 1 } else { 2 };
         self.num_hidden_layers * layer + heads * self.vocab_size * h + h
     }
@@ -177,5 +195,19 @@ mod tests {
             "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
             "num_key_value_heads": 3, "tie_word_embeddings": true}));
         assert_eq!(smollm2.parameter_count(), 134_515_008);
+    }
+
+    /// With each family's extra tensors (the counts of scripts/bench/bench_models.py and the
+    /// model cards): Gemma-2-9B's four norms a layer (tied), Qwen3-8B's q/k norms, Qwen2.5-7B's
+    /// q/k/v biases.
+    #[test]
+    fn parameter_count_holds_each_familys_extra_tensors() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/bench-models");
+        for (name, n) in
+            [("gemma2-9b", 9_241_705_984), ("qwen3-8b", 8_190_735_360), ("qwen2.5-7b", 7_615_616_512)]
+        {
+            let cfg = ModelConfig::from_file(Path::new(&format!("{dir}/{name}/config.json"))).unwrap();
+            assert_eq!(cfg.parameter_count(), n, "{name}");
+        }
     }
 }

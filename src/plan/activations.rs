@@ -1,0 +1,167 @@
+//! The planner's count of what one step holds beyond the frozen parts: one backward layer's
+//! working set (the gated MLP's backward, or the composed attention's query chunk), and the loss
+//! with one chunk of logits. Each term names the tensors of model/layer.rs, ops/attention.rs and
+//! ops/loss.rs it stands for.
+
+use crate::model::arch::Architecture;
+use crate::model::ops::attention::QUERY_CHUNK;
+use crate::model::ModelConfig;
+
+use super::RunShape;
+
+/// What the planner reads of a model's family (arch/family.rs): the extra tensors its layers keep
+/// for the backward, its soft caps and windows.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Family {
+    /// q and k normed per head (Qwen3, Gemma 3): the layer keeps them before the norm.
+    pub qk_norm: bool,
+    /// Norms after the attention and MLP outputs (Gemma): the layer keeps o's and down's output.
+    pub post_norms: bool,
+    pub qkv_bias: bool,
+    pub attention_softcap: bool,
+    pub logit_softcap: bool,
+    /// A second RoPE table for the sliding-window layers (Gemma 3).
+    pub local_rope: bool,
+    pub windows: Vec<Option<usize>>,
+}
+
+impl Family {
+    /// `m`'s family, or the plain Llama decoder where config.json names none the model reads
+    /// (`ModelConfig::from_file` refuses those before the planner sees them).
+    pub fn of(m: &ModelConfig) -> Self {
+        match Architecture::from_config(m) {
+            Ok(a) => Self {
+                qk_norm: a.qk_norm,
+                post_norms: a.post_sublayer_norms,
+                qkv_bias: a.qkv_bias,
+                attention_softcap: a.attention_softcap.is_some(),
+                logit_softcap: a.final_logit_softcap.is_some(),
+                local_rope: a.local_rope.is_some(),
+                windows: a.windows,
+            },
+            Err(_) => Self::default(),
+        }
+    }
+}
+
+/// The sizes one layer's activations are made of.
+pub(super) struct Dims {
+    pub h: u64,
+    pub i: u64,
+    /// Widths of q (all heads) and of k or v.
+    pub q: u64,
+    pub kv: u64,
+    pub heads: u64,
+    pub head_dim: u64,
+}
+
+impl Dims {
+    pub fn of(m: &ModelConfig) -> Self {
+        let d = m.head_dim() as u64;
+        Self {
+            h: m.hidden_size as u64,
+            i: m.intermediate_size as u64,
+            q: m.num_attention_heads as u64 * d,
+            kv: m.num_kv_heads() as u64 * d,
+            heads: m.num_attention_heads as u64,
+            head_dim: d,
+        }
+    }
+}
+
+/// Whether layer `l`'s attention runs on a fused kernel at sequence length `seq` (ops/attention.rs
+/// `kernel_forward`): cuDNN for head_dim a multiple of 8 up to 256 without a window that cuts,
+/// the flash kernels for head_dim 64 or 128 with one (they do not soft-cap); the composed path
+/// otherwise, and everywhere without `run.fused_attention`.
+pub(super) fn fused(f: &Family, d: &Dims, run: &RunShape, window: Option<usize>, seq: usize) -> bool {
+    let cuts = window.is_some_and(|w| w < seq);
+    let cudnn = d.head_dim.is_multiple_of(8) && d.head_dim <= 256 && !cuts;
+    let flash = matches!(d.head_dim, 64 | 128) && !f.attention_softcap;
+    run.fused_attention && (cudnn || flash)
+}
+
+/// One backward layer's largest working set (bytes), at `batch` rows of `seq` tokens: the gated
+/// MLP's backward, or where a layer runs the composed attention, its query chunk's backward if
+/// larger.
+pub(super) fn layer_peak(m: &ModelConfig, f: &Family, run: &RunShape, (seq, batch): (usize, usize)) -> u64 {
+    let d = Dims::of(m);
+    let (b, t) = (run.dtype_bytes as u64, (seq * batch) as u64);
+    let mlp = t * b * mlp_backward_per_token(f, &d, run);
+    let composed =
+        (0..m.num_hidden_layers).any(|l| !fused(f, &d, run, f.windows.get(l).copied().flatten(), seq));
+    if !composed {
+        return mlp;
+    }
+    mlp.max(composed_attention_backward(m, f, &d, run, (seq, batch)))
+}
+
+/// Values per token alive in the gated MLP's backward (layer.rs `mlp_backward`, at
+/// `gated_backward`): the layer's input, n1, h1, n2, the output's gradient and three more
+/// hidden-size temporaries (the third found by the H100 peaks at 39-90K tokens per step,
+/// benches/fits.md: the measured slope is one hidden-size f16 row per token above six); q and the
+/// context; k, v; gate and up kept, and d(act), d(gate), d(up). Plus what a family keeps beyond
+/// that: q and k before their per-head norms (`q_raw`, `k_raw`), o's output before its norm
+/// (`o_out`; down's is dropped before this point); with LoRA dropout, each group's dropped input
+/// (3h + i, fitted to the H100 peaks of the ready configs' shapes with dropout 0.05).
+fn mlp_backward_per_token(f: &Family, d: &Dims, run: &RunShape) -> u64 {
+    let mut values = 7 * d.h + 2 * d.q + 2 * d.kv + 5 * d.i;
+    if f.qk_norm {
+        values += d.q + d.kv;
+    }
+    if f.post_norms {
+        values += d.h;
+    }
+    if run.lora_dropout {
+        values += 3 * d.h + d.i;
+    }
+    values
+}
+
+/// The composed attention's backward at its last query chunk (the one that sees every key), on
+/// top of the layer's attention half (attention.rs `attention_backward`, layer.rs
+/// `attention_half_backward`): the input, n1, d(h1), the layer output's gradient, q, k, v and
+/// d(context) (with q/k norms q and k before them too; with dropout the q/k/v group's dropped
+/// input); k and v repeated to every query head (GQA); dK and dV summed in f32; dQ of the earlier
+/// chunks; and per score of the chunk `[batch, heads, QUERY_CHUNK, seq]` the probabilities, dP and
+/// dS, and through a soft cap tanh(s / cap) in f32 and the three f32 temporaries of its chain rule
+/// (softcap.rs `softcap_backward`).
+fn composed_attention_backward(
+    m: &ModelConfig,
+    f: &Family,
+    d: &Dims,
+    run: &RunShape,
+    (seq, batch): (usize, usize),
+) -> u64 {
+    let (b, t) = (run.dtype_bytes as u64, (seq * batch) as u64);
+    let mut values = 4 * d.h + 2 * d.q + 2 * d.kv;
+    if f.qk_norm {
+        values += d.q + d.kv;
+    }
+    if run.lora_dropout {
+        values += d.h;
+    }
+    let repeated = if m.num_kv_heads() < m.num_attention_heads { 2 * b } else { 0 };
+    let per_query_value = repeated + 2 * 4 + b;
+    let scores = t * d.heads * seq.min(QUERY_CHUNK) as u64;
+    let per_score = 3 * b + if f.attention_softcap { softcap_chain_bytes(b) } else { 0 };
+    t * b * values + t * d.q * per_query_value + scores * per_score
+}
+
+/// Bytes per capped value that the soft cap's forward and backward add at their peak (softcap.rs):
+/// tanh(x / cap) in f32, the gradient widened to f32 (none in f32 already), 1 − tanh² and the
+/// product, in f32.
+fn softcap_chain_bytes(b: u64) -> u64 {
+    4 + if b < 4 { 4 } else { 0 } + 2 * 4
+}
+
+/// The loss with lm_head on the device (ops/loss.rs `cross_entropy`): one chunk of logits and
+/// their gradient — soft-capped, also the uncapped logits and the cap's chain rule — with the last
+/// layer's output, its normed copy and the gradient rows of the chunks before; or at the end, the
+/// gradient scattered into a zeroed `[tokens, hidden]` (three more such rows).
+pub(super) fn dense_loss_bytes(m: &ModelConfig, f: &Family, run: &RunShape, tokens: usize) -> u64 {
+    let b = run.dtype_bytes as u64;
+    let logits = tokens.min(run.loss_chunk_rows) as u64 * m.vocab_size as u64;
+    let per_logit = 2 * b + if f.logit_softcap { b + softcap_chain_bytes(b) } else { 0 };
+    let row = tokens as u64 * m.hidden_size as u64 * b;
+    (logits * per_logit + 3 * row).max(6 * row)
+}

@@ -1,0 +1,196 @@
+//! `lora-ft init`: the config it writes for a local folder, a GGUF file and a Hub repo id (from
+//! a Hugging Face cache, offline) loads with the project's config loader and its shape's
+//! predicted peak fits the card; it refuses an unknown family, a card too small and an existing
+//! file without --force.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use lora_ft::config::{BatchSize, Config};
+use lora_ft::memory::VramBudget;
+use lora_ft::model::ModelConfig;
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("lora-ft-init-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn init(args: &[&str], envs: &[(&str, &Path)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lora-ft"));
+    cmd.arg("init").args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The written config loads, names `source`, and its batch x max_seq_len is predicted within
+/// the budget of `gib` (the planner's prediction under the config's own run shape).
+fn check_written(file: &Path, source: &str, model: &ModelConfig, gib: u64) -> Config {
+    let cfg = Config::from_file(file).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cfg.model.source, source);
+    let BatchSize::Fixed(batch) = cfg.train.batch_size else { panic!("a fixed batch") };
+    let peak =
+        lora_ft::plan::estimate(model, &lora_ft::plan::run_shape(&cfg), (cfg.data.max_seq_len, batch)).peak();
+    assert!(peak <= VramBudget::new(gib << 30, None).bytes(), "{}", file.display());
+    let text = std::fs::read_to_string(file).unwrap();
+    let header = format!("Peak GPU memory {:.2} GiB predicted", peak as f64 / (1u64 << 30) as f64);
+    assert!(text.contains(&header) && text.contains(&format!("on one {gib} GB GPU")), "{text}");
+    cfg
+}
+
+#[test]
+fn a_local_folder_and_its_refusals() {
+    let dir = TempDir::new("folder");
+    let out = dir.0.join("qwen3-14b.toml");
+    let folder = "tests/fixtures/bench-models/qwen3-14b";
+    let model =
+        ModelConfig::from_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join(folder).join("config.json"))
+            .unwrap();
+    let run = init(&[folder, "--gpu-mem", "24GiB", "--out", out.to_str().unwrap()], &[]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(stdout.contains("batch 8 x 4096 tokens, grad_accum 2"), "{stdout}");
+    let cfg = check_written(&out, folder, &model, 24);
+    assert_eq!(
+        (cfg.data.max_seq_len, cfg.train.grad_accum, cfg.output.adapter_name.as_str()),
+        (4096, 2, "qwen3-14b-customer-service")
+    );
+
+    // an existing file stays unless --force
+    std::fs::write(&out, "mine").unwrap();
+    let again = init(&[folder, "--gpu-mem", "48GiB", "--out", out.to_str().unwrap()], &[]);
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("exists; pass --force to overwrite it"), "{}", stderr(&again));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "mine");
+    let forced = init(&[folder, "--gpu-mem", "48GiB", "--out", out.to_str().unwrap(), "--force"], &[]);
+    assert!(forced.status.success(), "{}", stderr(&forced));
+    assert_eq!(check_written(&out, folder, &model, 48).train.batch_size, BatchSize::Fixed(16));
+
+    // a card too small names the smallest that works
+    let small = init(&[folder, "--gpu-mem", "8GiB", "--out", dir.0.join("s.toml").to_str().unwrap()], &[]);
+    let err = stderr(&small);
+    assert!(
+        !small.status.success() && err.contains("batch 1 x 512") && err.contains("--gpu-mem 12GiB"),
+        "{err}"
+    );
+    assert!(!dir.0.join("s.toml").exists());
+
+    // a family lora-ft does not train is named, with the ones it does
+    let phi = dir.0.join("phi");
+    std::fs::create_dir_all(&phi).unwrap();
+    std::fs::write(
+        phi.join("config.json"),
+        r#"{"architectures": ["Phi3ForCausalLM"], "vocab_size": 32064, "hidden_size": 3072,
+            "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32}"#,
+    )
+    .unwrap();
+    let unknown = init(&[phi.to_str().unwrap(), "--out", dir.0.join("p.toml").to_str().unwrap()], &[]);
+    let err = stderr(&unknown);
+    assert!(err.contains("Phi3ForCausalLM") && err.contains("LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM"), "{err}");
+}
+
+/// A GGUF file: its metadata alone (no import into the cache), Gemma 2 in bf16 with the system
+/// message folded.
+#[test]
+fn a_gguf_file() {
+    let dir = TempDir::new("gguf");
+    let out = dir.0.join("g.toml");
+    let gguf = "tests/fixtures/gguf/tiny-gemma2.gguf";
+    let run = init(&[gguf, "--out", out.to_str().unwrap()], &[("LORA_FT_CACHE", &dir.0.join("cache"))]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert!(!dir.0.join("cache").exists(), "nothing imported");
+    let (config, _) = lora_ft::gguf::read_configs(&Path::new(env!("CARGO_MANIFEST_DIR")).join(gguf)).unwrap();
+    let model = ModelConfig::from_value(config, gguf).unwrap();
+    let cfg = check_written(&out, gguf, &model, 24);
+    assert_eq!(cfg.train.compute_dtype, lora_ft::config::ComputeDtype::Bf16);
+    assert_eq!(cfg.data.system_message, lora_ft::config::SystemMessage::Fold);
+}
+
+/// A Hub repo id read from the Hugging Face cache offline (refs/main and the snapshot's
+/// config.json, as hf-hub lays them out), with a data file of its own.
+#[test]
+fn a_hub_repo_id_from_the_cache() {
+    let dir = TempDir::new("hub");
+    let repo = dir.0.join("hub/models--Qwen--Qwen3-8B");
+    let snapshot = repo.join("snapshots/0123abcd");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123abcd").unwrap();
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bench-models/qwen3-8b/config.json");
+    std::fs::copy(&fixture, snapshot.join("config.json")).unwrap();
+    let data = dir.0.join("chats.jsonl");
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/customer-service/eval.jsonl"), &data)
+        .unwrap();
+    let out = dir.0.join("q.toml");
+    let envs = [
+        ("HF_HUB_CACHE", dir.0.join("hub")),
+        ("HF_HUB_OFFLINE", "1".into()),
+        ("HF_ENDPOINT", "http://127.0.0.1:9".into()),
+    ];
+    let envs: Vec<(&str, &Path)> = envs.iter().map(|(k, v)| (*k, v.as_path())).collect();
+    let args = [
+        "Qwen/Qwen3-8B",
+        "--gpu-mem",
+        "48GB",
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let run = init(&args, &envs);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let cfg = check_written(&out, "Qwen/Qwen3-8B", &ModelConfig::from_file(&fixture).unwrap(), 48);
+    assert_eq!((cfg.data.train.as_path(), cfg.data.eval.as_deref()), (data.as_path(), None));
+    assert_eq!(cfg.output.adapter_name, "q-chats");
+}
+
+/// The ready configs `lora-ft init` wrote (scripts/ready_configs.py) say the planner's
+/// prediction for their shape today, on the published config.json of their model, and fit
+/// their card.
+#[test]
+fn the_ready_configs_headers_are_the_planners_predictions() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    for name in ["llama3.1-8b", "qwen3-8b", "qwen3-14b", "gemma2-9b"] {
+        let model =
+            ModelConfig::from_file(&root.join(format!("tests/fixtures/bench-models/{name}/config.json")))
+                .unwrap();
+        for (file, gib) in [(format!("configs/{name}.toml"), 24), (format!("configs/{name}-48g.toml"), 48)] {
+            let cfg = check_written(
+                &root.join(&file),
+                &Config::from_file(&root.join(&file)).unwrap().model.source,
+                &model,
+                gib,
+            );
+            let text = std::fs::read_to_string(root.join(&file)).unwrap();
+            assert!(text.contains("\n# measured peak: "), "{file}");
+            assert!(
+                text.contains(&format!(
+                    "`lora-ft init {} --gpu-mem {gib}GiB --out {file}`",
+                    cfg.model.source
+                )),
+                "{file}"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 8);
+}
