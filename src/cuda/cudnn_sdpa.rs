@@ -110,7 +110,10 @@ fn refused(rule: &Rule, what: &str) -> Result<()> {
     let kind = rule.kind();
     if REFUSED_KINDS.fetch_or(kind, Ordering::Relaxed) & kind == 0 {
         let fallback = if rule.softcap.is_some() { "the composed path" } else { "the flash kernels" };
-        tracing::warn!("cuDNN attention unavailable for {} scores ({what}); using {fallback}", rule.kind_name());
+        tracing::warn!(
+            "cuDNN attention unavailable for {} scores ({what}); using {fallback}",
+            rule.kind_name()
+        );
     }
     Ok(())
 }

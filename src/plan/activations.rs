@@ -69,27 +69,24 @@ impl Dims {
     }
 }
 
-/// Whether layer `l`'s attention runs on a fused kernel at sequence length `seq` (ops/attention.rs
-/// `kernel_forward`): cuDNN for head_dim a multiple of 8 up to 256 without a window that cuts,
-/// the flash kernels for head_dim 64 or 128 with one (they do not soft-cap); the composed path
-/// otherwise, and everywhere without `run.fused_attention`.
-pub(super) fn fused(f: &Family, d: &Dims, run: &RunShape, window: Option<usize>, seq: usize) -> bool {
-    let cuts = window.is_some_and(|w| w < seq);
-    let cudnn = d.head_dim.is_multiple_of(8) && d.head_dim <= 256 && !cuts;
+/// Whether a layer's attention runs on a fused kernel (ops/attention.rs `kernel_forward`): cuDNN
+/// for head_dim a multiple of 8 up to 256 (windows and soft caps included), the flash kernels for
+/// head_dim 64 or 128 without a soft cap where cuDNN is absent; the composed path otherwise, and
+/// everywhere without `run.fused_attention`. The same for every layer: windows do not decide it.
+pub(super) fn fused(f: &Family, d: &Dims, run: &RunShape) -> bool {
+    let cudnn = d.head_dim.is_multiple_of(8) && d.head_dim <= 256;
     let flash = matches!(d.head_dim, 64 | 128) && !f.attention_softcap;
     run.fused_attention && (cudnn || flash)
 }
 
 /// One backward layer's largest working set (bytes), at `batch` rows of `seq` tokens: the gated
-/// MLP's backward, or where a layer runs the composed attention, its query chunk's backward if
+/// MLP's backward, or where the layers run the composed attention, its query chunk's backward if
 /// larger.
 pub(super) fn layer_peak(m: &ModelConfig, f: &Family, run: &RunShape, (seq, batch): (usize, usize)) -> u64 {
     let d = Dims::of(m);
     let (b, t) = (run.dtype_bytes as u64, (seq * batch) as u64);
     let mlp = t * b * mlp_backward_per_token(f, &d, run);
-    let composed =
-        (0..m.num_hidden_layers).any(|l| !fused(f, &d, run, f.windows.get(l).copied().flatten(), seq));
-    if !composed {
+    if fused(f, &d, run) {
         return mlp;
     }
     mlp.max(composed_attention_backward(m, f, &d, run, (seq, batch)))

@@ -44,10 +44,10 @@ pub struct RunShape {
     /// Checkpoints and an untied lm_head wait in host memory (`train.host_offload`).
     pub host_offload: bool,
     /// Attention on the fused kernels wherever one takes a layer (CUDA in f16/bf16: cuDNN's SDPA
-    /// up to head_dim 256, the flash kernels for a window that cuts at head_dim 64 or 128), as for
-    /// every family once Gemma 2's soft caps run on cuDNN. `false`: the composed path on every
-    /// layer (f32, or soft-capped scores before that), which holds one query chunk's scores
-    /// (`[batch, heads, 512, seq]`) and their soft cap's f32 temporaries in the backward.
+    /// up to head_dim 256 with windows and soft caps, else the flash kernels at head_dim 64 or
+    /// 128). `false`: the composed path on every layer (f32, or a GPU without cuDNN for Gemma 2's
+    /// soft caps), which holds one query chunk's scores (`[batch, heads, 512, seq]`) and their
+    /// soft cap's f32 temporaries in the backward.
     pub fused_attention: bool,
 }
 

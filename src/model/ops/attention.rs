@@ -224,8 +224,16 @@ fn kernel_backward(
     d_context: &Tensor,
 ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
     let flash = |context: &Tensor, lse: &Tensor| -> Result<(Tensor, Tensor, Tensor)> {
-        let (dq, dk, dv) =
-            crate::cuda::flash::backward(&flash_query(q, rule)?, k, v, context, lse, d_context, rule.window, None)?;
+        let (dq, dk, dv) = crate::cuda::flash::backward(
+            &flash_query(q, rule)?,
+            k,
+            v,
+            context,
+            lse,
+            d_context,
+            rule.window,
+            None,
+        )?;
         let factor = rule.query_factor(q.dim(D::Minus1)?);
         let dq = if (factor - 1.0).abs() < 1e-12 { dq } else { (dq * factor)? };
         Ok((dq, dk, dv))
@@ -233,7 +241,8 @@ fn kernel_backward(
     match kernel {
         KernelSaved::Flash { context, lse } => flash(context, lse).map(Some),
         KernelSaved::Cudnn { context, stats } => {
-            let cudnn = crate::cuda::cudnn_sdpa::backward((q, k, v), context, stats, d_context, &cudnn_rule(rule))?;
+            let cudnn =
+                crate::cuda::cudnn_sdpa::backward((q, k, v), context, stats, d_context, &cudnn_rule(rule))?;
             match cudnn {
                 Some(grads) => Ok(Some(grads)),
                 None if !flash_takes(q, rule) => Ok(None),
