@@ -10,7 +10,7 @@ use crate::model::ModelConfig;
 use super::RunShape;
 
 /// What the planner reads of a model's family (arch/family.rs): the extra tensors its layers keep
-/// for the backward, its soft caps and windows.
+/// for the backward, its soft caps and its second RoPE table.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Family {
     /// q and k normed per head (Qwen3, Gemma 3): the layer keeps them before the norm.
@@ -22,7 +22,6 @@ pub(super) struct Family {
     pub logit_softcap: bool,
     /// A second RoPE table for the sliding-window layers (Gemma 3).
     pub local_rope: bool,
-    pub windows: Vec<Option<usize>>,
 }
 
 impl Family {
@@ -37,7 +36,6 @@ impl Family {
                 attention_softcap: a.attention_softcap.is_some(),
                 logit_softcap: a.final_logit_softcap.is_some(),
                 local_rope: a.local_rope.is_some(),
-                windows: a.windows,
             },
             Err(_) => Self::default(),
         }
