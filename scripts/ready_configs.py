@@ -3,7 +3,8 @@
 with `lora-ft init` itself, offline: each model's published config.json (bench_models.py) is put
 in a throwaway Hugging Face cache under its Hub repo id, so init reads it as it would after a
 download, and each config names the Hub id. A line for the peak measured on the GPU
-(scripts/device/measure_configs.sh) goes under the predicted one.
+(scripts/device/measure_configs.sh, its output kept in benches/issue18/configs_NAME.jsonl) goes
+under the predicted one.
 
     python3 scripts/ready_configs.py [--lora-ft target/release/lora-ft] [--force]
 """
@@ -26,7 +27,28 @@ READY = [
     ("gemma2-9b", "google/gemma-2-9b-it", {}),
 ]
 CARDS = [(24, ""), (48, "-48g")]
-MEASURED = "# measured peak: (to be measured)\n"
+
+
+
+def measured_line(name, path):
+    """The peak `bench train` measured at the config's own shape, or a note that none was."""
+    with open(path) as f:
+        text = f.read()
+    seq = int(text.split("max_seq_len = ")[1].split()[0])
+    batch = int(text.split("batch_size = ")[1].split()[0])
+    runs = f"benches/issue18/configs_{name}.jsonl"
+    try:
+        with open(runs) as f:
+            rows = [json.loads(line) for line in f if line.startswith("{")]
+    except FileNotFoundError:
+        rows = []
+    hit = [r for r in rows if r.get("seq") == seq and r.get("bs") == batch and r.get("peak_alloc_gib")]
+    if not hit:
+        return "# measured peak: (to be measured: bash scripts/device/measure_configs.sh %s)\n" % name
+    return (
+        "# measured peak: %.2f GiB on an H100 (`lora-ft bench train`, random weights, %d x %d, dropout\n"
+        "# 0.05; without grad_accum's kept gradients), %s.\n" % (hit[0]["peak_alloc_gib"], batch, seq, runs)
+    )
 
 
 def cache_with(root, repo, config):
@@ -57,8 +79,9 @@ def main():
                 with open(out) as f:
                     lines = f.readlines()
                 at = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+                measured = measured_line(name, out)
                 with open(out, "w") as f:
-                    f.writelines(lines[:at] + [MEASURED] + lines[at:])
+                    f.writelines(lines[:at] + [measured] + lines[at:])
 
 
 if __name__ == "__main__":
