@@ -176,3 +176,28 @@ fn unknown_families_and_missing_keys_are_named() {
     let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
     assert!(err.contains("hidden_act") && err.contains("relu"), "{err}");
 }
+
+/// Refusals name what was refused and what is read instead: an architecture with every supported
+/// one, a RoPE type with its key (either spelling) and the types read, an activation with its key.
+#[test]
+fn refusals_name_the_key_the_value_and_what_is_supported() {
+    let mut json = base();
+    json["architectures"] = serde_json::json!(["Phi3ForCausalLM"]);
+    let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
+    assert!(err.contains("Phi3ForCausalLM"), "{err}");
+    for f in FAMILIES {
+        assert!(err.contains(f.architecture), "{err} lists {}", f.architecture);
+    }
+    for key in ["rope_scaling", "rope_parameters"] {
+        let mut json = base();
+        json[key] = serde_json::json!({"rope_type": "longrope", "factor": 2.0});
+        let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
+        assert!(err.contains(&format!("{key}.rope_type")) && err.contains("longrope"), "{err}");
+        assert!(err.contains("llama3") && err.contains("yarn"), "{err}");
+    }
+    let mut json = base();
+    json["architectures"] = serde_json::json!(["Gemma2ForCausalLM"]);
+    json["hidden_activation"] = "relu".into();
+    let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
+    assert!(err.contains("hidden_activation") && err.contains("relu"), "{err}");
+}
