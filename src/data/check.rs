@@ -146,7 +146,11 @@ mod tests {
         EncodedConversation {
             text: "U:hi A:yo.".into(),
             offsets: vec![(0, 2), (2, 4), (4, 7), (7, 9), (9, 10)],
-            example: Example { input_ids: vec![1, 2, 3, 4, 5], labels: vec![-100, -100, -100, 4, 5] },
+            example: Example {
+                input_ids: vec![1, 2, 3, 4, 5],
+                labels: vec![-100, -100, -100, 4, 5],
+                ..Default::default()
+            },
         }
     }
 

@@ -171,7 +171,11 @@ impl ChatTokenizer {
                 }
             })
             .collect();
-        Ok(EncodedConversation { text, offsets, example: Example { input_ids, labels } })
+        Ok(EncodedConversation {
+            text,
+            offsets,
+            example: Example { input_ids, labels, ..Default::default() },
+        })
     }
 }
 

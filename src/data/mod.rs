@@ -4,6 +4,7 @@
 //! ```text
 //! read_messages_jsonl ──► ChatTemplate::render ──► ChatTokenizer::encode (ids + labels)
 //!   ──► TokenizedDataset (truncate, drop rows with nothing to train, stats)
+//!   ──► pack (data.packing: dialogues into rows of max_seq_len, best-fit decreasing)
 //!   ──► BatchLoader (seeded shuffle per epoch, right padding, prefetch thread) ──► Batch
 //! ```
 //!
@@ -16,6 +17,7 @@ mod dataset;
 mod jinja_compat;
 mod masking;
 mod messages;
+mod packing;
 mod template;
 
 pub use batch::{Batch, BatchLoader, EpochBatches};
@@ -23,6 +25,7 @@ pub use check::data_check;
 pub use dataset::{DatasetStats, Example, TokenizedDataset};
 pub use masking::ChatTokenizer;
 pub use messages::{read_messages_jsonl, Conversation, LineError, Message};
+pub use packing::{pack, PackingStats};
 pub use template::ChatTemplate;
 
 /// The label of a position the loss ignores; owned by the loss, re-exported for the data side.

@@ -74,6 +74,26 @@ pub struct LayerInput<'a> {
     pub scores: ScoreRule,
     /// Seed of this layer's LoRA dropout masks; `None` in eval mode.
     pub dropout_seed: Option<u64>,
+    /// Packed rows: each token's position (`[b · t]` u32, restarting at every dialogue); the mask
+    /// then keeps attention inside each dialogue (model/packing.rs).
+    pub positions: Option<&'a Tensor>,
+}
+
+impl LayerInput<'_> {
+    /// RoPE at the input's positions: from `offset` on, or each token's own when packed.
+    fn rope(&self, x: &Tensor) -> Result<Tensor> {
+        match self.positions {
+            Some(p) => self.rope.apply_at(x, p),
+            None => self.rope.apply(x, self.offset),
+        }
+    }
+
+    fn rope_backward(&self, dy: &Tensor) -> Result<Tensor> {
+        match self.positions {
+            Some(p) => self.rope.backward_at(dy, p),
+            None => self.rope.backward(dy, self.offset),
+        }
+    }
 }
 
 /// Everything `backward` reads, kept by the recompute: the attention half's and the MLP half's.
@@ -181,7 +201,7 @@ impl DecoderLayer {
         // each projection's [n, out] output is a temporary of its statement: dropped once its
         // heads are laid out, not kept to the end of `run`
         let group = |i| qkv.as_ref().map(|g| (g, i));
-        let rope = |x: Tensor| input.rope.apply(&x, input.offset);
+        let rope = |x: Tensor| input.rope(&x);
         let (q, q_raw) =
             self.head_norm(self.project(Q, &n1, input, group(0))?, self.q_norm.as_ref(), pass)?;
         let (k, k_raw) =
@@ -434,9 +454,9 @@ impl DecoderLayer {
         })?;
         drop((q, k, v, attention, d_context));
         let flat = |x: Tensor, n: usize| x.transpose(1, 2)?.reshape((b * t, n * self.head_dim));
-        let dq = flat(input.rope.backward(&dq, input.offset)?, self.n_heads)?;
+        let dq = flat(input.rope_backward(&dq)?, self.n_heads)?;
         let dq = self.head_norm_backward(q_raw, self.q_norm.as_ref(), dq)?;
-        let dk = flat(input.rope.backward(&dk, input.offset)?, self.n_kv_heads)?;
+        let dk = flat(input.rope_backward(&dk)?, self.n_kv_heads)?;
         let dk = self.head_norm_backward(k_raw, self.k_norm.as_ref(), dk)?;
         let dv = flat(dv, self.n_kv_heads)?;
         let dn1 =

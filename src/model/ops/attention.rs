@@ -99,9 +99,9 @@ fn chunks(q: &Tensor, s: usize, scale: f64) -> Result<Vec<Chunk>> {
         .collect()
 }
 
-/// Softmax probabilities `[b, h, len, kv]` of one chunk: on CUDA the fused kernel, which masks by
-/// position (`window`) and returns the compute dtype; elsewhere the composed ops with the mask
-/// (built here when the caller has none), in f32. Both rules are the same (tested on the GPU).
+/// Softmax probabilities `[b, h, len, kv]` of one chunk: on CUDA without a mask the fused kernel,
+/// which masks by position (`window`) and returns the compute dtype; elsewhere the composed ops
+/// with the mask (built here when the caller has none; packed rows bring theirs), in f32. Both rules are the same (tested on the GPU).
 /// With a soft cap, also tanh(s / cap), which the backward's chain rule reads.
 fn chunk_probs(
     c: &Chunk,
@@ -116,11 +116,12 @@ fn chunk_probs(
         Some(cap) => softcap(&scores, cap).map(|(s, t)| (s, Some(t)))?,
     };
     #[cfg(feature = "cuda")]
-    if scores.device().is_cuda() {
+    if scores.device().is_cuda() && mask.is_none() {
         return Ok((crate::cuda::softmax::causal_softmax(&scores, c.kv - c.len, rule.window)?, tanh));
     }
     let mask = match mask {
-        Some(m) => m.narrow(0, c.start, c.len)?.narrow(1, 0, c.kv)?,
+        // [t, s], or packed rows' [b, 1, t, s]
+        Some(m) => m.narrow(D::Minus2, c.start, c.len)?.narrow(D::Minus1, 0, c.kv)?,
         None => causal_mask(c.len, c.kv, c.kv - c.len, rule.window, scores.device())?,
     };
     let scores = scores.to_dtype(DType::F32)?;
@@ -254,7 +255,8 @@ fn kernel_backward(
     }
 }
 
-/// q `[b, h, t, d]`, k/v `[b, kv, s, d]` (already rotated), mask `[t, s]` or `None` (causal: query
+/// q `[b, h, t, d]`, k/v `[b, kv, s, d]` (already rotated), mask `[t, s]`, packed rows'
+/// `[b, 1, t, s]` (on CUDA too: the fused kernels do not take those yet) or `None` (causal: query
 /// i sits at position s − t + i; `rule.window` is the same sliding window the mask holds; the CUDA
 /// kernels mask by position and never read it). Returns the context `[b, h, t, d]`. On CUDA,
 /// soft-capped scores take cuDNN where it builds the graph, else the composed path.
@@ -266,8 +268,10 @@ pub fn attention(
     rule: &ScoreRule,
 ) -> Result<(Tensor, AttentionSaved)> {
     #[cfg(feature = "cuda")]
-    if let Some(out) = kernel_forward(q, k, v, rule)? {
-        return Ok(out);
+    if mask.is_none() {
+        if let Some(out) = kernel_forward(q, k, v, rule)? {
+            return Ok(out);
+        }
     }
     let n_rep = q.dim(1)? / k.dim(1)?;
     let k = repeat_kv(k, n_rep)?;
