@@ -1,6 +1,6 @@
-//! The real chat templates and tokenizers of Llama 3.2/3.3, Qwen2.5, Qwen3, Mistral Nemo, Gemma 2
-//! and Gemma 3 (tests/fixtures/tokenizers/, sources in its README) rendered, tokenized and masked
-//! exactly as transformers does it: tests/golden/chat_templates.json from
+//! The real chat templates and tokenizers of Llama 3.2/3.3, Qwen2.5, Qwen3, Mistral 7B v0.3, Mistral
+//! Nemo, Gemma 2 and Gemma 3 (tests/fixtures/tokenizers/, sources in its README) rendered, tokenized
+//! and masked exactly as transformers does it: tests/golden/chat_templates.json from
 //! scripts/golden/chat_templates.py, which finds the trained spans by string search on each
 //! family's turn markers, independently of lora-ft's prefix rendering.
 
@@ -104,12 +104,15 @@ fn folded(messages: &[Message]) -> Vec<Message> {
 fn real_templates_render_tokenize_and_mask_like_transformers() {
     let golden = golden();
     let names: Vec<&str> = golden.families.iter().map(|f| f.family.as_str()).collect();
-    assert_eq!(names, ["llama-3.2", "llama-3.3", "qwen2.5", "qwen3", "mistral-nemo", "gemma-2", "gemma-3"]);
+    assert_eq!(
+        names,
+        ["llama-3.2", "llama-3.3", "qwen2.5", "qwen3", "mistral-v0.3", "mistral-nemo", "gemma-2", "gemma-3"]
+    );
     for family in &golden.families {
         let dir = folder(&family.family, &family.vocab);
         let keep = tokenizer(family, &dir.0, SystemMessage::Keep);
         let fold = tokenizer(family, &dir.0, SystemMessage::Fold);
-        let mut checked = 0;
+        let mut rendered: Vec<&[Message]> = Vec::new();
         for (i, case) in family.cases.iter().enumerate() {
             let what = format!("{} case {i}", family.family);
             if let Some(error) = &case.error {
@@ -126,9 +129,11 @@ fn real_templates_render_tokenize_and_mask_like_transformers() {
             let example = tok.encode(&case.messages).unwrap();
             assert_eq!(example.input_ids, case.input_ids, "{what}: input_ids");
             assert_eq!(example.labels, case.labels, "{what}: labels");
-            checked += 1;
+            if !rendered.contains(&case.messages.as_slice()) {
+                rendered.push(&case.messages);
+            }
         }
-        assert_eq!(checked, 5, "{}: every dialogue rendered", family.family);
+        assert_eq!(rendered.len(), 5, "{}: every dialogue rendered", family.family);
     }
 }
 
@@ -219,4 +224,86 @@ fn llama32_prints_todays_date_unless_date_string_is_given() {
     let rendered = unpinned.template().render(&case.messages, false).unwrap();
     assert_eq!(rendered, case.text.replace("Today Date: 05 Mar 2025", &format!("Today Date: {today}")));
     assert_ne!(today, "05 Mar 2025");
+}
+
+/// The text of each run of trained tokens (byte offsets into `text`).
+fn trained_runs<'a>(text: &'a str, offsets: &[(usize, usize)], labels: &[i64]) -> Vec<&'a str> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut previous = false;
+    for (&(a, b), &label) in offsets.iter().zip(labels) {
+        let trained = label != -100;
+        match runs.last_mut() {
+            Some(run) if trained && previous => run.1 = b,
+            _ if trained => runs.push((a, b)),
+            _ => {}
+        }
+        previous = trained;
+    }
+    runs.into_iter().map(|(a, b)| &text[a..b]).collect()
+}
+
+/// Mistral 7B v0.3's template writes a system message only into the last user turn of a
+/// conversation that ends with one: a row that ends with a reply loses it (as in transformers),
+/// and where it sits in a trailing user turn nothing of it is trained. With `fold` it leads the
+/// first user turn. Either way the trained tokens are exactly " " + each reply, trimmed, + `</s>`.
+#[test]
+fn mistral_v03_trains_the_replies_and_places_the_system_message_as_transformers() {
+    let golden = golden();
+    let family = golden.families.iter().find(|f| f.family == "mistral-v0.3").unwrap();
+    let dir = folder("mistral-v0.3", "mistral-v0.3");
+    let keep = tokenizer(family, &dir.0, SystemMessage::Keep);
+    let fold = tokenizer(family, &dir.0, SystemMessage::Fold);
+    let system = "You are a terse support agent for Acme Corp.";
+    let (mut kept, mut folded_rows) = (0, 0);
+    for case in family.cases.iter().filter(|c| c.error.is_none()) {
+        let tok = if case.fold_system { &fold } else { &keep };
+        let labels = tok.encode(&case.messages).unwrap().labels;
+        let offsets: Vec<(usize, usize)> =
+            tok.tokenizer().encode(case.text.as_str(), false).unwrap().get_offsets().to_vec();
+        assert_eq!(offsets.len(), labels.len());
+        let replies: Vec<String> = case
+            .messages
+            .iter()
+            .filter(|m| m.role == "assistant")
+            .map(|m| format!(" {}</s>", m.content.trim()))
+            .collect();
+        assert_eq!(trained_runs(&case.text, &offsets, &labels), replies, "{}", case.text);
+        if case.messages[0].role != "system" {
+            continue;
+        }
+        let ends_with_user = case.messages.last().unwrap().role == "user";
+        if case.fold_system {
+            assert!(case.text.starts_with(&format!("<s>[INST] {system}\n\n")), "{}", case.text);
+            folded_rows += 1;
+        } else if ends_with_user {
+            assert!(case.text.ends_with(&format!("[INST] {system}\n\nThanks[/INST]")), "{}", case.text);
+            kept += 1;
+        } else {
+            assert!(!case.text.contains(system), "{}", case.text);
+            kept += 1;
+        }
+    }
+    assert_eq!((kept, folded_rows), (3, 3));
+}
+
+/// Mistral 7B v0.3 refuses roles that do not alternate; the row's error names the data file, the
+/// line and the template's own message, word for word transformers'.
+#[test]
+fn mistral_v03_refuses_non_alternating_rows_naming_file_and_line() {
+    let golden = golden();
+    let family = golden.families.iter().find(|f| f.family == "mistral-v0.3").unwrap();
+    let refusal = family.cases.iter().find_map(|c| c.error.as_ref()).unwrap();
+    assert_eq!(
+        refusal,
+        "After the optional system message, conversation roles must alternate \
+         user/assistant/user/assistant/..."
+    );
+    let dir = folder("mistral-v0.3", "mistral-v0.3");
+    let data = write_rows("mistral-v03-alternation", &[PLAIN, SYSTEM, NOT_ALTERNATING]);
+    for policy in [SystemMessage::Keep, SystemMessage::Fold] {
+        let tok = tokenizer(family, &dir.0, policy);
+        let err = TokenizedDataset::from_jsonl(&data, &tok, 1024, TruncationSide::Right).err().unwrap();
+        assert_eq!(format!("{err:#}"), format!("{}:3: chat template: {refusal}", data.display()));
+    }
+    let _ = std::fs::remove_file(&data);
 }

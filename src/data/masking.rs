@@ -47,7 +47,10 @@ pub(crate) fn render_with_spans(
 /// grows (Qwen3 gives only the last reply an empty think block; Mistral Nemo moves the system
 /// message into the last user turn). The conversation is rendered again with the reply replaced by
 /// a marker: the text before the marker precedes the reply, the text after it follows the reply,
-/// and the reply's end-of-turn is what the template writes after it as the last message.
+/// and the reply's end-of-turn is what the template writes after it as the last message. As where
+/// the template is prefix-stable, the reply begins where the generation prompt ends: whitespace the
+/// template writes between that prompt and the reply (Mistral v0.3's `" " + content|trim`) is the
+/// reply's, so a token that joins it to the reply's first word is trained.
 fn locate_reply(
     template: &ChatTemplate,
     messages: &[Message],
@@ -70,7 +73,10 @@ fn locate_reply(
     if !fits || !text[reply_end..].starts_with(end_of_turn) || whole.matches(MARK).count() != 1 {
         bail!(cannot());
     }
-    Ok(head.len()..reply_end + end_of_turn.len())
+    let prompt = template.render(&marked[..i], true)?;
+    let prompt_space = prompt.len() - prompt.trim_end().len();
+    let start = (head.trim_end().len() + prompt_space).min(head.len());
+    Ok(start..reply_end + end_of_turn.len())
 }
 
 /// A tokenizer folder: `tokenizer.json`, and `tokenizer_config.json` with the chat template.
@@ -238,6 +244,32 @@ mod tests {
         let r = render_with_spans(&t, &messages).unwrap();
         let spans: Vec<&str> = r.spans.iter().map(|s| &r.text[s.clone()]).collect();
         assert_eq!(spans, ["b<|im_end|>", "<think></think>d<|im_end|>"]);
+    }
+
+    #[test]
+    fn a_space_the_template_writes_before_a_moved_reply_is_the_replys() {
+        // Like Mistral 7B v0.3: the system message goes into the last user turn only, and a reply
+        // is written as " " + its trimmed text, after a generation prompt that ends in "]".
+        let t = ChatTemplate::new(
+            "{% set sys = messages[0].content if messages[0].role == 'system' else none %}\
+             {% for m in messages if m.role != 'system' %}\
+             {% if m.role == 'user' %}{{ '[INST] ' }}\
+             {% if loop.last and sys %}{{ sys + '\n\n' }}{% endif %}{{ m.content + '[/INST]' }}\
+             {% else %}{{ ' ' + m.content|trim + '</s>' }}{% endif %}{% endfor %}"
+                .into(),
+            BTreeMap::new(),
+        )
+        .unwrap();
+        let messages = [
+            Message::new("system", "s"),
+            Message::new("user", "a"),
+            Message::new("assistant", " b "),
+            Message::new("user", "c"),
+        ];
+        let r = render_with_spans(&t, &messages).unwrap();
+        assert_eq!(r.text, "[INST] a[/INST] b</s>[INST] s\n\nc[/INST]");
+        let spans: Vec<&str> = r.spans.iter().map(|s| &r.text[s.clone()]).collect();
+        assert_eq!(spans, [" b</s>"]);
     }
 
     #[test]
