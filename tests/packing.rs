@@ -7,7 +7,8 @@
 //! per row in float64; the bound is that run's own f32 error (the same rows, one per row, in
 //! f32): packed in f64 within 1× of it, packed in f32 within 4×. A packed row that let attention
 //! or positions cross a dialogue would be off by orders of magnitude more.
-//! `LORA_FT_TEST_DEVICE=cuda` runs the f32 case on the GPU.
+//! `LORA_FT_TEST_DEVICE=cuda` runs the f32 case on the GPU (the composed path with the packed
+//! mask) and adds f16 and bf16, where packed rows go through cuDNN's ragged (THD) layout.
 
 use std::path::Path;
 

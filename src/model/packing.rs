@@ -5,17 +5,40 @@
 //! padding, so no row of scores is empty; its labels are −100). So a packed row computes, token
 //! for token, what its dialogues compute one per row.
 
+use std::sync::{Arc, Mutex};
+
 use candle_core::{Device, Result, Tensor};
 
 /// The spans of a batch of packed rows and their per-token positions.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct PackedRows {
     /// Per row, (start, length) of each dialogue, then of the padding if any.
     spans: Vec<Vec<(usize, usize)>>,
     seq_len: usize,
     /// `[b · t]` u32: each token's position within its span.
     pub positions: Tensor,
+    /// The ragged columns cuDNN reads, per (q, kv) width in elements of a token.
+    columns: Mutex<Vec<ColumnsOfWidth>>,
 }
+
+/// Ragged columns and the (q, kv) widths they were made for.
+type ColumnsOfWidth = ((usize, usize), Arc<RaggedColumns>);
+
+/// Every span of the batch as one sequence for cuDNN's ragged layout: where each starts in the
+/// `[b · t, heads, d]` memory of q (`q_offsets`) and of k/v (`kv_offsets`), `[n + 1]` i32
+/// elements, and its length (`seq_lens`, `[n]` i32). `n` is the number of spans rounded up to a
+/// multiple of `SEQUENCE_BUCKET` with empty ones, so that batches share cuDNN graphs.
+#[derive(Debug)]
+pub struct RaggedColumns {
+    pub sequences: usize,
+    pub longest: usize,
+    pub q_offsets: Tensor,
+    pub kv_offsets: Tensor,
+    pub seq_lens: Tensor,
+}
+
+/// Packed batches with up to this many more spans share a cuDNN graph.
+const SEQUENCE_BUCKET: usize = 16;
 
 impl PackedRows {
     /// `seq_lens[r]`: the lengths of row r's dialogues (summing to at most `seq_len`).
@@ -37,7 +60,45 @@ impl PackedRows {
             spans.push(row);
         }
         let positions = Tensor::from_vec(positions, seq_lens.len() * seq_len, device)?;
-        Ok(Self { spans, seq_len, positions })
+        Ok(Self { spans, seq_len, positions, columns: Mutex::new(Vec::new()) })
+    }
+
+    /// The spans as cuDNN's ragged columns for q and k/v of `q_width` and `kv_width` elements a
+    /// token (heads × head_dim), made once per width.
+    pub fn ragged(&self, q_width: usize, kv_width: usize, device: &Device) -> Result<Arc<RaggedColumns>> {
+        let mut cache =
+            self.columns.lock().map_err(|_| candle_core::Error::Msg("ragged cache poisoned".into()))?;
+        if let Some((_, c)) = cache.iter().find(|(w, _)| *w == (q_width, kv_width)) {
+            return Ok(Arc::clone(c));
+        }
+        let mut starts: Vec<usize> = Vec::new();
+        let mut lens: Vec<i32> = Vec::new();
+        for (r, row) in self.spans.iter().enumerate() {
+            for &(start, len) in row {
+                starts.push(r * self.seq_len + start);
+                lens.push(len as i32);
+            }
+        }
+        let end = self.spans.len() * self.seq_len;
+        let sequences = lens.len().div_ceil(SEQUENCE_BUCKET) * SEQUENCE_BUCKET;
+        starts.resize(sequences + 1, end);
+        lens.resize(sequences, 0);
+        let offsets = |width: usize| {
+            let column: Vec<i32> = starts.iter().map(|&s| (s * width) as i32).collect();
+            Tensor::from_vec(column, sequences + 1, device)
+        };
+        if end * q_width.max(kv_width) > i32::MAX as usize {
+            candle_core::bail!("packed batch of {end} tokens is past cuDNN's 32-bit ragged offsets");
+        }
+        let columns = Arc::new(RaggedColumns {
+            sequences,
+            longest: self.seq_len,
+            q_offsets: offsets(q_width)?,
+            kv_offsets: offsets(kv_width)?,
+            seq_lens: Tensor::from_vec(lens, sequences, device)?,
+        });
+        cache.push(((q_width, kv_width), Arc::clone(&columns)));
+        Ok(columns)
     }
 
     /// Additive mask `[b, 1, t, t]` f32 (0 or −∞) for the composed attention.

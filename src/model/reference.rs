@@ -236,7 +236,7 @@ mod tests {
             offset: 0,
             scores: *rule,
             dropout_seed: None,
-            positions: None,
+            packed: None,
         };
 
         let (out, saved) = layer.forward_saving(&x, &input).unwrap();
@@ -337,7 +337,7 @@ mod tests {
             offset: 0,
             scores,
             dropout_seed: Some(11),
-            positions: None,
+            packed: None,
         };
         let eval = LayerInput { dropout_seed: None, ..input };
         let a = layer.forward(&x, &input, None).unwrap();

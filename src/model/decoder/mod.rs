@@ -168,14 +168,15 @@ impl CausalLm {
     /// Each layer's additive causal mask for the composed attention, one tensor per distinct
     /// window; `None` on CUDA, whose kernels mask by position (a [t, t] f32 mask built on the host
     /// is 16 MiB at t = 2048).
-    /// Packed rows bring their own `[b, 1, t, t]` masks, on CUDA too.
+    /// On the CPU packed rows bring their own `[b, 1, t, t]` masks (on CUDA their spans go to
+    /// the kernels, and the composed path builds the mask where it falls back).
     fn attention_masks(
         &self,
         t: usize,
         offset: usize,
         packed: Option<&PackedRows>,
     ) -> candle_core::Result<Vec<Option<Tensor>>> {
-        if self.device.is_cuda() && packed.is_none() {
+        if self.device.is_cuda() {
             return Ok(vec![None; self.layers.len()]);
         }
         let mut built: Vec<(Option<usize>, Tensor)> = Vec::new();
@@ -211,7 +212,7 @@ impl CausalLm {
             _ => &self.rope,
         };
         let scores = ScoreRule { scale: self.arch.query_scale, softcap: self.arch.attention_softcap, window };
-        LayerInput { rope, mask, offset, scores, dropout_seed, positions: packed.map(|p| &p.positions) }
+        LayerInput { rope, mask, offset, scores, dropout_seed, packed }
     }
 
     /// Eval-mode logits `[b, t, vocab]` (f32). With `caches`, continues from the cached positions.
