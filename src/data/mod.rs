@@ -17,6 +17,7 @@ mod jinja_compat;
 mod masking;
 mod messages;
 mod template;
+mod tools;
 
 pub use batch::{Batch, BatchLoader, EpochBatches};
 pub use check::data_check;
