@@ -46,7 +46,7 @@ pub fn data_check(file: &Path, cfg: &Config, tokenizer_dir: &Path) -> anyhow::Re
     );
     if let Some(&line) = dataset.lines.first() {
         let conv = conversations.iter().find(|c| c.line == line).expect("kept rows come from conversations");
-        let encoded = tokenizer.encode_with_offsets(&conv.messages)?;
+        let encoded = tokenizer.encode_with_offsets(&conv.messages, conv.tools.as_deref())?;
         let _ = writeln!(
             out,
             "\nexample ({}:{line}); trained tokens (assistant replies and their end-of-turn token) \

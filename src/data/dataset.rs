@@ -100,7 +100,7 @@ impl TokenizedDataset {
         let mut stats = DatasetStats { rows: conversations.len(), ..Default::default() };
         for conv in conversations {
             let mut example = tokenizer
-                .encode(&conv.messages)
+                .encode_with_tools(&conv.messages, conv.tools.as_deref())
                 .with_context(|| format!("{}:{}", file.display(), conv.line))?;
             stats.lengths.push(example.len());
             stats.truncated += usize::from(example.truncate(max_seq_len, side));

@@ -19,6 +19,7 @@ mod masking;
 mod messages;
 mod packing;
 mod template;
+mod tools;
 
 pub use batch::{Batch, BatchLoader, EpochBatches};
 pub use check::data_check;
