@@ -38,7 +38,12 @@ fn malformed_lines_name_file_and_line() {
         (
             r#"{"messages": [{"role": "tool", "content": "x"}]}"#.to_string(),
             1,
-            r#"messages[0]: unknown role "tool""#,
+            r#"messages[0]: a "tool" message must follow an assistant message with "tool_calls""#,
+        ),
+        (
+            r#"{"messages": [{"role": "robot", "content": "x"}]}"#.to_string(),
+            1,
+            r#"messages[0]: unknown role "robot""#,
         ),
     ];
     for (i, (text, line, message)) in cases.iter().enumerate() {

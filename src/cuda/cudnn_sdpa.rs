@@ -121,15 +121,16 @@ fn applies(q: &Tensor, k: &Tensor, rule: &Rule, ragged: bool) -> Result<bool> {
 
 /// cuDNN could not take a call it should have: an error in `cudnn` mode, else a warning and
 /// the fallback for this kind of graph from now on.
-fn refused(rule: &Rule, what: &str) -> Result<()> {
+fn refused(rule: &Rule, ragged: bool, what: &str) -> Result<()> {
     if mode() == Mode::Cudnn {
         candle_core::bail!("LORA_FT_ATTENTION=cudnn, but {what}");
     }
-    let kind = rule.kind();
+    let kind = rule.kind(ragged);
     if REFUSED_KINDS.fetch_or(kind, Ordering::Relaxed) & kind == 0 {
-        let fallback = if rule.softcap.is_some() { "the composed path" } else { "the flash kernels" };
+        let fallback = if rule.softcap.is_some() || ragged { "the composed path" } else { "the flash kernels" };
+        let packed = if ragged { " of packed rows" } else { "" };
         tracing::warn!(
-            "cuDNN attention unavailable for {} scores ({what}); using {fallback}",
+            "cuDNN attention unavailable for {} scores{packed} ({what}); using {fallback}",
             rule.kind_name()
         );
     }

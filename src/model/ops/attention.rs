@@ -271,11 +271,14 @@ fn kernel_backward(
     match kernel {
         KernelSaved::Flash { context, lse } => flash(context, lse).map(Some),
         KernelSaved::Cudnn { context, stats } => {
+            let columns = packed.map(|p| ragged_columns(p, q, k)).transpose()?;
+            let ragged = columns.as_deref().map(cudnn_ragged);
+            let rule_c = cudnn_rule(rule);
             let cudnn =
-                crate::cuda::cudnn_sdpa::backward((q, k, v), context, stats, d_context, &cudnn_rule(rule))?;
+                crate::cuda::cudnn_sdpa::backward((q, k, v), (context, stats), d_context, &rule_c, ragged.as_ref())?;
             match cudnn {
                 Some(grads) => Ok(Some(grads)),
-                None if !flash_takes(q, rule) => Ok(None),
+                None if packed.is_some() || !flash_takes(q, rule) => Ok(None),
                 // cuDNN refused the backward graph: the flash kernel takes the statistic in log2
                 // units
                 None => flash(context, &(stats * std::f64::consts::LOG2_E)?).map(Some),
@@ -284,8 +287,7 @@ fn kernel_backward(
     }
 }
 
-/// q `[b, h, t, d]`, k/v `[b, kv, s, d]` (already rotated), mask `[t, s]`, packed rows'
-/// `[b, 1, t, s]` (on CUDA too: the fused kernels do not take those yet) or `None` (causal: query
+/// q `[b, h, t, d]`, k/v `[b, kv, s, d]` (already rotated), mask `[t, s]` or `None` (causal: query
 /// i sits at position s − t + i; `rule.window` is the same sliding window the mask holds; the CUDA
 /// kernels mask by position and never read it). Returns the context `[b, h, t, d]`. On CUDA,
 /// soft-capped scores take cuDNN where it builds the graph, else the composed path.
