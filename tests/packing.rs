@@ -110,6 +110,33 @@ fn check(name: &str, lens: &[usize], max_len: usize) {
         l32 <= 4.0 * ref_loss && g32 <= 4.0 * ref_grads,
         "{name} f32: loss {l32:.2e}, gradients {g32:.2e}"
     );
+
+    // on CUDA in f16 and bf16: one dialogue per row through cuDNN's dense SDPA, packed rows through
+    // its ragged layout (LORA_FT_ATTENTION=cudnn: a refused graph fails the test), each held to
+    // 4x the unpacked run's own error in that dtype
+    #[cfg(feature = "cuda")]
+    if dev.is_cuda() {
+        use lora_ft::cuda::cudnn_sdpa::{set_mode, Mode};
+        set_mode(Mode::Cudnn);
+        for (dtype, eps) in [(DType::F16, 2f64.powi(-11)), (DType::BF16, 2f64.powi(-8))] {
+            let m = model(name, dtype, &dev);
+            let (loss_u, _, grads_u) = run(&m, &one_per_row);
+            let (loss_p, n_p, grads_p) = run(&m, &packed);
+            assert_eq!(n_p, want_n);
+            let (ref_loss, ref_grads) =
+                (rel(loss_u).max(8.0 * eps), grad_err(&grads_u, &want).max(8.0 * eps));
+            let (lp, gp) = (rel(loss_p), grad_err(&grads_p, &want));
+            println!(
+                "{name} {dtype:?}: packed (cuDNN ragged) loss {lp:.1e} grads {gp:.1e}; one per row loss \
+                 {ref_loss:.1e} grads {ref_grads:.1e}"
+            );
+            assert!(
+                lp <= 4.0 * ref_loss && gp <= 4.0 * ref_grads,
+                "{name} {dtype:?}: loss {lp:.2e}, grads {gp:.2e}"
+            );
+        }
+        set_mode(Mode::Auto);
+    }
 }
 
 /// Windows of 5 tokens on every layer: a window that cuts inside each dialogue, never across.
