@@ -60,7 +60,7 @@ pub fn read_messages_jsonl(path: &Path) -> anyhow::Result<Vec<Conversation>> {
     Ok(conversations)
 }
 
-fn parse_line(line: &str) -> Result<Vec<Message>, String> {
+pub(super) fn parse_line(line: &str) -> Result<Vec<Message>, String> {
     let row: Value = serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
     let Some(Value::Array(items)) = row.get("messages") else {
         return Err(r#"expected a "messages" array"#.into());
@@ -77,7 +77,7 @@ fn parse_line(line: &str) -> Result<Vec<Message>, String> {
     Ok(messages)
 }
 
-fn parse_message(value: &Value) -> Result<Message, String> {
+pub(super) fn parse_message(value: &Value) -> Result<Message, String> {
     let Value::Object(map) = value else {
         return Err(r#"expected an object with "role" and "content""#.into());
     };
