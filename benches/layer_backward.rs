@@ -40,6 +40,7 @@ fn main() {
         offset: 0,
         scores: ScoreRule::causal(hidden / heads, None),
         dropout_seed: None,
+        packed: None,
     };
 
     let hand = time(

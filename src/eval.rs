@@ -135,7 +135,8 @@ pub fn tokenize_file(
     let mut rows = Vec::with_capacity(conversations.len());
     for (index, conv) in conversations.iter().enumerate() {
         let at = || row_name(path, conv.line);
-        let mut example = tokenizer.encode(&conv.messages).with_context(at)?;
+        let mut example =
+            tokenizer.encode_with_tools(&conv.messages, conv.tools.as_deref()).with_context(at)?;
         let length = example.len();
         let truncated = example.truncate(settings.max_seq_len, settings.truncation_side);
         if let Some(&id) = example.input_ids.iter().find(|&&id| id as usize >= vocab_size) {

@@ -167,7 +167,7 @@ fn malformed_jsonl_rows_name_file_line_and_field() {
             1,
             r#"completion[0]: a "system" turn in the completion"#,
         ),
-        (DataFormat::Messages, r#"{"messages": [{"role": "tool", "content": "x"}]}"#.to_string(), 1, r#"messages[0]: unknown role "tool""#),
+        (DataFormat::Messages, r#"{"messages": [{"role": "bot", "content": "x"}]}"#.to_string(), 1, r#"messages[0]: unknown role "bot""#),
         (DataFormat::Auto, r#"{"text": "x"}"#.to_string(), 1, r#"format = "auto" found none of"#),
         (DataFormat::Auto, format!("{alpaca}\n{sharegpt}"), 2, r#"missing "instruction""#),
         (DataFormat::Alpaca, "[\n{\"instruction\": \"I\"}\n]".to_string(), 1, "invalid JSON: "),

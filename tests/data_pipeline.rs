@@ -95,8 +95,11 @@ fn left_truncation_keeps_the_end_of_the_conversation() {
 
 fn numbered_examples(n: u32) -> Arc<Vec<Example>> {
     // Row i has i + 1 tokens, all equal to i, so every batch shows which rows it holds.
-    let rows = (0..n)
-        .map(|i| Example { input_ids: vec![i; i as usize + 1], labels: vec![i64::from(i); i as usize + 1] });
+    let rows = (0..n).map(|i| Example {
+        input_ids: vec![i; i as usize + 1],
+        labels: vec![i64::from(i); i as usize + 1],
+        ..Default::default()
+    });
     Arc::new(rows.collect())
 }
 

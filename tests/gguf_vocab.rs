@@ -84,7 +84,7 @@ fn check(name: &str, family: Option<&str>, tests: usize, vocab_size: usize) {
     }
     let Some(family) = family else { return };
     let renders = template_renders(family);
-    assert_eq!(renders.len(), 5);
+    assert!(renders.len() >= 5, "{family}: every dialogue of the golden");
     for (text, want) in renders {
         let got = tokenizer.encode(text.as_str(), false).unwrap().get_ids().to_vec();
         assert_eq!(got, want, "{name}: ids of the {family} render {text:?}");
@@ -117,8 +117,8 @@ fn mistral_v01_vocabulary_gives_sentencepieces_ids() {
 }
 
 #[test]
-fn mistral_v03_vocabulary_gives_sentencepieces_ids() {
-    check("mistral-v0.3", None, 46, 32768);
+fn mistral_v03_vocabulary_gives_sentencepieces_ids_and_the_chat_fixtures() {
+    check("mistral-v0.3", Some("mistral-v0.3"), 46, 32768);
 }
 
 #[test]

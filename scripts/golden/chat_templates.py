@@ -16,6 +16,9 @@ loads it with transformers' AutoTokenizer, and for several dialogues records:
 
 Rows whose system message the template refuses are rendered with `fold_system`: the system text
 folded into the first user turn as "{system}\n\n{user}" (lora-ft's `data.system_message = "fold"`).
+Mistral's templates (v0.3, Nemo) accept a system message but write it only into the last user turn
+of a conversation that ends with one, so a training row that ends with a reply loses it; for
+Mistral v0.3 the folded rendering of each row with a system message is recorded as well.
 Rows the template refuses record transformers' error message under `error`.
 
 Usage: python scripts/golden/chat_templates.py > tests/golden/chat_templates.json
@@ -38,11 +41,15 @@ MISTRAL = ("[/INST]", "</s>")
 GEMMA = ("<start_of_turn>model\n", "<end_of_turn>")
 
 # family folder, vocabulary, (START, END), template variables, does the template refuse system?
+# Families whose golden also holds the folded rendering of every row with a system message.
+FOLD_TOO = {"mistral-v0.3"}
+
 FAMILIES = [
     ("llama-3.2", "llama3", LLAMA, {"date_string": "05 Mar 2025"}, False),
     ("llama-3.3", "llama3", LLAMA, {}, False),
     ("qwen2.5", "qwen2.5", CHATML, {}, False),
     ("qwen3", "qwen3", CHATML, {}, False),
+    ("mistral-v0.3", "mistral-v0.3", MISTRAL, {}, False),
     ("mistral-nemo", "tekken", MISTRAL, {}, False),
     ("gemma-2", "gemma2", GEMMA, {}, True),
     ("gemma-3", "gemma3", GEMMA, {}, False),
@@ -136,10 +143,11 @@ def main():
         folder = tokenizer_dir(family, vocab)
         tok = AutoTokenizer.from_pretrained(folder)
         cases = []
-        for messages in DIALOGUES:
-            has_system = messages[0]["role"] == "system"
-            fold = refuses_system and has_system
-            if fold:
+        runs = [(m, refuses_system and m[0]["role"] == "system") for m in DIALOGUES]
+        if family in FOLD_TOO:
+            runs += [(m, True) for m in DIALOGUES if m[0]["role"] == "system"]
+        for messages, fold in runs:
+            if fold and refuses_system:
                 try:
                     tok.apply_chat_template(messages, tokenize=False, **variables)
                     raise AssertionError(f"{family}: expected the template to refuse a system message")

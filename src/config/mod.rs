@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::quant::Quantization;
 
+mod data_format;
+pub use data_format::DataFormat;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     // not a `source`: the message already holds it, and `{:#}` would say it twice
@@ -67,36 +70,6 @@ pub struct LoraSection {
     pub rslora: bool,
 }
 
-/// `data.format`: how a row reads as a conversation (`src/data/formats/` has the conventions).
-/// A `.parquet` file is Parquet (the keys as columns, message lists as lists of structs), any
-/// other JSON Lines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DataFormat {
-    /// `{"messages": [{"role", "content"}, ...]}` (OpenAI / HF chat format), the default.
-    Messages,
-    /// `{"conversations": [{"from", "value"}, ...], "system"?}`: human → user, gpt → assistant.
-    #[serde(rename = "sharegpt")]
-    ShareGpt,
-    /// `{"instruction", "input"?, "output", "system"?}`: user "{instruction}\n\n{input}".
-    Alpaca,
-    /// `{"prompt", "completion"}`: strings (user, assistant) or TRL's two message lists.
-    PromptCompletion,
-    /// The format whose keys the first row has.
-    Auto,
-}
-
-/// The config's spelling (`"sharegpt"`), for command-line flags.
-impl std::str::FromStr for DataFormat {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        use serde::de::IntoDeserializer;
-        let de: serde::de::value::StrDeserializer<serde::de::value::Error> = s.into_deserializer();
-        Self::deserialize(de).map_err(|e| e.to_string())
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TruncationSide {
@@ -131,6 +104,14 @@ pub struct DataSection {
     pub truncation_side: TruncationSide,
     #[serde(default)]
     pub system_message: SystemMessage,
+    /// Whole dialogues packed into rows of `max_seq_len` (best-fit decreasing), positions
+    /// restarting and attention kept inside each dialogue: no padding between short dialogues.
+    #[serde(default)]
+    pub packing: bool,
+    /// Without packing: each epoch's shuffled rows sorted by length within windows of 50
+    /// batches, so that a batch pads less.
+    #[serde(default)]
+    pub group_by_length: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -458,6 +439,11 @@ impl Config {
             }
         }
         check(self.data.max_seq_len >= 2, "data.max_seq_len", "must be at least 2")?;
+        check(
+            !(self.data.packing && self.data.group_by_length),
+            "data.group_by_length",
+            "has nothing to sort with data.packing = true (packed rows are all max_seq_len long): set one of them",
+        )?;
         let t = &self.train;
         check(t.batch_size != BatchSize::Fixed(0), "train.batch_size", "must be at least 1")?;
         check(t.grad_accum > 0, "train.grad_accum", "must be at least 1")?;

@@ -44,13 +44,22 @@ struct SdpaDesc {
     float scale;
     float softcap;   // 0: none
     int64_t window;  // 0: none
+    // Packed rows: 0, or the number of sequences laid back to back in [tokens, heads, d] memory
+    // (then `batch` = ragged, `seq` = the longest a sequence may be, and the strides below are
+    // ignored): each tensor gets ragged offsets, and cuDNN's padding mask the sequence lengths.
+    int64_t ragged;
     int64_t q[4], k[4], v[4], o[4], d_o[4], dq[4], dk[4], dv[4];
+};
+
+// A packed call's ragged offsets and sequence lengths (int32 device columns), or nulls.
+struct RaggedPtrs {
+    void *q_offsets, *kv_offsets, *seq_lens;
 };
 }
 
 namespace {
 
-enum Uid : int64_t { Q = 1, K, V, O, STATS, DO, DQ, DK, DV };
+enum Uid : int64_t { Q = 1, K, V, O, STATS, DO, DQ, DK, DV, Q_OFFSETS, KV_OFFSETS, SEQ_LENS };
 
 void set_error(char *err, size_t len, const std::string &what) {
     if (len > 0) std::snprintf(err, len, "%s", what.c_str());
@@ -60,7 +69,7 @@ void set_error(char *err, size_t len, const std::string &what) {
 using Key = std::tuple<bool, std::vector<int64_t>, float, float>;
 
 Key key_of(const SdpaDesc &d, bool backward) {
-    std::vector<int64_t> v{d.batch, d.heads, d.kv_heads, d.seq, d.head_dim, d.bf16, d.window};
+    std::vector<int64_t> v{d.batch, d.heads, d.kv_heads, d.seq, d.head_dim, d.bf16, d.window, d.ragged};
     for (const int64_t *s : {d.q, d.k, d.v, d.o, d.d_o, d.dq, d.dk, d.dv}) v.insert(v.end(), s, s + 4);
     return {backward, v, d.scale, d.softcap};
 }
@@ -82,6 +91,56 @@ std::vector<int64_t> strides(const int64_t s[4]) { return {s[0], s[1], s[2], s[3
 std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph &g, const char *name, Uid uid,
                                                     std::vector<int64_t> dim, const int64_t s[4]) {
     return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(strides(s)));
+}
+
+// Packed rows: [tokens, heads, d] memory read as [sequences, heads, longest, d] through ragged
+// offsets (elements, int32, one per sequence and the end).
+struct Ragged {
+    std::shared_ptr<fe::graph::Tensor_attributes> q_offsets, kv_offsets, seq_lens;
+};
+
+Ragged ragged_tensors(fe::graph::Graph &g, const SdpaDesc &d) {
+    auto column = [&](const char *name, Uid uid, int64_t n) {
+        return g.tensor(fe::graph::Tensor_attributes()
+                            .set_name(name)
+                            .set_uid(uid)
+                            .set_dim({n, 1, 1, 1})
+                            .set_stride({1, 1, 1, 1})
+                            .set_data_type(fe::DataType_t::INT32));
+    };
+    return {column("q_offsets", Q_OFFSETS, d.ragged + 1), column("kv_offsets", KV_OFFSETS, d.ragged + 1),
+            column("seq_lens", SEQ_LENS, d.ragged)};
+}
+
+// The strides of [sequences, heads, longest, d] views of [tokens, heads, d] memory.
+std::vector<int64_t> thd(int64_t heads, const SdpaDesc &d) {
+    return {d.seq * heads * d.head_dim, d.head_dim, heads * d.head_dim, 1};
+}
+
+// A q-shaped (q-heads) or kv-shaped tensor, dense or ragged.
+std::shared_ptr<fe::graph::Tensor_attributes> shaped(fe::graph::Graph &g, const char *name, Uid uid, bool kv,
+                                                     const SdpaDesc &d, const int64_t s[4], const Ragged *r) {
+    const int64_t heads = kv ? d.kv_heads : d.heads;
+    auto t = g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(
+        {d.batch, heads, d.seq, d.head_dim}));
+    if (r == nullptr) {
+        t->set_stride(strides(s));
+    } else {
+        t->set_stride(thd(heads, d)).set_ragged_offset(kv ? r->kv_offsets : r->q_offsets);
+    }
+    return t;
+}
+
+// An output of the same kinds.
+void shape_output(std::shared_ptr<fe::graph::Tensor_attributes> t, Uid uid, bool kv, const SdpaDesc &d,
+                  const int64_t s[4], const Ragged *r) {
+    const int64_t heads = kv ? d.kv_heads : d.heads;
+    t->set_output(true).set_uid(uid).set_dim({d.batch, heads, d.seq, d.head_dim});
+    if (r == nullptr) {
+        t->set_stride(strides(s));
+    } else {
+        t->set_stride(thd(heads, d)).set_ragged_offset(kv ? r->kv_offsets : r->q_offsets);
+    }
 }
 
 std::shared_ptr<fe::graph::Graph> new_graph(const SdpaDesc &d) {
@@ -114,8 +173,12 @@ TensorPtr causal_window(GraphPtr g, TensorPtr scores, int64_t window) {
 
 // The desc's score rule on forward (SDPA_attributes) or backward (SDPA_backward_attributes) options.
 template <typename Options>
-void set_rule(fe::graph::Graph &g, Options &options, const SdpaDesc &d) {
+void set_rule(fe::graph::Graph &g, Options &options, const SdpaDesc &d, const Ragged *r) {
     options.set_attn_scale(d.scale);
+    if (r != nullptr) {
+        // each sequence its own causal rows (top left: row i of a sequence is its position i)
+        options.set_padding_mask(true).set_seq_len_q(r->seq_lens).set_seq_len_kv(r->seq_lens);
+    }
     if (d.softcap <= 0.0f) {
         options.set_causal_mask(true);
         if (d.window > 0) options.set_diagonal_band_left_bound(static_cast<int>(d.window));
@@ -136,13 +199,19 @@ void set_rule(fe::graph::Graph &g, Options &options, const SdpaDesc &d) {
 
 std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaDesc &d) {
     auto g = new_graph(d);
-    auto q = input(*g, "q", Q, dims(d.batch, d.heads, d.seq, d.head_dim), d.q);
-    auto k = input(*g, "k", K, dims(d.batch, d.kv_heads, d.seq, d.head_dim), d.k);
-    auto v = input(*g, "v", V, dims(d.batch, d.kv_heads, d.seq, d.head_dim), d.v);
+    Ragged ragged;
+    const Ragged *r = nullptr;
+    if (d.ragged > 0) {
+        ragged = ragged_tensors(*g, d);
+        r = &ragged;
+    }
+    auto q = shaped(*g, "q", Q, false, d, d.q, r);
+    auto k = shaped(*g, "k", K, true, d, d.k, r);
+    auto v = shaped(*g, "v", V, true, d, d.v, r);
     auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true);
-    set_rule(*g, options, d);
+    set_rule(*g, options, d, r);
     auto [o, stats] = g->sdpa(q, k, v, options);
-    o->set_output(true).set_uid(O).set_dim(dims(d.batch, d.heads, d.seq, d.head_dim)).set_stride(strides(d.o));
+    shape_output(o, O, false, d, d.o, r);
     stats->set_output(true).set_uid(STATS).set_data_type(fe::DataType_t::FLOAT);
     stats->set_dim({d.batch, d.heads, d.seq, 1}).set_stride(stats_tensor(d).get_stride());
     return g;
@@ -150,18 +219,24 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaDesc &d) {
 
 std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaDesc &d) {
     auto g = new_graph(d);
-    auto q = input(*g, "q", Q, dims(d.batch, d.heads, d.seq, d.head_dim), d.q);
-    auto k = input(*g, "k", K, dims(d.batch, d.kv_heads, d.seq, d.head_dim), d.k);
-    auto v = input(*g, "v", V, dims(d.batch, d.kv_heads, d.seq, d.head_dim), d.v);
-    auto o = input(*g, "o", O, dims(d.batch, d.heads, d.seq, d.head_dim), d.o);
-    auto d_o = input(*g, "do", DO, dims(d.batch, d.heads, d.seq, d.head_dim), d.d_o);
+    Ragged ragged;
+    const Ragged *r = nullptr;
+    if (d.ragged > 0) {
+        ragged = ragged_tensors(*g, d);
+        r = &ragged;
+    }
+    auto q = shaped(*g, "q", Q, false, d, d.q, r);
+    auto k = shaped(*g, "k", K, true, d, d.k, r);
+    auto v = shaped(*g, "v", V, true, d, d.v, r);
+    auto o = shaped(*g, "o", O, false, d, d.o, r);
+    auto d_o = shaped(*g, "do", DO, false, d, d.d_o, r);
     auto stats = g->tensor(stats_tensor(d));
     auto options = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward");
-    set_rule(*g, options, d);
+    set_rule(*g, options, d, r);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
-    dq->set_output(true).set_uid(DQ).set_dim(dims(d.batch, d.heads, d.seq, d.head_dim)).set_stride(strides(d.dq));
-    dk->set_output(true).set_uid(DK).set_dim(dims(d.batch, d.kv_heads, d.seq, d.head_dim)).set_stride(strides(d.dk));
-    dv->set_output(true).set_uid(DV).set_dim(dims(d.batch, d.kv_heads, d.seq, d.head_dim)).set_stride(strides(d.dv));
+    shape_output(dq, DQ, false, d, d.dq, r);
+    shape_output(dk, DK, true, d, d.dk, r);
+    shape_output(dv, DV, true, d, d.dv, r);
     return g;
 }
 
@@ -213,6 +288,13 @@ int guarded(char *err, size_t len, F body) {
     return -1;
 }
 
+void add_ragged(std::unordered_map<int64_t, void *> &pack, const SdpaDesc *d, const RaggedPtrs *r) {
+    if (d->ragged > 0) {
+        if (r == nullptr) throw std::runtime_error("a ragged call without its offsets");
+        pack.insert({{Q_OFFSETS, r->q_offsets}, {KV_OFFSETS, r->kv_offsets}, {SEQ_LENS, r->seq_lens}});
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -240,21 +322,24 @@ int lft_cudnn_sdpa_workspace(const SdpaDesc *d, int32_t backward, void *stream, 
     return guarded(err, len, [&] { *bytes = graph_for(*d, backward != 0, stream).first->get_workspace_size(); });
 }
 
-int lft_cudnn_sdpa_forward(const SdpaDesc *d, void *stream, void *q, void *k, void *v, void *o, void *stats,
-                           void *workspace, char *err, size_t len) {
+int lft_cudnn_sdpa_forward(const SdpaDesc *d, const RaggedPtrs *r, void *stream, void *q, void *k, void *v, void *o,
+                           void *stats, void *workspace, char *err, size_t len) {
     return guarded(err, len, [&] {
         auto [g, h] = graph_for(*d, false, stream);
         std::unordered_map<int64_t, void *> pack{{Q, q}, {K, k}, {V, v}, {O, o}, {STATS, stats}};
+        add_ragged(pack, d, r);
         CHECK(g->execute(h, pack, workspace));
     });
 }
 
-int lft_cudnn_sdpa_backward(const SdpaDesc *d, void *stream, void *q, void *k, void *v, void *o, void *d_o,
-                            void *stats, void *dq, void *dk, void *dv, void *workspace, char *err, size_t len) {
+int lft_cudnn_sdpa_backward(const SdpaDesc *d, const RaggedPtrs *r, void *stream, void *q, void *k, void *v, void *o,
+                            void *d_o, void *stats, void *dq, void *dk, void *dv, void *workspace, char *err,
+                            size_t len) {
     return guarded(err, len, [&] {
         auto [g, h] = graph_for(*d, true, stream);
         std::unordered_map<int64_t, void *> pack{{Q, q},   {K, k},   {V, v},   {O, o},  {DO, d_o},
                                                  {STATS, stats}, {DQ, dq}, {DK, dk}, {DV, dv}};
+        add_ragged(pack, d, r);
         CHECK(g->execute(h, pack, workspace));
     });
 }

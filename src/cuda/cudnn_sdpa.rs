@@ -35,18 +35,36 @@ pub struct Rule {
     pub window: Option<usize>,
 }
 
+/// Packed rows (`data.packing`) as cuDNN reads them: `sequences` spans laid back to back in the
+/// `[b, t, heads, d]` memory of q, k and v, each at most `longest` tokens; `q_offsets` and
+/// `kv_offsets` (`[sequences + 1]` i32) where each starts, in elements of q and of k/v;
+/// `seq_lens` (`[sequences]` i32) their lengths. Spans of length 0 may pad `sequences` to a
+/// bucket, so that few graphs are built.
+pub struct Ragged<'a> {
+    pub sequences: usize,
+    pub longest: usize,
+    pub q_offsets: &'a Tensor,
+    pub kv_offsets: &'a Tensor,
+    pub seq_lens: &'a Tensor,
+}
+
 impl Rule {
-    /// The kind of graph the rule needs, as a bit of `REFUSED_KINDS`.
-    fn kind(&self) -> u8 {
-        match (self.softcap, self.window) {
+    /// The kind of graph the rule needs (with packed rows or not), as a bit of `REFUSED_KINDS`.
+    fn kind(&self, ragged: bool) -> u8 {
+        let kind = match (self.softcap, self.window) {
             (Some(_), _) => 4,
             (None, Some(_)) => 2,
             (None, None) => 1,
+        };
+        if ragged {
+            kind << 4
+        } else {
+            kind
         }
     }
 
     fn kind_name(&self) -> &'static str {
-        match self.kind() {
+        match self.kind(false) {
             4 => "soft-capped",
             2 => "windowed",
             _ => "causal",
@@ -94,8 +112,8 @@ pub fn set_mode(m: Mode) {
 
 /// Whether cuDNN takes this call: the mode allows it, as many queries as keys, its kind of
 /// graph not refused before, and cuDNN loaded.
-fn applies(q: &Tensor, k: &Tensor, rule: &Rule) -> Result<bool> {
-    if mode() == Mode::Flash || REFUSED_KINDS.load(Ordering::Relaxed) & rule.kind() != 0 {
+fn applies(q: &Tensor, k: &Tensor, rule: &Rule, ragged: bool) -> Result<bool> {
+    if mode() == Mode::Flash || REFUSED_KINDS.load(Ordering::Relaxed) & rule.kind(ragged) != 0 {
         return Ok(false);
     }
     Ok(q.dim(2)? == k.dim(2)? && ffi::version().is_some())
@@ -121,16 +139,28 @@ fn refused(rule: &Rule, what: &str) -> Result<()> {
 /// q `[b, h, t, d]`, k/v `[b, kv, t, d]` → (context `[b, h, t, d]` (a view of `[b, t, h, d]`,
 /// as `flash::forward`), stats `[b, h, t]` f32: the row log-sum-exp of the (capped) scores in
 /// natural-log units), or `None` where cuDNN does not take the call.
-pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, rule: &Rule) -> Result<Option<(Tensor, Tensor)>> {
-    if !applies(q, k, rule)? {
+///
+/// With `ragged` (packed rows) the stats are `[sequences, h, longest]`. Soft caps of packed rows
+/// are not sent (cuDNN's score modifier turns its padding mask off).
+pub fn forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    rule: &Rule,
+    ragged: Option<&Ragged>,
+) -> Result<Option<(Tensor, Tensor)>> {
+    if ragged.is_some() && rule.softcap.is_some() {
+        return Ok(None);
+    }
+    if !applies(q, k, rule, ragged.is_some())? {
         if mode() == Mode::Cudnn {
-            refused(rule, &format!("cuDNN does not take this call ({})", ffi::why_not()))?;
+            refused(rule, ragged.is_some(), &format!("cuDNN does not take this call ({})", ffi::why_not()))?;
         }
         return Ok(None);
     }
-    match ffi::forward(q, k, v, rule)? {
+    match ffi::forward(q, k, v, rule, ragged)? {
         Ok(out) => Ok(Some(out)),
-        Err(why) => refused(rule, &why).map(|_| None),
+        Err(why) => refused(rule, ragged.is_some(), &why).map(|_| None),
     }
 }
 
@@ -139,14 +169,14 @@ pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, rule: &Rule) -> Result<Option
 /// `None` where cuDNN refuses the graph (the caller then falls back on `stats`).
 pub fn backward(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
-    context: &Tensor,
-    stats: &Tensor,
+    (context, stats): (&Tensor, &Tensor),
     d_context: &Tensor,
     rule: &Rule,
+    ragged: Option<&Ragged>,
 ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
-    match ffi::backward((q, k, v), context, stats, d_context, rule)? {
+    match ffi::backward((q, k, v), (context, stats), d_context, rule, ragged)? {
         Ok(grads) => Ok(Some(grads)),
-        Err(why) => refused(rule, &why).map(|_| None),
+        Err(why) => refused(rule, ragged.is_some(), &why).map(|_| None),
     }
 }
 
@@ -162,7 +192,7 @@ mod ffi {
     use candle_core::{bail, DType, Result, Tensor, WithDType};
     use half::{bf16, f16};
 
-    use super::Rule;
+    use super::{Ragged, Rule};
     use crate::cuda::{cuda_device, view, wrap};
 
     #[repr(C)]
@@ -177,6 +207,7 @@ mod ffi {
         scale: f32,
         softcap: f32,
         window: i64,
+        ragged: i64,
         q: [i64; 4],
         k: [i64; 4],
         v: [i64; 4],
@@ -188,6 +219,14 @@ mod ffi {
     }
 
     type Ptr = *mut c_void;
+
+    #[repr(C)]
+    struct RaggedPtrs {
+        q_offsets: Ptr,
+        kv_offsets: Ptr,
+        seq_lens: Ptr,
+    }
+
     extern "C" {
         fn lft_cudnn_load(path: *const c_char, err: *mut c_char, len: usize) -> i64;
         fn lft_cudnn_sdpa_workspace(
@@ -200,6 +239,7 @@ mod ffi {
         ) -> i32;
         fn lft_cudnn_sdpa_forward(
             d: *const SdpaDesc,
+            r: *const RaggedPtrs,
             stream: Ptr,
             q: Ptr,
             k: Ptr,
@@ -212,6 +252,7 @@ mod ffi {
         ) -> i32;
         fn lft_cudnn_sdpa_backward(
             d: *const SdpaDesc,
+            r: *const RaggedPtrs,
             stream: Ptr,
             q: Ptr,
             k: Ptr,
@@ -279,20 +320,22 @@ mod ffi {
         [(t * h * d) as i64, d as i64, (h * d) as i64, 1]
     }
 
-    fn desc(q: &Tensor, k: &Tensor, rule: &Rule) -> Result<SdpaDesc> {
+    fn desc(q: &Tensor, k: &Tensor, rule: &Rule, ragged: Option<&Ragged>) -> Result<SdpaDesc> {
         let (b, h, t, d) = q.dims4()?;
         let kv = k.dim(1)?;
+        let (batch, seq) = ragged.map_or((b, t), |r| (r.sequences, r.longest));
         Ok(SdpaDesc {
-            batch: b as i64,
+            batch: batch as i64,
             heads: h as i64,
             kv_heads: kv as i64,
-            seq: t as i64,
+            seq: seq as i64,
+            ragged: ragged.map_or(0, |r| r.sequences as i64),
             head_dim: d as i64,
             bf16: i32::from(q.dtype() == DType::BF16),
             scale: rule.scale as f32,
             softcap: rule.softcap.unwrap_or(0.0) as f32,
             // a window as long as the sequence cuts nothing: the plain graph
-            window: rule.window.filter(|&w| w < t).unwrap_or(0) as i64,
+            window: rule.window.filter(|&w| w < seq).unwrap_or(0) as i64,
             q: strides(q)?,
             k: strides(k)?,
             // the context is written as [b, t, h, d], the layout the output projection reads
@@ -349,20 +392,44 @@ mod ffi {
         x.device_ptr(stream).0 as Ptr
     }
 
-    pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, rule: &Rule) -> Outcome<(Tensor, Tensor)> {
+    pub fn forward(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        rule: &Rule,
+        r: Option<&Ragged>,
+    ) -> Outcome<(Tensor, Tensor)> {
         match q.dtype() {
-            DType::F16 => forward_typed::<f16>(q, k, v, rule),
-            DType::BF16 => forward_typed::<bf16>(q, k, v, rule),
+            DType::F16 => forward_typed::<f16>(q, k, v, rule, r),
+            DType::BF16 => forward_typed::<bf16>(q, k, v, rule, r),
             dt => bail!("cuDNN attention takes f16 or bf16, not {dt:?}"),
         }
     }
 
-    /// `x` itself where cuDNN can read its strides (a `[b, t, h, d]` view included), else a copy.
-    fn readable(x: &Tensor) -> Result<Tensor> {
+    /// `x` itself where cuDNN can read its strides (a `[b, t, h, d]` view included), else a copy;
+    /// for packed rows always the `[b, h, t, d]` view of `[b, t, h, d]` memory.
+    fn readable(x: &Tensor, ragged: bool) -> Result<Tensor> {
+        if ragged {
+            let thd = x.transpose(1, 2)?;
+            return match thd.is_contiguous() && strides(x).is_ok() {
+                true => Ok(x.clone()),
+                false => thd.contiguous()?.transpose(1, 2),
+            };
+        }
         if strides(x).is_ok() {
             return Ok(x.clone());
         }
         x.contiguous()
+    }
+
+    /// The device addresses of a packed call's columns (held by the caller across the call).
+    fn ragged_ptrs(r: Option<&Ragged>, stream: &Arc<CudaStream>) -> Result<Option<RaggedPtrs>> {
+        let Some(r) = r else { return Ok(None) };
+        Ok(Some(RaggedPtrs {
+            q_offsets: address::<i32>(r.q_offsets, stream)?,
+            kv_offsets: address::<i32>(r.kv_offsets, stream)?,
+            seq_lens: address::<i32>(r.seq_lens, stream)?,
+        }))
     }
 
     fn forward_typed<T: CudaDType + WithDType + DeviceRepr>(
@@ -370,9 +437,11 @@ mod ffi {
         k: &Tensor,
         v: &Tensor,
         rule: &Rule,
+        r: Option<&Ragged>,
     ) -> Outcome<(Tensor, Tensor)> {
-        let (q, k, v) = (readable(q)?, readable(k)?, readable(v)?);
-        let mut d = desc(&q, &k, rule)?;
+        let packed = r.is_some();
+        let (q, k, v) = (readable(q, packed)?, readable(k, packed)?, readable(v, packed)?);
+        let mut d = desc(&q, &k, rule, r)?;
         d.v = strides(&v)?;
         let dev = cuda_device(&q)?;
         let ws = match workspace(&dev, &d, false)? {
@@ -382,46 +451,51 @@ mod ffi {
         let (b, h, t, hd) = q.dims4()?;
         let stream = dev.cuda_stream();
         let out = unsafe { dev.alloc::<T>(b * h * t * hd)? };
-        let stats = unsafe { dev.alloc::<f32>(b * h * t)? };
+        let stats_shape = [d.batch as usize, h, d.seq as usize];
+        let stats = unsafe { dev.alloc::<f32>(stats_shape.iter().product())? };
+        let rp = ragged_ptrs(r, &stream)?;
+        let rp = rp.as_ref().map_or(std::ptr::null(), |p| p as *const RaggedPtrs);
         let mut err = [0u8; ERR_LEN];
         let (qp, kp, vp) =
             (address::<T>(&q, &stream)?, address::<T>(&k, &stream)?, address::<T>(&v, &stream)?);
         let (op, sp) = (slice_address(&out, &stream), slice_address(&stats, &stream));
         let wp = ws.as_ref().map_or(std::ptr::null_mut(), |w| slice_address(w, &stream));
         let (s, e) = (stream.cu_stream() as Ptr, err.as_mut_ptr().cast());
-        let rc = unsafe { lft_cudnn_sdpa_forward(&d, s, qp, kp, vp, op, sp, wp, e, ERR_LEN) };
+        let rc = unsafe { lft_cudnn_sdpa_forward(&d, rp, s, qp, kp, vp, op, sp, wp, e, ERR_LEN) };
         check(rc, &err, "forward")?;
         drop(ws);
         let context = wrap(out, &dev, &[b, t, h, hd]).transpose(1, 2)?;
-        Ok(Ok((context, wrap(stats, &dev, &[b, h, t]))))
+        Ok(Ok((context, wrap(stats, &dev, &stats_shape))))
     }
 
     pub fn backward(
         qkv: (&Tensor, &Tensor, &Tensor),
-        context: &Tensor,
-        stats: &Tensor,
+        saved: (&Tensor, &Tensor),
         d_context: &Tensor,
         rule: &Rule,
+        r: Option<&Ragged>,
     ) -> Outcome<(Tensor, Tensor, Tensor)> {
         match qkv.0.dtype() {
-            DType::F16 => backward_typed::<f16>(qkv, context, stats, d_context, rule),
-            DType::BF16 => backward_typed::<bf16>(qkv, context, stats, d_context, rule),
+            DType::F16 => backward_typed::<f16>(qkv, saved, d_context, rule, r),
+            DType::BF16 => backward_typed::<bf16>(qkv, saved, d_context, rule, r),
             dt => bail!("cuDNN attention takes f16 or bf16, not {dt:?}"),
         }
     }
 
     fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
         (q, k, v): (&Tensor, &Tensor, &Tensor),
-        context: &Tensor,
-        stats: &Tensor,
+        (context, stats): (&Tensor, &Tensor),
         d_context: &Tensor,
         rule: &Rule,
+        r: Option<&Ragged>,
     ) -> Outcome<(Tensor, Tensor, Tensor)> {
-        let (q, k, v, stats) = (readable(q)?, readable(k)?, readable(v)?, stats.contiguous()?);
-        let (context, d_context) = (readable(context)?, readable(d_context)?);
+        let packed = r.is_some();
+        let (q, k, v, stats) =
+            (readable(q, packed)?, readable(k, packed)?, readable(v, packed)?, stats.contiguous()?);
+        let (context, d_context) = (readable(context, packed)?, readable(d_context, packed)?);
         let (b, h, t, hd) = q.dims4()?;
         let kvh = k.dim(1)?;
-        let mut d = desc(&q, &k, rule)?;
+        let mut d = desc(&q, &k, rule, r)?;
         d.v = strides(&v)?;
         d.o = strides(&context)?;
         d.d_o = strides(&d_context)?;
@@ -446,8 +520,11 @@ mod ffi {
         let [dqp, dkp, dvp] = [&dq, &dk, &dv].map(|x| slice_address(x, &stream));
         let wp = ws.as_ref().map_or(std::ptr::null_mut(), |w| slice_address(w, &stream));
         let (s, e) = (stream.cu_stream() as Ptr, err.as_mut_ptr().cast());
-        let rc =
-            unsafe { lft_cudnn_sdpa_backward(&d, s, qp, kp, vp, op, dop, sp, dqp, dkp, dvp, wp, e, ERR_LEN) };
+        let rp = ragged_ptrs(r, &stream)?;
+        let rp = rp.as_ref().map_or(std::ptr::null(), |p| p as *const RaggedPtrs);
+        let rc = unsafe {
+            lft_cudnn_sdpa_backward(&d, rp, s, qp, kp, vp, op, dop, sp, dqp, dkp, dvp, wp, e, ERR_LEN)
+        };
         check(rc, &err, "backward")?;
         drop(ws);
         let heads = |x, n| wrap(x, &dev, &[b, t, n, hd]).transpose(1, 2);
@@ -460,7 +537,7 @@ mod ffi {
 mod ffi {
     use candle_core::{Result, Tensor};
 
-    use super::Rule;
+    use super::{Ragged, Rule};
 
     pub type Outcome<T> = Result<std::result::Result<T, String>>;
 
@@ -472,16 +549,22 @@ mod ffi {
         "this binary was built without the cuDNN headers".into()
     }
 
-    pub fn forward(_: &Tensor, _: &Tensor, _: &Tensor, _: &Rule) -> Outcome<(Tensor, Tensor)> {
+    pub fn forward(
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Rule,
+        _: Option<&Ragged>,
+    ) -> Outcome<(Tensor, Tensor)> {
         Ok(Err(why_not()))
     }
 
     pub fn backward(
         _: (&Tensor, &Tensor, &Tensor),
-        _: &Tensor,
-        _: &Tensor,
+        _: (&Tensor, &Tensor),
         _: &Tensor,
         _: &Rule,
+        _: Option<&Ragged>,
     ) -> Outcome<(Tensor, Tensor, Tensor)> {
         Ok(Err(why_not()))
     }

@@ -20,6 +20,9 @@ pub struct Batch {
     pub labels: Vec<i64>,
     pub batch_size: usize,
     pub seq_len: usize,
+    /// With packed rows (`data.packing`): per row, the lengths of its dialogues (a row of one
+    /// dialogue lists its length; the padding after them is not listed). Empty otherwise.
+    pub seq_lens: Vec<Vec<usize>>,
 }
 
 impl Batch {
@@ -31,7 +34,7 @@ impl Batch {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let input_ids: Vec<u32> = (0..seq * bs).map(|_| rng.random_range(0..vocab)).collect();
         let labels = input_ids.iter().map(|&i| i as i64).collect();
-        Self { input_ids, labels, batch_size: bs, seq_len: seq }
+        Self { input_ids, labels, batch_size: bs, seq_len: seq, seq_lens: Vec::new() }
     }
 }
 
@@ -46,7 +49,15 @@ impl Batch {
             labels.extend_from_slice(&row.labels);
             labels.resize(labels.len() + seq_len - row.len(), IGNORE_INDEX);
         }
-        Self { input_ids, labels, batch_size: rows.len(), seq_len }
+        let packed = rows.iter().any(|r| !r.seq_lens.is_empty());
+        let seq_lens = if packed {
+            rows.iter()
+                .map(|r| if r.seq_lens.is_empty() { vec![r.len()] } else { r.seq_lens.clone() })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self { input_ids, labels, batch_size: rows.len(), seq_len, seq_lens }
     }
 
     /// Rows `rows` of the batch (one rank's shard of a global batch), cut after the last column
@@ -62,11 +73,28 @@ impl Batch {
             .max()
             .map_or(0, |last| last + 1);
         let cut = |r: usize| r * t..r * t + keep;
+        // a packed row's dialogues up to the cut (the last one cut short where the cut falls in it)
+        let seq_lens = |r: usize| {
+            let mut at = 0;
+            let lens: &Vec<usize> = &self.seq_lens[r];
+            lens.iter()
+                .map_while(|&l| {
+                    let kept = l.min(keep.saturating_sub(at));
+                    at += l;
+                    (kept > 0).then_some(kept)
+                })
+                .collect()
+        };
         Batch {
             input_ids: rows.clone().flat_map(|r| self.input_ids[cut(r)].iter().copied()).collect(),
             labels: rows.clone().flat_map(|r| self.labels[cut(r)].iter().copied()).collect(),
             batch_size: rows.len(),
             seq_len: keep,
+            seq_lens: if self.seq_lens.is_empty() {
+                Vec::new()
+            } else {
+                rows.clone().map(seq_lens).collect()
+            },
         }
     }
 
@@ -89,6 +117,8 @@ pub struct BatchLoader {
     pad_id: u32,
     /// `None`: file order (evaluation); `Some(seed)`: a fresh permutation per epoch.
     shuffle_seed: Option<u64>,
+    /// `data.group_by_length`: each epoch's order sorted by length within windows of batches.
+    group_by_length: bool,
 }
 
 impl BatchLoader {
@@ -99,7 +129,13 @@ impl BatchLoader {
         shuffle_seed: Option<u64>,
     ) -> Self {
         assert!(batch_size > 0, "batch_size must be at least 1 (config validation guarantees it)");
-        Self { examples, batch_size, pad_id, shuffle_seed }
+        Self { examples, batch_size, pad_id, shuffle_seed, group_by_length: false }
+    }
+
+    /// Sorts each epoch's rows by length within windows of batches (`data.group_by_length`).
+    pub fn grouped_by_length(mut self, on: bool) -> Self {
+        self.group_by_length = on;
+        self
     }
 
     pub fn num_batches(&self) -> usize {
@@ -125,6 +161,9 @@ impl BatchLoader {
                 let j = (rng.next() % (i as u64 + 1)) as usize;
                 order.swap(i, j);
             }
+        }
+        if self.group_by_length {
+            super::packing::group_by_length(&mut order, |i| self.examples[i].len(), self.batch_size);
         }
         order
     }
@@ -198,7 +237,7 @@ mod tests {
     use super::*;
 
     fn row(ids: &[u32], labels: &[i64]) -> Example {
-        Example { input_ids: ids.to_vec(), labels: labels.to_vec() }
+        Example { input_ids: ids.to_vec(), labels: labels.to_vec(), ..Default::default() }
     }
 
     #[test]

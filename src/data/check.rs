@@ -46,7 +46,7 @@ pub fn data_check(file: &Path, cfg: &Config, tokenizer_dir: &Path) -> anyhow::Re
     );
     if let Some(&line) = dataset.lines.first() {
         let conv = conversations.iter().find(|c| c.line == line).expect("kept rows come from conversations");
-        let encoded = tokenizer.encode_with_offsets(&conv.messages)?;
+        let encoded = tokenizer.encode_with_offsets(&conv.messages, conv.tools.as_deref())?;
         let _ = writeln!(
             out,
             "\nexample ({}); trained tokens (assistant replies and their end-of-turn token) \
@@ -146,7 +146,11 @@ mod tests {
         EncodedConversation {
             text: "U:hi A:yo.".into(),
             offsets: vec![(0, 2), (2, 4), (4, 7), (7, 9), (9, 10)],
-            example: Example { input_ids: vec![1, 2, 3, 4, 5], labels: vec![-100, -100, -100, 4, 5] },
+            example: Example {
+                input_ids: vec![1, 2, 3, 4, 5],
+                labels: vec![-100, -100, -100, 4, 5],
+                ..Default::default()
+            },
         }
     }
 

@@ -9,10 +9,13 @@ use super::{read_conversations, row_name, ChatTokenizer, Conversation, IGNORE_IN
 use crate::config::{DataFormat, TruncationSide};
 
 /// One training row: token ids and labels of the same length (-100 = not trained).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Example {
     pub input_ids: Vec<u32>,
     pub labels: Vec<i64>,
+    /// The lengths of the dialogues packed into this row, in order (they sum to its length;
+    /// `data.packing`, see packing.rs); empty for a row of one dialogue.
+    pub seq_lens: Vec<usize>,
 }
 
 impl Example {
@@ -108,7 +111,9 @@ impl TokenizedDataset {
         let mut lines = Vec::new();
         let mut stats = DatasetStats { rows: conversations.len(), ..Default::default() };
         for conv in conversations {
-            let mut example = tokenizer.encode(&conv.messages).with_context(|| row_name(file, conv.line))?;
+            let mut example = tokenizer
+                .encode_with_tools(&conv.messages, conv.tools.as_deref())
+                .with_context(|| row_name(file, conv.line))?;
             stats.lengths.push(example.len());
             stats.truncated += usize::from(example.truncate(max_seq_len, side));
             let trained = example.trained_tokens();
@@ -137,17 +142,23 @@ mod tests {
     use super::*;
 
     fn example() -> Example {
-        Example { input_ids: vec![1, 2, 3, 4, 5], labels: vec![-100, -100, 3, 4, -100] }
+        Example { input_ids: vec![1, 2, 3, 4, 5], labels: vec![-100, -100, 3, 4, -100], ..Default::default() }
     }
 
     #[test]
     fn truncates_either_side() {
         let mut right = example();
         assert!(right.truncate(3, TruncationSide::Right));
-        assert_eq!(right, Example { input_ids: vec![1, 2, 3], labels: vec![-100, -100, 3] });
+        assert_eq!(
+            right,
+            Example { input_ids: vec![1, 2, 3], labels: vec![-100, -100, 3], ..Default::default() }
+        );
         let mut left = example();
         assert!(left.truncate(3, TruncationSide::Left));
-        assert_eq!(left, Example { input_ids: vec![3, 4, 5], labels: vec![3, 4, -100] });
+        assert_eq!(
+            left,
+            Example { input_ids: vec![3, 4, 5], labels: vec![3, 4, -100], ..Default::default() }
+        );
         let mut short = example();
         assert!(!short.truncate(5, TruncationSide::Left));
         assert_eq!(short, example());

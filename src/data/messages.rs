@@ -1,25 +1,44 @@
 //! The `messages` JSONL format of OpenAI and Hugging Face: one conversation per line,
-//! `{"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}`.
-//! Every malformed line is an error naming `file:line`, never a silently skipped row.
+//! `{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": "..."}, ...]}`, and for
+//! tool calling a `tools` list beside `messages`, assistant `tool_calls` and `tool` results
+//! (src/data/tools.rs). Every malformed line is an error naming `file:line`, never a silently
+//! skipped row.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use minijinja::Value;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::Value as Json;
 
-const ROLES: [&str; 3] = ["system", "user", "assistant"];
+use super::tools;
 
+const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+const KEYS: [&str; 5] = ["role", "content", "tool_calls", "tool_call_id", "name"];
+
+/// One message as the chat template sees it; the tool fields are absent (not null) when unset,
+/// as templates test `'tool_calls' in message` or `message.tool_calls is defined`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
     pub role: String,
+    /// A tool-call turn's null or missing content is "".
     pub content: String,
+    /// An assistant's calls as the row has them (key order kept), each with `function.arguments`
+    /// an object (a JSON string in the row is parsed); never empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A `tool` message: the name of the function that answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Message {
     pub fn new(role: &str, content: &str) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self { role: role.into(), content: content.into(), tool_calls: None, tool_call_id: None, name: None }
     }
 }
 
@@ -27,7 +46,18 @@ impl Message {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conversation {
     pub messages: Vec<Message>,
+    /// The row's `tools`, passed to the template as `apply_chat_template(..., tools=tools)` does;
+    /// `None` where the row has none (or `[]`).
+    pub tools: Option<Vec<Value>>,
     pub line: usize,
+}
+
+impl Conversation {
+    /// Parses one line of a `messages` file; the error says what is wrong, without `file:line`.
+    pub fn parse(text: &str, line: usize) -> Result<Self, String> {
+        let (messages, tools) = parse_line(text)?;
+        Ok(Self { messages, tools, line })
+    }
 }
 
 /// A problem with one line of a data file.
@@ -49,57 +79,96 @@ pub fn read_messages_jsonl(path: &Path) -> anyhow::Result<Vec<Conversation>> {
         if line.trim().is_empty() {
             continue;
         }
-        let messages = parse_line(&line).map_err(|message| LineError {
+        let conversation = Conversation::parse(&line, i + 1).map_err(|message| LineError {
             file: path.to_path_buf(),
             line: i + 1,
             message,
         })?;
-        conversations.push(Conversation { messages, line: i + 1 });
+        conversations.push(conversation);
     }
     anyhow::ensure!(!conversations.is_empty(), "{}: no conversations", path.display());
     Ok(conversations)
 }
 
-pub(super) fn parse_line(line: &str) -> Result<Vec<Message>, String> {
-    let row: Value = serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
-    let Some(Value::Array(items)) = row.get("messages") else {
+type Row = (Vec<Message>, Option<Vec<Value>>);
+
+fn parse_line(line: &str) -> Result<Row, String> {
+    let row: Json = serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
+    let Some(Json::Array(items)) = row.get("messages") else {
         return Err(r#"expected a "messages" array"#.into());
     };
     if items.is_empty() {
         return Err(r#""messages" is empty"#.into());
     }
-    let messages =
-        items.iter().enumerate().map(|(i, m)| parse_message(m).map_err(|e| format!("messages[{i}]: {e}")));
-    let messages = messages.collect::<Result<Vec<_>, _>>()?;
+    // The same row with its objects' keys in file order, for what templates print as JSON.
+    let ordered: Value = serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
+    let attr = |v: &Value, key: &str| v.get_attr(key).map_err(|e| e.to_string());
+    let tools = tools::parse_tools(row.get("tools"), attr(&ordered, "tools")?)?;
+    let ordered_messages = attr(&ordered, "messages")?;
+    let mut messages = Vec::with_capacity(items.len());
+    for (i, m) in items.iter().enumerate() {
+        let ordered = ordered_messages.get_item_by_index(i).map_err(|e| e.to_string())?;
+        messages.push(parse_message(m, &ordered).map_err(|e| format!("messages[{i}]: {e}"))?);
+    }
+    tools::check_tool_turns(&messages)?;
     if !messages.iter().any(|m| m.role == "assistant") {
         return Err("conversation has no assistant turn to train on".into());
     }
-    Ok(messages)
+    Ok((messages, tools))
 }
 
-pub(super) fn parse_message(value: &Value) -> Result<Message, String> {
-    let Value::Object(map) = value else {
+fn parse_message(value: &Json, ordered: &Value) -> Result<Message, String> {
+    let Json::Object(map) = value else {
         return Err(r#"expected an object with "role" and "content""#.into());
     };
-    // Keys such as OpenAI's "weight" or "tool_calls" would change what is trained; rejecting
-    // them beats silently ignoring them.
-    if let Some(key) = map.keys().find(|k| *k != "role" && *k != "content") {
-        return Err(format!(r#"unsupported key {key:?} (a message has only "role" and "content")"#));
+    // Keys such as OpenAI's "weight" would change what is trained; rejecting them beats silently
+    // ignoring them.
+    if let Some(key) = map.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(format!(
+            r#"unsupported key {key:?} (a message has "role" and "content", and for tool calling "tool_calls", "tool_call_id" and "name")"#
+        ));
     }
     let role = match map.get("role") {
-        Some(Value::String(r)) if ROLES.contains(&r.as_str()) => r.clone(),
-        Some(Value::String(r)) => {
-            return Err(format!("unknown role {r:?} (expected system, user or assistant)"))
+        Some(Json::String(r)) if ROLES.contains(&r.as_str()) => r.clone(),
+        Some(Json::String(r)) => {
+            return Err(format!("unknown role {r:?} (expected system, user, assistant or tool)"))
         }
         Some(_) => return Err(r#""role" must be a string"#.into()),
         None => return Err(r#"missing "role""#.into()),
     };
+    let tool_calls = match map.get("tool_calls") {
+        None | Some(Json::Null) => None,
+        Some(_) if role != "assistant" => {
+            return Err(format!(
+                r#""tool_calls" on a {role} message (only an assistant message calls tools)"#
+            ))
+        }
+        Some(calls) => {
+            tools::parse_tool_calls(calls, ordered.get_attr("tool_calls").map_err(|e| e.to_string())?)?
+        }
+    };
+    let tool_field = |key: &str| match map.get(key) {
+        None | Some(Json::Null) => Ok(None),
+        Some(_) if role != "tool" => {
+            Err(format!(r#""{key}" on a {role} message (only a "tool" message has it)"#))
+        }
+        Some(Json::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(format!(r#""{key}" must be a string (got {})"#, tools::kind(other))),
+    };
+    let tool_call_id = tool_field("tool_call_id")?;
+    let name = tool_field("name")?;
     let content = match map.get("content") {
-        Some(Value::String(c)) => c.clone(),
+        Some(Json::String(c)) => c.clone(),
+        None | Some(Json::Null) if tool_calls.is_some() => String::new(),
+        Some(Json::Null) => {
+            return Err(
+                r#""content" must be a string (null only on an assistant message with "tool_calls")"#.into()
+            )
+        }
         Some(_) => return Err(r#""content" must be a string"#.into()),
         None => return Err(r#"missing "content""#.into()),
     };
-    Ok(Message { role, content })
+    Ok(Message { role, content, tool_calls, tool_call_id, name })
 }
 
 #[cfg(test)]
@@ -110,11 +179,15 @@ mod tests {
         parse_line(line).unwrap_err()
     }
 
+    fn messages_of(line: &str) -> Vec<Message> {
+        parse_line(&line.replace('\n', " ")).unwrap().0
+    }
+
     #[test]
     fn parses_multi_turn_conversation() {
         let line = r#"{"id": 7, "messages": [{"role": "system", "content": "s"},
             {"role": "user", "content": "héllo"}, {"role": "assistant", "content": "hi 👋"}]}"#;
-        let m = parse_line(&line.replace('\n', " ")).unwrap();
+        let m = messages_of(line);
         assert_eq!(
             m,
             vec![
@@ -139,7 +212,7 @@ mod tests {
         assert_eq!(error_of(r#"{"messages": []}"#), r#""messages" is empty"#);
         assert_eq!(
             error_of(r#"{"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]}"#),
-            r#"messages[1]: unknown role "bot" (expected system, user or assistant)"#
+            r#"messages[1]: unknown role "bot" (expected system, user, assistant or tool)"#
         );
         assert_eq!(
             error_of(r#"{"messages": [{"role": "assistant", "content": ["a"]}]}"#),
@@ -148,11 +221,76 @@ mod tests {
         assert_eq!(error_of(r#"{"messages": [{"role": "assistant"}]}"#), r#"messages[0]: missing "content""#);
         assert_eq!(
             error_of(r#"{"messages": [{"role": "assistant", "content": "a", "weight": 0}]}"#),
-            r#"messages[0]: unsupported key "weight" (a message has only "role" and "content")"#
+            r#"messages[0]: unsupported key "weight" (a message has "role" and "content", and for tool calling "tool_calls", "tool_call_id" and "name")"#
         );
         assert_eq!(
             error_of(r#"{"messages": [{"role": "user", "content": "a"}]}"#),
             "conversation has no assistant turn to train on"
+        );
+    }
+
+    #[test]
+    fn reads_tool_rows_as_transformers_expects_them() {
+        let line = r#"{"tools": [{"type": "function", "function": {"name": "lookup_order", "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}}}}],
+            "messages": [{"role": "user", "content": "Status of 1234?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"type": "function", "id": "a1", "function": {"name": "lookup_order", "arguments": "{\"order_id\": \"1234\", \"a\": 1.0}"}}]},
+            {"role": "tool", "tool_call_id": "a1", "name": "lookup_order", "content": "shipped"},
+            {"role": "assistant", "content": "It has shipped.", "tool_calls": null}]}"#;
+        let (m, tools) = parse_line(&line.replace('\n', " ")).unwrap();
+        // Keys stay in file order (templates print them with tojson); arguments become an object.
+        let json = |v: &Value| serde_json::to_string(v).unwrap();
+        assert_eq!(
+            json(&tools.unwrap()[0]),
+            r#"{"type":"function","function":{"name":"lookup_order","parameters":{"type":"object","properties":{"order_id":{"type":"string"}}}}}"#
+        );
+        assert_eq!(m[1].content, "");
+        assert_eq!(
+            json(&m[1].tool_calls.as_ref().unwrap()[0]),
+            r#"{"type":"function","id":"a1","function":{"name":"lookup_order","arguments":{"order_id":"1234","a":1.0}}}"#
+        );
+        assert_eq!((m[2].tool_call_id.as_deref(), m[2].name.as_deref()), (Some("a1"), Some("lookup_order")));
+        assert_eq!(m[3], Message::new("assistant", "It has shipped."));
+        // A plain message serializes without the tool keys: templates test whether they exist.
+        assert_eq!(
+            serde_json::to_string(&m[3]).unwrap(),
+            r#"{"role":"assistant","content":"It has shipped."}"#
+        );
+        let no_tools = r#"{"tools": [], "messages": [{"role": "assistant", "content": "a"}]}"#;
+        assert_eq!(parse_line(no_tools).unwrap().1, None);
+    }
+
+    #[test]
+    fn malformed_tool_fields_say_what_is_wrong() {
+        let call = |f: &str| format!(r#"{{"messages": [{{"role": "assistant", "tool_calls": [{f}]}}]}}"#);
+        assert_eq!(
+            error_of(&call(r#"{"type": "function", "function": {"name": "f", "arguments": "[1]"}}"#)),
+            "messages[0]: tool_calls[0].function.arguments: must be a JSON object or a string holding one (got a string holding a list)"
+        );
+        assert_eq!(
+            error_of(&call(r#"{"type": "function", "function": {"name": "", "arguments": {}}}"#)),
+            "messages[0]: tool_calls[0].function.name: must be a non-empty string"
+        );
+        assert_eq!(
+            error_of(&call(r#"{"type": "code", "function": {"name": "f", "arguments": {}}}"#)),
+            r#"messages[0]: tool_calls[0].type: expected "function""#
+        );
+        assert_eq!(
+            error_of(r#"{"messages": [{"role": "assistant", "content": null}]}"#),
+            r#"messages[0]: "content" must be a string (null only on an assistant message with "tool_calls")"#
+        );
+        assert_eq!(
+            error_of(r#"{"messages": [{"role": "user", "content": "a", "tool_call_id": "x"}]}"#),
+            r#"messages[0]: "tool_call_id" on a user message (only a "tool" message has it)"#
+        );
+        let two_results = r#"{"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+            {"role": "tool", "content": "1"}, {"role": "tool", "content": "2"}]}"#;
+        assert_eq!(
+            error_of(&two_results.replace('\n', " ")),
+            "messages[2]: more tool results than the 1 tool call(s) of messages[0]"
+        );
+        assert_eq!(
+            error_of(r#"{"tools": [{"name": "f"}], "messages": [{"role": "assistant", "content": "a"}]}"#),
+            r#"tools[0].type: expected "function" (a tool is {"type": "function", "function": {"name": ..., "description": ..., "parameters": {...}}})"#
         );
     }
 }

@@ -5,6 +5,7 @@
 //! ```text
 //! read_conversations ──► ChatTemplate::render ──► ChatTokenizer::encode (ids + labels)
 //!   ──► TokenizedDataset (truncate, drop rows with nothing to train, stats)
+//!   ──► pack (data.packing: dialogues into rows of max_seq_len, best-fit decreasing)
 //!   ──► BatchLoader (seeded shuffle per epoch, right padding, prefetch thread) ──► Batch
 //! ```
 //!
@@ -18,7 +19,9 @@ mod formats;
 mod jinja_compat;
 mod masking;
 mod messages;
+mod packing;
 mod template;
+mod tools;
 
 pub use batch::{Batch, BatchLoader, EpochBatches};
 pub use check::data_check;
@@ -26,6 +29,7 @@ pub use dataset::{DatasetStats, Example, TokenizedDataset};
 pub use formats::{is_parquet, read_conversations, row_name};
 pub use masking::ChatTokenizer;
 pub use messages::{read_messages_jsonl, Conversation, LineError, Message};
+pub use packing::{pack, PackingStats};
 pub use template::ChatTemplate;
 
 /// The label of a position the loss ignores; owned by the loss, re-exported for the data side.

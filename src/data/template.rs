@@ -1,10 +1,12 @@
 //! The model's own chat template, rendered the way `transformers`' `apply_chat_template` does:
 //! Jinja with `trim_blocks` and `lstrip_blocks`, loop controls, Python string/dict methods
 //! (minijinja-contrib pycompat), `raise_exception`, `strftime_now`, Python-style `tojson`, and
-//! the special tokens (`bos_token`, `eos_token`, ...) as variables.
+//! the special tokens (`bos_token`, `eos_token`, ...) as variables, and `tools` (a row's tool
+//! schemas, or none) as `apply_chat_template(messages, tools=tools)` passes them.
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::OnceLock;
 
 use anyhow::{bail, Context};
 use minijinja::{Environment, Error, ErrorKind, Value};
@@ -21,6 +23,11 @@ pub struct ChatTemplate {
     special_tokens: BTreeMap<&'static str, String>,
     /// Further variables, as `apply_chat_template(..., name=value)` passes them.
     variables: BTreeMap<String, Value>,
+    /// The file the template was read from, for messages.
+    origin: Option<String>,
+    /// Whether the template renders tools, tool calls and tool results (checked once, on the
+    /// first row that has any).
+    tool_support: OnceLock<Result<(), String>>,
 }
 
 impl ChatTemplate {
@@ -32,11 +39,14 @@ impl ChatTemplate {
         let config: Json =
             serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))?;
         let jinja_file = path.with_file_name("chat_template.jinja");
-        let source = if jinja_file.is_file() {
-            std::fs::read_to_string(&jinja_file)
-                .with_context(|| format!("{}: cannot read", jinja_file.display()))?
+        let (source, origin) = if jinja_file.is_file() {
+            let source = std::fs::read_to_string(&jinja_file)
+                .with_context(|| format!("{}: cannot read", jinja_file.display()))?;
+            (source, jinja_file.display().to_string())
         } else {
-            template_source(&config).with_context(|| format!("{}: chat_template", path.display()))?
+            let source =
+                template_source(&config).with_context(|| format!("{}: chat_template", path.display()))?;
+            (source, path.display().to_string())
         };
         let mut special_tokens = BTreeMap::new();
         for key in ["bos_token", "eos_token", "pad_token", "unk_token"] {
@@ -46,7 +56,10 @@ impl ChatTemplate {
                 special_tokens.insert(key, token);
             }
         }
-        Self::new(source, special_tokens).with_context(|| format!("{}: chat_template", path.display()))
+        let mut template = Self::new(source, special_tokens)
+            .with_context(|| format!("{}: chat_template", path.display()))?;
+        template.origin = Some(origin);
+        Ok(template)
     }
 
     /// Compiles a template; `special_tokens` maps names such as `"eos_token"` to their text.
@@ -61,7 +74,13 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, message))
         });
         env.add_template_owned(NAME, source).map_err(|e| anyhow::anyhow!("cannot compile: {e:#}"))?;
-        Ok(Self { env, special_tokens, variables: BTreeMap::new() })
+        Ok(Self {
+            env,
+            special_tokens,
+            variables: BTreeMap::new(),
+            origin: None,
+            tool_support: OnceLock::new(),
+        })
     }
 
     /// Sets a variable the template reads, as transformers' `apply_chat_template(..., name=value)`
@@ -69,15 +88,51 @@ impl ChatTemplate {
     /// `enable_thinking`.
     pub fn set_variable(&mut self, name: &str, value: Value) {
         self.variables.insert(name.to_string(), value);
+        self.tool_support = OnceLock::new();
     }
 
     /// Renders a conversation; with `add_generation_prompt` the text ends where the assistant's
     /// next reply begins.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> anyhow::Result<String> {
+        self.render_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Renders a conversation with the row's `tools` (`None`: the template sees `tools = none`,
+    /// as in transformers). A conversation with tools, tool calls or tool results is refused where
+    /// the template renders none of them (Gemma 2 and 3), rather than trained without them.
+    pub fn render_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&[Value]>,
+        add_generation_prompt: bool,
+    ) -> anyhow::Result<String> {
+        let uses_tools =
+            tools.is_some() || messages.iter().any(|m| m.tool_calls.is_some() || m.role == "tool");
+        if uses_tools {
+            if let Err(why) = self.tool_support.get_or_init(|| self.check_tool_support()) {
+                let of = self.origin.as_deref().map(|o| format!(" of {o}")).unwrap_or_default();
+                bail!(
+                    "the chat template{of} does not take tools ({why}); rows with \"tools\", \"tool_calls\" \
+                     or \"tool\" messages need a model whose template renders them"
+                );
+            }
+        }
+        self.render_raw(messages, tools, add_generation_prompt)
+    }
+
+    fn render_raw(
+        &self,
+        messages: &[Message],
+        tools: Option<&[Value]>,
+        add_generation_prompt: bool,
+    ) -> anyhow::Result<String> {
         let mut ctx: BTreeMap<&str, Value> =
             self.special_tokens.iter().map(|(k, v)| (*k, Value::from(v.as_str()))).collect();
         ctx.extend(self.variables.iter().map(|(k, v)| (k.as_str(), v.clone())));
         ctx.insert("messages", Value::from_serialize(messages));
+        // transformers passes both, None when not given.
+        ctx.insert("tools", tools.map_or(Value::from(()), |t| Value::from(t.to_vec())));
+        ctx.insert("documents", Value::from(()));
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
         let template = self.env.get_template(NAME).expect("compiled in new()");
         template.render(ctx).map_err(|e| match e.kind() {
@@ -86,6 +141,38 @@ impl ChatTemplate {
             }
             _ => anyhow::anyhow!("chat template: {e:#}"),
         })
+    }
+
+    /// Renders a small tool dialogue: a template takes tools if the tool's name, the call's name
+    /// and the result all show in the text.
+    fn check_tool_support(&self) -> Result<(), String> {
+        let tools = [Value::from_serialize(serde_json::json!({"type": "function", "function": {
+            "name": "lora_ft_probe_tool", "description": "d", "parameters": {"type": "object", "properties": {}}}}))];
+        let call = Value::from_serialize(serde_json::json!({"type": "function", "id": "probe0001",
+            "function": {"name": "lora_ft_probe_call", "arguments": {}}}));
+        let messages = [
+            Message::new("user", "u"),
+            Message { tool_calls: Some(vec![call]), ..Message::new("assistant", "") },
+            Message {
+                tool_call_id: Some("probe0001".into()),
+                ..Message::new("tool", "lora_ft_probe_result")
+            },
+            Message::new("assistant", "a"),
+        ];
+        let text = self
+            .render_raw(&messages, Some(&tools), false)
+            .map_err(|e| format!("rendering a tool call and its result fails: {e:#}"))?;
+        let shown = [
+            ("lora_ft_probe_tool", "tool list"),
+            ("lora_ft_probe_call", "tool call"),
+            ("lora_ft_probe_result", "tool result"),
+        ];
+        let missing: Vec<&str> =
+            shown.into_iter().filter(|(probe, _)| !text.contains(probe)).map(|(_, what)| what).collect();
+        match missing.is_empty() {
+            true => Ok(()),
+            false => Err(format!("it renders no {}", missing.join(", no "))),
+        }
     }
 
     /// The text of a special token (`"eos_token"`, `"pad_token"`, ...), if the config names one.

@@ -10,9 +10,10 @@ use candle_core::{Result, Tensor};
 use super::arch::Activation;
 use super::lora::group::LoraGroup;
 use super::lora::linear::{DropoutSeed, LoraGrad, LoraLinear};
-use super::ops::attention::{attention, attention_backward, AttentionSaved, ScoreRule};
+use super::ops::attention::{attention_backward_packed, attention_packed, AttentionSaved, ScoreRule};
 use super::ops::product_sum::ProductSum;
 use super::ops::{gated, gated_backward, rms_norm, rms_norm_backward, Rope};
+use super::packing::PackedRows;
 use crate::profile::section;
 
 #[derive(Debug, Clone)]
@@ -74,6 +75,26 @@ pub struct LayerInput<'a> {
     pub scores: ScoreRule,
     /// Seed of this layer's LoRA dropout masks; `None` in eval mode.
     pub dropout_seed: Option<u64>,
+    /// Packed rows (model/packing.rs): each token's position restarts at every dialogue, and
+    /// attention stays inside each (through `mask` on the CPU, the spans on CUDA).
+    pub packed: Option<&'a PackedRows>,
+}
+
+impl LayerInput<'_> {
+    /// RoPE at the input's positions: from `offset` on, or each token's own when packed.
+    fn rope(&self, x: &Tensor) -> Result<Tensor> {
+        match self.packed {
+            Some(p) => self.rope.apply_at(x, &p.positions),
+            None => self.rope.apply(x, self.offset),
+        }
+    }
+
+    fn rope_backward(&self, dy: &Tensor) -> Result<Tensor> {
+        match self.packed {
+            Some(p) => self.rope.backward_at(dy, &p.positions),
+            None => self.rope.backward(dy, self.offset),
+        }
+    }
 }
 
 /// Everything `backward` reads, kept by the recompute: the attention half's and the MLP half's.
@@ -181,7 +202,7 @@ impl DecoderLayer {
         // each projection's [n, out] output is a temporary of its statement: dropped once its
         // heads are laid out, not kept to the end of `run`
         let group = |i| qkv.as_ref().map(|g| (g, i));
-        let rope = |x: Tensor| input.rope.apply(&x, input.offset);
+        let rope = |x: Tensor| input.rope(&x);
         let (q, q_raw) =
             self.head_norm(self.project(Q, &n1, input, group(0))?, self.q_norm.as_ref(), pass)?;
         let (k, k_raw) =
@@ -197,8 +218,9 @@ impl DecoderLayer {
             cache.k = Some(k.clone());
             cache.v = Some(v.clone());
         }
-        let (context, attention_saved) =
-            section("attention", q.device(), || attention(&q, &k, &v, input.mask, &input.scores))?;
+        let (context, attention_saved) = section("attention", q.device(), || {
+            attention_packed(&q, &k, &v, (input.mask, input.packed), &input.scores)
+        })?;
         let context = context.transpose(1, 2)?.reshape((b * t, self.n_heads * self.head_dim))?;
         let attn_out = self.lora_group(&[O], &context, input)?;
         let keep = pass != Pass::Forward;
@@ -430,13 +452,14 @@ impl DecoderLayer {
         // a [b, h, t, d] view: the kernels read it strided, the composed path copies per chunk
         let d_context = d_context.reshape((b, t, self.n_heads, self.head_dim))?.transpose(1, 2)?;
         let (dq, dk, dv) = section("attention.backward", d_context.device(), || {
-            attention_backward(&q, &k, &v, input.mask, &input.scores, &attention, &d_context)
+            let visible = (input.mask, input.packed);
+            attention_backward_packed((&q, &k, &v), visible, &input.scores, &attention, &d_context)
         })?;
         drop((q, k, v, attention, d_context));
         let flat = |x: Tensor, n: usize| x.transpose(1, 2)?.reshape((b * t, n * self.head_dim));
-        let dq = flat(input.rope.backward(&dq, input.offset)?, self.n_heads)?;
+        let dq = flat(input.rope_backward(&dq)?, self.n_heads)?;
         let dq = self.head_norm_backward(q_raw, self.q_norm.as_ref(), dq)?;
-        let dk = flat(input.rope.backward(&dk, input.offset)?, self.n_kv_heads)?;
+        let dk = flat(input.rope_backward(&dk)?, self.n_kv_heads)?;
         let dk = self.head_norm_backward(k_raw, self.k_norm.as_ref(), dk)?;
         let dv = flat(dv, self.n_kv_heads)?;
         let dn1 =

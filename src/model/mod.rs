@@ -21,6 +21,7 @@ pub mod decoder;
 pub mod layer;
 pub mod lora;
 pub mod ops;
+pub mod packing;
 /// The autograd test oracle (also used by `benches/layer_backward.rs`).
 #[doc(hidden)]
 pub mod reference;

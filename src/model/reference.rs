@@ -230,8 +230,14 @@ mod tests {
         let x = Tensor::randn(0f32, 1.0, (b, t, 32), &dev).unwrap();
         let d_out = Tensor::randn(0f32, 1.0, (b, t, 32), &dev).unwrap();
         let mask = causal_mask(t, t, 0, window, &dev).unwrap();
-        let input =
-            LayerInput { rope: &rope, mask: Some(&mask), offset: 0, scores: *rule, dropout_seed: None };
+        let input = LayerInput {
+            rope: &rope,
+            mask: Some(&mask),
+            offset: 0,
+            scores: *rule,
+            dropout_seed: None,
+            packed: None,
+        };
 
         let (out, saved) = layer.forward_saving(&x, &input).unwrap();
         // the cheap forward gives the same output
@@ -325,7 +331,14 @@ mod tests {
         let x = Tensor::randn(0f32, 1.0, (1, 6, 32), &dev).unwrap();
         let mask = causal_mask(6, 6, 0, None, &dev).unwrap();
         let scores = ScoreRule::causal(8, None);
-        let input = LayerInput { rope: &rope, mask: Some(&mask), offset: 0, scores, dropout_seed: Some(11) };
+        let input = LayerInput {
+            rope: &rope,
+            mask: Some(&mask),
+            offset: 0,
+            scores,
+            dropout_seed: Some(11),
+            packed: None,
+        };
         let eval = LayerInput { dropout_seed: None, ..input };
         let a = layer.forward(&x, &input, None).unwrap();
         let (b, _) = layer.forward_saving(&x, &input).unwrap();

@@ -247,7 +247,8 @@ const GEMMA2_COMPOSED_PEAKS: FamilyPeaks = [(512, 8, 11.42), (2048, 4, 11.55), (
 /// The ready configs' shapes (configs/NAME.toml 8 x 4096, NAME-48g.toml 16 x 4096) with LoRA
 /// dropout 0.05, measured by `scripts/device/measure_configs.sh` on the H100
 /// (benches/issue18/configs_*.jsonl; `bench train` does not accumulate).
-const READY_CONFIG_PEAKS: [(&str, [(usize, usize, f64); 2]); 4] = [
+type ConfigPeaks = [(usize, usize, f64); 2];
+const READY_CONFIG_PEAKS: [(&str, ConfigPeaks); 4] = [
     ("llama3.1-8b", [(4096, 8, 12.60), (4096, 16, 21.61)]),
     ("qwen3-8b", [(4096, 8, 12.03), (4096, 16, 20.48)]),
     ("qwen3-14b", [(4096, 8, 18.10), (4096, 16, 29.48)]),

@@ -132,6 +132,19 @@ fn load_data(
     }
     anyhow::ensure!(!train_set.examples.is_empty(), "{}: no usable rows", cfg.data.train.display());
     check_token_ids(&train_set.examples, vocab_size, &cfg.data.train)?;
+    let mut train_set = train_set;
+    if cfg.data.packing {
+        let (rows, p) = crate::data::pack(std::mem::take(&mut train_set.examples), max_len);
+        if log {
+            tracing::info!(
+                "data.packing: {} dialogues in {} rows of {max_len} tokens ({:.1}% filled)",
+                p.dialogues,
+                p.rows,
+                100.0 * p.fill()
+            );
+        }
+        train_set.examples = rows;
+    }
     let eval_set = match &cfg.data.eval {
         Some(path) => {
             let set = TokenizedDataset::from_file(path, format, &tokenizer, max_len, side)?;
@@ -169,7 +182,8 @@ pub(super) fn train(
     let global_batch = batch_size * world_size;
     let eval_loader =
         eval_set.map(|set| BatchLoader::new(Arc::new(set.examples), global_batch, pad_id, None));
-    let loader = BatchLoader::new(Arc::new(train_set.examples), global_batch, pad_id, Some(cfg.train.seed));
+    let loader = BatchLoader::new(Arc::new(train_set.examples), global_batch, pad_id, Some(cfg.train.seed))
+        .grouped_by_length(cfg.data.group_by_length);
     let total = total_steps(cfg, loader.num_batches());
     if rank == 0 {
         write_run_config(cfg, batch_size)?;

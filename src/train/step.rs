@@ -189,7 +189,7 @@ impl Trainer {
             let seed = self.seed ^ ((step as u64) << 20) ^ m as u64 ^ (rank << 52);
             let out = self
                 .model
-                .forward_backward(&ids, &batch.labels, grad_scale, Some(seed))
+                .forward_backward_packed(&ids, &batch.labels, &batch.seq_lens, grad_scale, Some(seed))
                 .context(Phase("forward and backward"))?;
             loss_sum += out.loss_sum;
             tokens += batch.batch_size * batch.seq_len;

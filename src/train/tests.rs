@@ -15,7 +15,11 @@ use crate::quant::Quantization;
 
 #[test]
 fn a_token_id_past_the_embedding_table_is_refused() {
-    let examples = vec![crate::data::Example { input_ids: vec![1, 2, 99], labels: vec![-100, 2, 99] }];
+    let examples = vec![crate::data::Example {
+        input_ids: vec![1, 2, 99],
+        labels: vec![-100, 2, 99],
+        ..Default::default()
+    }];
     let file = Path::new("data/train.jsonl");
     assert!(check_token_ids(&examples, 100, file).is_ok());
     let err = check_token_ids(&examples, 99, file).unwrap_err().to_string();

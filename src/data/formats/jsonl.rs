@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde_json::Value;
 
-use super::{conversation, RowParser};
+use super::RowParser;
 use crate::data::{Conversation, LineError};
 
 pub(super) fn read(path: &Path, rows: &mut RowParser) -> anyhow::Result<Vec<Conversation>> {
@@ -19,12 +19,12 @@ pub(super) fn read(path: &Path, rows: &mut RowParser) -> anyhow::Result<Vec<Conv
             continue;
         }
         let first = conversations.is_empty();
-        let messages = parse(&line, first, rows).map_err(|message| LineError {
+        let conversation = parse(&line, i + 1, first, rows).map_err(|message| LineError {
             file: path.to_path_buf(),
             line: i + 1,
             message,
         })?;
-        conversations.push(conversation(messages, i + 1));
+        conversations.push(conversation);
     }
     Ok(conversations)
 }
@@ -32,7 +32,7 @@ pub(super) fn read(path: &Path, rows: &mut RowParser) -> anyhow::Result<Vec<Conv
 const ARRAY_HINT: &str =
     "lora-ft reads JSON Lines, one object per line; `jq -c '.[]' FILE` turns a JSON array into them";
 
-fn parse(line: &str, first: bool, rows: &mut RowParser) -> Result<Vec<super::Message>, String> {
+fn parse(line: &str, number: usize, first: bool, rows: &mut RowParser) -> Result<Conversation, String> {
     // A whole-file JSON array (Stanford Alpaca's alpaca_data.json) opens with "[" on line 1.
     let array = first && line.trim_start().starts_with('[');
     let row: Value = serde_json::from_str(line).map_err(|e| match array {
@@ -42,5 +42,5 @@ fn parse(line: &str, first: bool, rows: &mut RowParser) -> Result<Vec<super::Mes
     if array && row.is_array() {
         return Err(format!("a JSON array, not an object ({ARRAY_HINT})"));
     }
-    rows.parse(&row)
+    rows.parse(&row, line, number)
 }

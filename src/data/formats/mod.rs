@@ -51,33 +51,35 @@ pub fn row_name(path: &Path, line: usize) -> String {
     }
 }
 
-fn conversation(messages: Vec<Message>, line: usize) -> Conversation {
-    Conversation { messages, line }
+/// A conversation of plain turns (no tools).
+fn conversation(messages: Vec<Message>, line: usize) -> Result<Conversation, String> {
+    if !messages.iter().any(|m| m.role == "assistant") {
+        return Err("conversation has no assistant turn to train on".into());
+    }
+    Ok(Conversation { messages, tools: None, line })
 }
 
-/// Turns rows into messages; `auto` settles on a format at the first row.
+/// Turns rows into conversations; `auto` settles on a format at the first row.
 struct RowParser {
     format: DataFormat,
 }
 
 impl RowParser {
-    fn parse(&mut self, row: &Value) -> Result<Vec<Message>, String> {
+    /// `row` parsed from `text`, its JSON with the keys in file (or schema) order, which is what
+    /// the `messages` reader reads: templates print tool arguments in that order.
+    fn parse(&mut self, row: &Value, text: &str, line: usize) -> Result<Conversation, String> {
         if self.format == DataFormat::Auto {
             self.format = detect(row)?;
         }
-        let messages = match self.format {
-            DataFormat::Messages => super::messages::parse_line(&row.to_string())?,
-            DataFormat::ShareGpt => sharegpt::parse(object(row, "a ShareGPT row")?)?,
-            DataFormat::Alpaca => alpaca::parse(object(row, "an alpaca row")?)?,
+        match self.format {
+            DataFormat::Messages => Conversation::parse(text, line),
+            DataFormat::ShareGpt => conversation(sharegpt::parse(object(row, "a ShareGPT row")?)?, line),
+            DataFormat::Alpaca => conversation(alpaca::parse(object(row, "an alpaca row")?)?, line),
             DataFormat::PromptCompletion => {
-                prompt_completion::parse(object(row, "a prompt/completion row")?)?
+                prompt_completion::parse(object(row, "a prompt/completion row")?, line)
             }
             DataFormat::Auto => unreachable!("settled above"),
-        };
-        if !messages.iter().any(|m| m.role == "assistant") {
-            return Err("conversation has no assistant turn to train on".into());
         }
-        Ok(messages)
     }
 }
 

@@ -1,7 +1,7 @@
-//! Parquet (`.parquet`): each record becomes the JSON object a JSON Lines row would be (columns
-//! as keys, a list of structs as an array of objects, null fields left out), so every format reads both
-//! file kinds through one parser. Rows are named `file:row_group:row`, both counted from 0 as
-//! pyarrow counts them (`pq.ParquetFile(file).read_row_group(g).slice(r, 1)`).
+//! Parquet (`.parquet`): each record becomes the JSON text a JSON Lines row would be (columns as
+//! keys in the schema's order, a list of structs as an array of objects, null fields left out),
+//! so every format reads both file kinds through one parser. Rows are named `file:row_group:row`,
+//! both counted from 0 as pyarrow counts them (`pq.ParquetFile(file).read_row_group(g).slice(r, 1)`).
 //!
 //! The record API of the `parquet` crate (no Arrow arrays: a chat dataset is megabytes, and the
 //! Arrow feature would triple what the crate compiles).
@@ -12,9 +12,9 @@ use anyhow::{anyhow, Context};
 use parquet::data_type::AsBytes;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::{Field, Row};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use super::{conversation, RowParser};
+use super::RowParser;
 use crate::data::Conversation;
 
 pub(super) fn read(path: &Path, rows: &mut RowParser) -> anyhow::Result<Vec<Conversation>> {
@@ -47,56 +47,92 @@ fn read_rows(
         let records = group.get_row_iter(None).with_context(|| format!("{}: cannot read", at(&"")))?;
         for (r, record) in records.enumerate() {
             let record = record.with_context(|| format!("{}: cannot read", at(&r)))?;
-            let messages =
-                rows.parse(&row_value(&record)).map_err(|message| anyhow!("{}: {message}", at(&r)))?;
-            conversations.push(conversation(messages, conversations.len() + 1));
+            let mut text = String::new();
+            write_row(&record, &mut text);
+            let row: Value = serde_json::from_str(&text).with_context(|| at(&r))?;
+            let line = conversations.len() + 1;
+            let conversation =
+                rows.parse(&row, &text, line).map_err(|message| anyhow!("{}: {message}", at(&r)))?;
+            conversations.push(conversation);
         }
     }
     Ok(conversations)
 }
 
-/// A record or struct as an object. A null field is left out, as if the key were absent: a
-/// struct column has every field in every row (`{"role", "content", "tool_calls": null}` when
-/// some other row has tool calls), which a JSON Lines row would not have written.
-fn row_value(row: &Row) -> Value {
+/// A record or struct as a JSON object, its keys in the schema's order. A null field is left
+/// out, as if the key were absent: a struct column has every field in every row (`{"role",
+/// "content", "tool_calls": null}` when another row has tool calls), which a JSON Lines row
+/// would not have written.
+fn write_row(row: &Row, out: &mut String) {
+    out.push('{');
     let fields = row.get_column_iter().filter(|(_, field)| !matches!(field, Field::Null));
-    let fields = fields.map(|(name, field)| (name.clone(), field_value(field)));
-    Value::Object(fields.collect::<Map<_, _>>())
+    for (i, (name, field)) in fields.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_str(name, out);
+        out.push(':');
+        write_field(field, out);
+    }
+    out.push('}');
+}
+
+fn write_str(s: &str, out: &mut String) {
+    out.push_str(&Value::String(s.to_string()).to_string());
 }
 
 /// A field as JSON: text as strings (binary too where it is UTF-8), numbers as numbers, groups
 /// as objects, lists as arrays, maps as objects keyed by the key's text.
-fn field_value(field: &Field) -> Value {
+fn write_field(field: &Field, out: &mut String) {
+    let number = |out: &mut String, v: Value| out.push_str(&v.to_string());
     match field {
-        Field::Null => Value::Null,
-        Field::Bool(b) => Value::Bool(*b),
-        Field::Byte(n) => (*n).into(),
-        Field::Short(n) => (*n).into(),
-        Field::Int(n) | Field::Date(n) | Field::TimeMillis(n) => (*n).into(),
+        Field::Null => out.push_str("null"),
+        Field::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Field::Byte(n) => number(out, (*n).into()),
+        Field::Short(n) => number(out, (*n).into()),
+        Field::Int(n) | Field::Date(n) | Field::TimeMillis(n) => number(out, (*n).into()),
         Field::Long(n) | Field::TimeMicros(n) | Field::TimestampMillis(n) | Field::TimestampMicros(n) => {
-            (*n).into()
+            number(out, (*n).into())
         }
-        Field::UByte(n) => (*n).into(),
-        Field::UShort(n) => (*n).into(),
-        Field::UInt(n) => (*n).into(),
-        Field::ULong(n) => (*n).into(),
-        Field::Float16(x) => f64::from(*x).into(),
-        Field::Float(x) => f64::from(*x).into(),
-        Field::Double(x) => (*x).into(),
-        Field::Decimal(_) => field.to_string().parse::<f64>().map_or(Value::Null, Value::from),
-        Field::Str(s) => Value::String(s.clone()),
+        Field::UByte(n) => number(out, (*n).into()),
+        Field::UShort(n) => number(out, (*n).into()),
+        Field::UInt(n) => number(out, (*n).into()),
+        Field::ULong(n) => number(out, (*n).into()),
+        // Non-finite floats are null, as serde_json writes them.
+        Field::Float16(x) => number(out, f64::from(*x).into()),
+        Field::Float(x) => number(out, f64::from(*x).into()),
+        Field::Double(x) => number(out, (*x).into()),
+        Field::Decimal(_) => number(out, field.to_string().parse::<f64>().map_or(Value::Null, Value::from)),
+        Field::Str(s) => write_str(s, out),
         Field::Bytes(b) => match b.as_utf8() {
-            Ok(s) => Value::String(s.to_string()),
-            Err(_) => Value::Array(b.as_bytes().iter().map(|&x| x.into()).collect()),
+            Ok(s) => write_str(s, out),
+            Err(_) => number(out, Value::Array(b.as_bytes().iter().map(|&x| x.into()).collect())),
         },
-        Field::Group(row) => row_value(row),
-        Field::ListInternal(list) => Value::Array(list.elements().iter().map(field_value).collect()),
+        Field::Group(row) => write_row(row, out),
+        Field::ListInternal(list) => {
+            out.push('[');
+            for (i, element) in list.elements().iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_field(element, out);
+            }
+            out.push(']');
+        }
         Field::MapInternal(map) => {
-            let key = |k: &Field| match k {
-                Field::Str(s) => s.clone(),
-                other => other.to_string(),
-            };
-            Value::Object(map.entries().iter().map(|(k, v)| (key(k), field_value(v))).collect())
+            out.push('{');
+            for (i, (key, value)) in map.entries().iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                match key {
+                    Field::Str(s) => write_str(s, out),
+                    other => write_str(&other.to_string(), out),
+                }
+                out.push(':');
+                write_field(value, out);
+            }
+            out.push('}');
         }
     }
 }

@@ -1,32 +1,37 @@
 //! Prompt/completion, as TRL's `SFTTrainer` takes it: `{"prompt": "...", "completion": "..."}`
 //! becomes one user turn and one assistant turn; TRL's conversational form, where both are lists
-//! of `{"role", "content"}` messages, becomes the prompt's messages followed by the completion's.
+//! of messages, becomes the prompt's messages followed by the completion's, read as a `messages`
+//! row (so a `tools` key and assistant `tool_calls` work as there).
 //!
 //! TRL trains only the completion. lora-ft trains every assistant turn, so an assistant turn in
 //! the prompt is refused (it would be trained): write such rows as `messages`. The completion
-//! holds the assistant's turns only.
+//! holds assistant turns (and tool results between them, which are not trained).
 
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
-use super::{type_name, Message};
-use crate::data::messages::parse_message;
+use super::{conversation, type_name, Conversation, Message};
 
-pub(super) fn parse(row: &Map<String, Value>) -> Result<Vec<Message>, String> {
+pub(super) fn parse(row: &Map<String, Value>, line: usize) -> Result<Conversation, String> {
     let field = |key: &str| match row.get(key) {
         None | Some(Value::Null) => Err(format!("missing {key:?}")),
         Some(value) => Ok(value),
     };
     match (field("prompt")?, field("completion")?) {
         (Value::String(prompt), Value::String(completion)) => {
-            Ok(vec![Message::new("user", prompt), Message::new("assistant", completion)])
+            conversation(vec![Message::new("user", prompt), Message::new("assistant", completion)], line)
         }
         (Value::Array(prompt), Value::Array(completion)) => {
-            let mut messages = turns("prompt", prompt, &["system", "user"])?;
             if completion.is_empty() {
                 return Err(r#""completion" is empty"#.into());
             }
-            messages.extend(turns("completion", completion, &["assistant"])?);
-            Ok(messages)
+            check_roles("prompt", prompt, &["assistant"])?;
+            check_roles("completion", completion, &["system", "user"])?;
+            // Re-serialized, so objects' keys come sorted (serde_json's map), not in the row's order.
+            let mut messages = json!({"messages": prompt.iter().chain(completion).collect::<Vec<_>>()});
+            if let Some(tools) = row.get("tools").filter(|t| !t.is_null()) {
+                messages["tools"] = tools.clone();
+            }
+            Conversation::parse(&messages.to_string(), line).map_err(|e| rename(e, prompt.len()))
         }
         (prompt, completion) => Err(format!(
             r#""prompt" is {} and "completion" {}: both must be strings, or both lists of messages"#,
@@ -36,19 +41,32 @@ pub(super) fn parse(row: &Map<String, Value>) -> Result<Vec<Message>, String> {
     }
 }
 
-/// The messages of `key`, each of a role in `allowed`.
-fn turns(key: &str, items: &[Value], allowed: &[&str]) -> Result<Vec<Message>, String> {
-    let mut messages = Vec::with_capacity(items.len());
+/// Refuses a turn of a role in `refused` (only where the role is a string: anything else is the
+/// `messages` reader's to name).
+fn check_roles(key: &str, items: &[Value], refused: &[&str]) -> Result<(), String> {
     for (i, item) in items.iter().enumerate() {
-        let message = parse_message(item).map_err(|e| format!("{key}[{i}]: {e}"))?;
-        if !allowed.contains(&message.role.as_str()) {
-            let why = match key {
-                "prompt" => "lora-ft trains every assistant turn, and TRL only the completion: write this row as messages",
-                _ => "the completion is what the model says",
-            };
-            return Err(format!("{key}[{i}]: a {:?} turn in the {key} ({why})", message.role));
-        }
-        messages.push(message);
+        let Some(role) = item.get("role").and_then(Value::as_str).filter(|r| refused.contains(r)) else {
+            continue;
+        };
+        let why = match key {
+            "prompt" => {
+                "lora-ft trains every assistant turn, and TRL only the completion: write this row as messages"
+            }
+            _ => "the completion is what the model says",
+        };
+        return Err(format!("{key}[{i}]: a {role:?} turn in the {key} ({why})"));
     }
-    Ok(messages)
+    Ok(())
+}
+
+/// The `messages` reader's `messages[i]: ...` as `prompt[i]` or `completion[j]`.
+fn rename(error: String, prompt_len: usize) -> String {
+    let Some((index, rest)) = error.strip_prefix("messages[").and_then(|e| e.split_once(']')) else {
+        return error;
+    };
+    match index.parse::<usize>() {
+        Ok(i) if i < prompt_len => format!("prompt[{i}]{rest}"),
+        Ok(i) => format!("completion[{}]{rest}", i - prompt_len),
+        Err(_) => error,
+    }
 }

@@ -3,8 +3,8 @@
 //! `from` maps to the chat roles as axolotl's default role map does: system → system, human and
 //! user → user, gpt and assistant → assistant. An optional top-level `system` string (LLaMA-
 //! Factory's system column) is a leading system turn. Tool turns (LLaMA-Factory's `function_call`
-//! and `observation`, axolotl's `tool`) are refused by name: lora-ft trains system, user and
-//! assistant turns only.
+//! and `observation`, axolotl's `tool`) are refused by name: tool calling is read from `messages`
+//! rows (`tool_calls`, `tool` turns).
 
 use serde_json::{Map, Value};
 
@@ -53,7 +53,7 @@ fn parse_turn(turn: &Value) -> Result<Message, String> {
             "gpt" | "assistant" => "assistant",
             tool if TOOL_FROMS.contains(&tool) => {
                 return Err(format!(
-                    r#""from" {tool:?} is a tool turn, which lora-ft does not train yet (only system, human/user and gpt/assistant turns)"#
+                    r#""from" {tool:?} is a tool turn, which lora-ft does not read from ShareGPT rows (write tool-calling rows as messages, with tool_calls and tool turns)"#
                 ))
             }
             other => {

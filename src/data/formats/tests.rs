@@ -3,7 +3,7 @@ use serde_json::json;
 use super::*;
 
 fn parse(format: DataFormat, row: Value) -> Result<Vec<Message>, String> {
-    RowParser { format }.parse(&row)
+    RowParser { format }.parse(&row, &row.to_string(), 1).map(|c| c.messages)
 }
 
 fn m(role: &str, content: &str) -> Message {
@@ -44,7 +44,7 @@ fn sharegpt_errors_name_the_turn_and_field() {
     );
     assert_eq!(
         err(json!({"conversations": [{"from": "observation", "value": "{}"}]})),
-        r#"conversations[0]: "from" "observation" is a tool turn, which lora-ft does not train yet (only system, human/user and gpt/assistant turns)"#
+        r#"conversations[0]: "from" "observation" is a tool turn, which lora-ft does not read from ShareGPT rows (write tool-calling rows as messages, with tool_calls and tool turns)"#
     );
     assert_eq!(err(json!({"conversations": [{"value": "a"}]})), r#"conversations[0]: missing "from""#);
     assert_eq!(
@@ -122,6 +122,24 @@ fn prompt_completion_strings_and_message_lists() {
 }
 
 #[test]
+fn prompt_completion_lists_carry_tools_and_tool_calls() {
+    let call = json!({"type": "function", "function": {"name": "track", "arguments": {"order": "1234"}}});
+    let row = json!({
+        "prompt": [{"role": "user", "content": "Where is order 1234?"}],
+        "completion": [{"role": "assistant", "content": "", "tool_calls": [call]},
+                       {"role": "tool", "content": "in transit", "name": "track"},
+                       {"role": "assistant", "content": "It is in transit."}],
+        "tools": [{"type": "function", "function": {"name": "track", "parameters": {"type": "object"}}}]});
+    let conv = RowParser { format: DataFormat::PromptCompletion }.parse(&row, &row.to_string(), 4).unwrap();
+    assert_eq!(conv.line, 4);
+    assert_eq!(conv.tools.as_ref().map(Vec::len), Some(1));
+    let roles: Vec<&str> = conv.messages.iter().map(|m| m.role.as_str()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant"]);
+    assert_eq!(conv.messages[1].tool_calls.as_ref().map(Vec::len), Some(1));
+    assert_eq!(conv.messages[2].name.as_deref(), Some("track"));
+}
+
+#[test]
 fn prompt_completion_errors_name_the_field() {
     let err = |row: Value| parse(DataFormat::PromptCompletion, row).unwrap_err();
     assert_eq!(err(json!({"completion": "x"})), r#"missing "prompt""#);
@@ -148,7 +166,7 @@ fn prompt_completion_errors_name_the_field() {
         err(
             json!({"prompt": [{"role": "bot", "content": "x"}], "completion": [{"role": "assistant", "content": "y"}]})
         ),
-        r#"prompt[0]: unknown role "bot" (expected system, user or assistant)"#
+        r#"prompt[0]: unknown role "bot" (expected system, user, assistant or tool)"#
     );
 }
 
@@ -156,11 +174,14 @@ fn prompt_completion_errors_name_the_field() {
 fn auto_settles_on_the_first_rows_format() {
     let mut rows = RowParser { format: DataFormat::Auto };
     let alpaca = json!({"instruction": "I", "output": "O"});
-    assert_eq!(rows.parse(&alpaca).unwrap(), [m("user", "I"), m("assistant", "O")]);
+    assert_eq!(
+        rows.parse(&alpaca, &alpaca.to_string(), 1).unwrap().messages,
+        [m("user", "I"), m("assistant", "O")]
+    );
     assert_eq!(rows.format, DataFormat::Alpaca);
     // Later rows are read as the first one: a messages row is now a malformed alpaca row.
     let messages = json!({"messages": [{"role": "assistant", "content": "x"}]});
-    assert_eq!(rows.parse(&messages).unwrap_err(), r#"missing "instruction""#);
+    assert_eq!(rows.parse(&messages, &messages.to_string(), 2).unwrap_err(), r#"missing "instruction""#);
     for (row, format) in [
         (json!({"messages": [], "prompt": null}), DataFormat::Messages),
         (json!({"conversations": []}), DataFormat::ShareGpt),

@@ -20,6 +20,7 @@ use super::ops::embedding::Embedding;
 use super::ops::lm_head::LmHead;
 use super::ops::loss::shift_labels;
 use super::ops::{rms_norm, rms_norm_backward, Rope};
+use super::packing::PackedRows;
 
 /// Rows of the cross-entropy processed at once by default (the memory planner counts them).
 pub const LOSS_CHUNK_ROWS: usize = 1024;
@@ -167,7 +168,14 @@ impl CausalLm {
     /// Each layer's additive causal mask for the composed attention, one tensor per distinct
     /// window; `None` on CUDA, whose kernels mask by position (a [t, t] f32 mask built on the host
     /// is 16 MiB at t = 2048).
-    fn attention_masks(&self, t: usize, offset: usize) -> candle_core::Result<Vec<Option<Tensor>>> {
+    /// On the CPU packed rows bring their own `[b, 1, t, t]` masks (on CUDA their spans go to
+    /// the kernels, and the composed path builds the mask where it falls back).
+    fn attention_masks(
+        &self,
+        t: usize,
+        offset: usize,
+        packed: Option<&PackedRows>,
+    ) -> candle_core::Result<Vec<Option<Tensor>>> {
         if self.device.is_cuda() {
             return Ok(vec![None; self.layers.len()]);
         }
@@ -178,7 +186,10 @@ impl CausalLm {
                 if let Some((_, mask)) = built.iter().find(|(w, _)| *w == window) {
                     return Ok(Some(mask.clone()));
                 }
-                let mask = causal_mask(t, offset + t, offset, window, &self.device)?;
+                let mask = match packed {
+                    Some(p) => p.mask(window, &self.device)?,
+                    None => causal_mask(t, offset + t, offset, window, &self.device)?,
+                };
                 built.push((window, mask.clone()));
                 Ok(Some(mask))
             })
@@ -187,7 +198,7 @@ impl CausalLm {
 
     fn layer_input<'a>(
         &'a self,
-        masks: &'a [Option<Tensor>],
+        (masks, packed): (&'a [Option<Tensor>], Option<&'a PackedRows>),
         offset: usize,
         seed: Option<u64>,
         l: usize,
@@ -201,7 +212,7 @@ impl CausalLm {
             _ => &self.rope,
         };
         let scores = ScoreRule { scale: self.arch.query_scale, softcap: self.arch.attention_softcap, window };
-        LayerInput { rope, mask, offset, scores, dropout_seed }
+        LayerInput { rope, mask, offset, scores, dropout_seed, packed }
     }
 
     /// Eval-mode logits `[b, t, vocab]` (f32). With `caches`, continues from the cached positions.
@@ -212,11 +223,11 @@ impl CausalLm {
     ) -> candle_core::Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
         let offset = caches.as_ref().map_or(0, |c| c[0].len());
-        let masks = self.attention_masks(t, offset)?;
+        let masks = self.attention_masks(t, offset, None)?;
         let mut x = self.embed(input_ids)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_mut().map(|c| &mut c[l]);
-            x = layer.forward(&x, &self.layer_input(&masks, offset, None, l), cache)?;
+            x = layer.forward(&x, &self.layer_input((&masks, None), offset, None, l), cache)?;
         }
         let h = rms_norm(&x.reshape((b * t, self.arch.hidden_size))?, &self.norm, self.arch.rms_norm_eps)?;
         let logits = self.lm_head.logits(&h, self.arch.final_logit_softcap)?;
@@ -228,7 +239,7 @@ impl CausalLm {
     fn forward_checkpointed(
         &self,
         x: Tensor,
-        masks: &[Option<Tensor>],
+        masks: (&[Option<Tensor>], Option<&PackedRows>),
         seed: Option<u64>,
         mut checkpoints: Option<&mut Checkpoints>,
     ) -> candle_core::Result<Tensor> {
@@ -263,8 +274,8 @@ impl CausalLm {
     /// Summed loss over trained tokens (eval mode, no gradients).
     pub fn loss(&self, input_ids: &Tensor, labels: &[i64]) -> candle_core::Result<(f64, usize)> {
         let (b, t) = input_ids.dims2()?;
-        let masks = self.attention_masks(t, 0)?;
-        let last = self.forward_checkpointed(self.embed(input_ids)?, &masks, None, None)?;
+        let masks = self.attention_masks(t, 0, None)?;
+        let last = self.forward_checkpointed(self.embed(input_ids)?, (&masks, None), None, None)?;
         let last = last.reshape((b * t, self.arch.hidden_size))?;
         let h = rms_norm(&last, &self.norm, self.arch.rms_norm_eps)?;
         let targets = shift_labels(labels, b, t);
@@ -283,12 +294,30 @@ impl CausalLm {
         grad_scale: f64,
         dropout_seed: Option<u64>,
     ) -> candle_core::Result<TrainOutput> {
+        self.forward_backward_packed(input_ids, labels, &[], grad_scale, dropout_seed)
+    }
+
+    /// `forward_backward` of packed rows: `seq_lens[r]` the lengths of row r's dialogues
+    /// (`data::Batch::seq_lens`; empty: rows of one dialogue each).
+    pub fn forward_backward_packed(
+        &self,
+        input_ids: &Tensor,
+        labels: &[i64],
+        seq_lens: &[Vec<usize>],
+        grad_scale: f64,
+        dropout_seed: Option<u64>,
+    ) -> candle_core::Result<TrainOutput> {
         let (b, t) = input_ids.dims2()?;
         let hidden = self.arch.hidden_size;
-        let masks = self.attention_masks(t, 0)?;
+        let packed = match seq_lens.is_empty() {
+            true => None,
+            false => Some(PackedRows::new(seq_lens, t, &self.device)?),
+        };
+        let masks = self.attention_masks(t, 0, packed.as_ref())?;
+        let masks = (masks.as_slice(), packed.as_ref());
         let mut checkpoints = self.checkpoints();
         let last =
-            self.forward_checkpointed(self.embed(input_ids)?, &masks, dropout_seed, Some(&mut checkpoints))?;
+            self.forward_checkpointed(self.embed(input_ids)?, masks, dropout_seed, Some(&mut checkpoints))?;
         let last = last.reshape((b * t, hidden))?;
         let h = rms_norm(&last, &self.norm, self.arch.rms_norm_eps)?;
         let targets = shift_labels(labels, b, t);
@@ -301,7 +330,7 @@ impl CausalLm {
             rms_norm_backward(&last, &self.norm, self.arch.rms_norm_eps, &d_h)?.reshape((b, t, hidden))?;
         let mut per_layer = Vec::with_capacity(self.layers.len());
         for (l, layer) in self.layers.iter().enumerate().rev() {
-            let input = self.layer_input(&masks, 0, dropout_seed, l);
+            let input = self.layer_input(masks, 0, dropout_seed, l);
             let x = checkpoints.pop()?;
             let saved = layer.recompute(&x, &input)?;
             let (d_in, grads) = layer.backward(saved, &dx, &input)?;

@@ -421,6 +421,7 @@ mod tests {
             offset: 0,
             scores: ScoreRule::causal(8, None),
             dropout_seed: None,
+            packed: None,
         };
         let (out_q, saved_q) = nf4.forward_saving(&x, &input)?;
         let (out_d, saved_d) = dense.forward_saving(&x, &input)?;

@@ -6,6 +6,7 @@
 use candle_core::{DType, Device, Result, Tensor, D};
 
 use super::softcap::{softcap, softcap_backward};
+use crate::model::packing::PackedRows;
 
 /// Additive mask `[q_len, kv_len]` (0 or −∞) for queries at positions offset..offset+q_len.
 /// A key j is visible to query i when j ≤ i and, with a window w, i − j < w (HF Mistral).
@@ -99,9 +100,9 @@ fn chunks(q: &Tensor, s: usize, scale: f64) -> Result<Vec<Chunk>> {
         .collect()
 }
 
-/// Softmax probabilities `[b, h, len, kv]` of one chunk: on CUDA the fused kernel, which masks by
-/// position (`window`) and returns the compute dtype; elsewhere the composed ops with the mask
-/// (built here when the caller has none), in f32. Both rules are the same (tested on the GPU).
+/// Softmax probabilities `[b, h, len, kv]` of one chunk: on CUDA without a mask the fused kernel,
+/// which masks by position (`window`) and returns the compute dtype; elsewhere the composed ops
+/// with the mask (built here when the caller has none; packed rows bring theirs), in f32. Both rules are the same (tested on the GPU).
 /// With a soft cap, also tanh(s / cap), which the backward's chain rule reads.
 fn chunk_probs(
     c: &Chunk,
@@ -116,11 +117,12 @@ fn chunk_probs(
         Some(cap) => softcap(&scores, cap).map(|(s, t)| (s, Some(t)))?,
     };
     #[cfg(feature = "cuda")]
-    if scores.device().is_cuda() {
+    if scores.device().is_cuda() && mask.is_none() {
         return Ok((crate::cuda::softmax::causal_softmax(&scores, c.kv - c.len, rule.window)?, tanh));
     }
     let mask = match mask {
-        Some(m) => m.narrow(0, c.start, c.len)?.narrow(1, 0, c.kv)?,
+        // [t, s], or packed rows' [b, 1, t, s]
+        Some(m) => m.narrow(D::Minus2, c.start, c.len)?.narrow(D::Minus1, 0, c.kv)?,
         None => causal_mask(c.len, c.kv, c.kv - c.len, rule.window, scores.device())?,
     };
     let scores = scores.to_dtype(DType::F32)?;
@@ -197,21 +199,49 @@ fn kernel_forward(
     k: &Tensor,
     v: &Tensor,
     rule: &ScoreRule,
+    packed: Option<&PackedRows>,
 ) -> Result<Option<(Tensor, AttentionSaved)>> {
     let d = q.dim(D::Minus1)?;
     let half = matches!(q.dtype(), DType::F16 | DType::BF16);
     if !q.device().is_cuda() || !half || d % 8 != 0 || d > 256 {
         return Ok(None);
     }
-    if let Some((context, stats)) = crate::cuda::cudnn_sdpa::forward(q, k, v, &cudnn_rule(rule))? {
+    let columns = packed.map(|p| ragged_columns(p, q, k)).transpose()?;
+    let ragged = columns.as_deref().map(cudnn_ragged);
+    if let Some((context, stats)) =
+        crate::cuda::cudnn_sdpa::forward(q, k, v, &cudnn_rule(rule), ragged.as_ref())?
+    {
         let saved = AttentionSaved { kernel: Some(KernelSaved::Cudnn { context: context.clone(), stats }) };
         return Ok(Some((context, saved)));
     }
-    if !flash_takes(q, rule) {
+    // the flash kernels do not take packed rows: the composed path does
+    if packed.is_some() || !flash_takes(q, rule) {
         return Ok(None);
     }
     let (context, lse) = crate::cuda::flash::forward(&flash_query(q, rule)?, k, v, rule.window)?;
     Ok(Some((context.clone(), AttentionSaved { kernel: Some(KernelSaved::Flash { context, lse }) })))
+}
+
+/// Packed rows' spans as cuDNN's ragged columns for these q and k widths.
+#[cfg(feature = "cuda")]
+fn ragged_columns(
+    p: &PackedRows,
+    q: &Tensor,
+    k: &Tensor,
+) -> Result<std::sync::Arc<crate::model::packing::RaggedColumns>> {
+    let d = q.dim(D::Minus1)?;
+    p.ragged(q.dim(1)? * d, k.dim(1)? * d, q.device())
+}
+
+#[cfg(feature = "cuda")]
+fn cudnn_ragged(c: &crate::model::packing::RaggedColumns) -> crate::cuda::cudnn_sdpa::Ragged<'_> {
+    crate::cuda::cudnn_sdpa::Ragged {
+        sequences: c.sequences,
+        longest: c.longest,
+        q_offsets: &c.q_offsets,
+        kv_offsets: &c.kv_offsets,
+        seq_lens: &c.seq_lens,
+    }
 }
 
 /// The fused kernels' backward for a forward they ran; `None` where cuDNN refuses the backward
@@ -219,7 +249,7 @@ fn kernel_forward(
 #[cfg(feature = "cuda")]
 fn kernel_backward(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
-    rule: &ScoreRule,
+    (rule, packed): (&ScoreRule, Option<&PackedRows>),
     kernel: &KernelSaved,
     d_context: &Tensor,
 ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
@@ -254,7 +284,8 @@ fn kernel_backward(
     }
 }
 
-/// q `[b, h, t, d]`, k/v `[b, kv, s, d]` (already rotated), mask `[t, s]` or `None` (causal: query
+/// q `[b, h, t, d]`, k/v `[b, kv, s, d]` (already rotated), mask `[t, s]`, packed rows'
+/// `[b, 1, t, s]` (on CUDA too: the fused kernels do not take those yet) or `None` (causal: query
 /// i sits at position s − t + i; `rule.window` is the same sliding window the mask holds; the CUDA
 /// kernels mask by position and never read it). Returns the context `[b, h, t, d]`. On CUDA,
 /// soft-capped scores take cuDNN where it builds the graph, else the composed path.
@@ -265,10 +296,39 @@ pub fn attention(
     mask: Option<&Tensor>,
     rule: &ScoreRule,
 ) -> Result<(Tensor, AttentionSaved)> {
-    #[cfg(feature = "cuda")]
-    if let Some(out) = kernel_forward(q, k, v, rule)? {
-        return Ok(out);
+    attention_packed(q, k, v, (mask, None), rule)
+}
+
+/// The packed rows' mask where the composed path needs it and the caller has none (CUDA, where
+/// the fused kernels keep packed rows apart by their spans and no mask is built ahead).
+fn packed_mask(
+    packed: Option<&PackedRows>,
+    mask: Option<&Tensor>,
+    rule: &ScoreRule,
+    q: &Tensor,
+) -> Result<Option<Tensor>> {
+    match (packed, mask) {
+        (Some(p), None) => p.mask(rule.window, q.device()).map(Some),
+        _ => Ok(None),
     }
+}
+
+/// `attention` of packed rows (`packed`: their spans; on the CPU `mask` holds them too).
+pub fn attention_packed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    (mask, packed): (Option<&Tensor>, Option<&PackedRows>),
+    rule: &ScoreRule,
+) -> Result<(Tensor, AttentionSaved)> {
+    #[cfg(feature = "cuda")]
+    if mask.is_none() {
+        if let Some(out) = kernel_forward(q, k, v, rule, packed)? {
+            return Ok(out);
+        }
+    }
+    let built = packed_mask(packed, mask, rule, q)?;
+    let mask = mask.or(built.as_ref());
     let n_rep = q.dim(1)? / k.dim(1)?;
     let k = repeat_kv(k, n_rep)?;
     let v = repeat_kv(v, n_rep)?;
@@ -292,13 +352,26 @@ pub fn attention_backward(
     saved: &AttentionSaved,
     d_context: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    attention_backward_packed((q, k, v), (mask, None), rule, saved, d_context)
+}
+
+/// `attention_backward` of packed rows.
+pub fn attention_backward_packed(
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    (mask, packed): (Option<&Tensor>, Option<&PackedRows>),
+    rule: &ScoreRule,
+    saved: &AttentionSaved,
+    d_context: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
     #[cfg(feature = "cuda")]
     if let Some(kernel) = &saved.kernel {
-        if let Some(grads) = kernel_backward((q, k, v), rule, kernel, d_context)? {
+        if let Some(grads) = kernel_backward((q, k, v), (rule, packed), kernel, d_context)? {
             return Ok(grads);
         }
     }
     let _ = saved;
+    let built = packed_mask(packed, mask, rule, q)?;
+    let mask = mask.or(built.as_ref());
     let n_rep = q.dim(1)? / k.dim(1)?;
     let scale = rule.scale;
     let dtype = q.dtype();

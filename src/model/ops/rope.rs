@@ -136,6 +136,26 @@ impl Rope {
         let (cos, sin) = self.tables(offset, dy.dim(2)?)?;
         section("rope", dy.device(), || rotate(dy, &cos, &sin.neg()?))
     }
+
+    /// The tables `[b, t, head_dim / 2]` at each token's own position (`positions` `[b · t]`
+    /// u32, each below t: packed rows restart at every dialogue).
+    fn tables_at(&self, positions: &Tensor, (b, t): (usize, usize)) -> Result<(Tensor, Tensor)> {
+        let (cos, sin) = self.tables(0, t)?;
+        let at = |table: &Tensor| table.index_select(positions, 0)?.reshape((b, t, ()));
+        Ok((at(&cos)?, at(&sin)?))
+    }
+
+    /// x `[b, heads, t, head_dim]`, token (r, i) at `positions[r · t + i]`.
+    pub fn apply_at(&self, x: &Tensor, positions: &Tensor) -> Result<Tensor> {
+        let (cos, sin) = self.tables_at(positions, (x.dim(0)?, x.dim(2)?))?;
+        section("rope", x.device(), || rotate(x, &cos, &sin))
+    }
+
+    /// The backward of `apply_at`.
+    pub fn backward_at(&self, dy: &Tensor, positions: &Tensor) -> Result<Tensor> {
+        let (cos, sin) = self.tables_at(positions, (dy.dim(0)?, dy.dim(2)?))?;
+        section("rope", dy.device(), || rotate(dy, &cos, &sin.neg()?))
+    }
 }
 
 /// x `[b, h, t, d]` rotated. A view of `[b, t, h, d]` memory (the projections' own layout, which
