@@ -342,7 +342,7 @@ mod tests {
             Message::new("assistant", " b "),
             Message::new("user", "c"),
         ];
-        let r = render_with_spans(&t, &messages).unwrap();
+        let r = render_with_spans(&t, &messages, None).unwrap();
         assert_eq!(r.text, "[INST] a[/INST] b</s>[INST] s\n\nc[/INST]");
         let spans: Vec<&str> = r.spans.iter().map(|s| &r.text[s.clone()]).collect();
         assert_eq!(spans, [" b</s>"]);
