@@ -257,9 +257,13 @@ pub struct EvalArgs {
     /// A PEFT adapter folder (adapter_config.json + adapter_model.safetensors).
     #[arg(long)]
     pub adapter: Option<PathBuf>,
-    /// The dialogues: one {"messages": [...]} object per line.
+    /// The dialogues: a JSON Lines file, or Parquet when it ends in .parquet.
     #[arg(long)]
     pub data: PathBuf,
+    /// How a row reads: messages, sharegpt, alpaca, prompt_completion or auto (the first row's
+    /// keys tell) [default: the config's data.format, else messages].
+    #[arg(long)]
+    pub format: Option<lora_ft::config::DataFormat>,
     /// A training config: the model, quantization, max_seq_len, truncation side, compute dtype
     /// and device come from it (the flags below override it); without it, `lora-ft train`'s
     /// defaults.

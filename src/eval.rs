@@ -10,15 +10,16 @@ use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
-use crate::config::TruncationSide;
-use crate::data::{read_messages_jsonl, ChatTokenizer, Example};
+use crate::config::{DataFormat, TruncationSide};
+use crate::data::{read_conversations, row_name, ChatTokenizer, Example};
 use crate::hub::ModelFiles;
 use crate::model::CausalLm;
 use crate::quant::Quantization;
 
-/// How the rows are cut, as the training config's `[data]` says.
+/// How the rows are read and cut, as the training config's `[data]` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EvalSettings {
+    pub format: DataFormat,
     pub max_seq_len: usize,
     pub truncation_side: TruncationSide,
 }
@@ -28,7 +29,7 @@ pub struct EvalSettings {
 pub struct EvalRow {
     /// Position among the file's dialogues (blank lines not counted), from 0.
     pub index: usize,
-    /// The file line it came from, from 1.
+    /// The file line it came from, from 1 (Parquet: the row, counted from 1).
     pub line: usize,
     /// Tokens before truncation.
     pub length: usize,
@@ -130,10 +131,10 @@ pub fn tokenize_file(
     settings: &EvalSettings,
     vocab_size: usize,
 ) -> anyhow::Result<Vec<EvalRow>> {
-    let conversations = read_messages_jsonl(path)?;
+    let conversations = read_conversations(path, settings.format)?;
     let mut rows = Vec::with_capacity(conversations.len());
     for (index, conv) in conversations.iter().enumerate() {
-        let at = || format!("{}:{}", path.display(), conv.line);
+        let at = || row_name(path, conv.line);
         let mut example =
             tokenizer.encode_with_tools(&conv.messages, conv.tools.as_deref()).with_context(at)?;
         let length = example.len();

@@ -404,6 +404,7 @@ fn eval(args: &EvalArgs) -> anyhow::Result<()> {
         quantization: args.quantization.as_deref().map_or(defaults.model.quantization(), parse_quantization),
     };
     let settings = lora_ft::eval::EvalSettings {
+        format: args.format.unwrap_or(defaults.data.format),
         max_seq_len: args.max_seq_len.unwrap_or(defaults.data.max_seq_len),
         truncation_side: defaults.data.truncation_side,
     };

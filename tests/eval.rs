@@ -35,6 +35,7 @@ fn model_dir(case: &str) -> PathBuf {
 fn settings(golden: &Json) -> EvalSettings {
     assert_eq!(golden["truncation_side"], "right");
     EvalSettings {
+        format: lora_ft::config::DataFormat::Messages,
         max_seq_len: golden["max_seq_len"].as_u64().unwrap() as usize,
         truncation_side: TruncationSide::Right,
     }

@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::quant::Quantization;
 
+mod data_format;
+pub use data_format::DataFormat;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     // not a `source`: the message already holds it, and `{:#}` would say it twice
@@ -65,13 +68,6 @@ pub struct LoraSection {
     pub dropout: f64,
     pub target_modules: Vec<String>,
     pub rslora: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DataFormat {
-    /// `{"messages": [{"role": ..., "content": ...}, ...]}` per line (OpenAI / HF chat format).
-    Messages,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -128,3 +128,17 @@ fn system_message_policy_is_keep_fold_or_an_error_naming_the_key() {
     assert!(err.starts_with("run.toml: data.system_message:"), "{err}");
     assert!(err.contains("`keep`") && err.contains("`fold`"), "{err}");
 }
+
+#[test]
+fn data_formats_are_spelled_as_documented() {
+    let format = |v: &str| parse(&format!("{MINIMAL}format = \"{v}\"\n")).map(|c| c.data.format);
+    assert_eq!(parse(MINIMAL).unwrap().data.format, DataFormat::Messages);
+    assert_eq!(format("sharegpt").unwrap(), DataFormat::ShareGpt);
+    assert_eq!(format("alpaca").unwrap(), DataFormat::Alpaca);
+    assert_eq!(format("prompt_completion").unwrap(), DataFormat::PromptCompletion);
+    assert_eq!(format("auto").unwrap(), DataFormat::Auto);
+    let err = format("ShareGPT").unwrap_err().to_string();
+    assert!(err.starts_with("run.toml: data.format: unknown variant `ShareGPT`, expected one of"), "{err}");
+    assert_eq!("prompt_completion".parse::<DataFormat>(), Ok(DataFormat::PromptCompletion));
+    assert!("chatml".parse::<DataFormat>().unwrap_err().starts_with("unknown variant `chatml`"));
+}

@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::path::Path;
 
 use super::masking::EncodedConversation;
-use super::{read_messages_jsonl, ChatTokenizer, TokenizedDataset, IGNORE_INDEX};
+use super::{read_conversations, row_name, ChatTokenizer, TokenizedDataset, IGNORE_INDEX};
 use crate::config::{Config, TruncationSide};
 
 const OPEN: &str = "[[";
@@ -15,7 +15,7 @@ const CLOSE: &str = "]]";
 /// kept conversation rendered with its trained tokens marked.
 pub fn data_check(file: &Path, cfg: &Config, tokenizer_dir: &Path) -> anyhow::Result<String> {
     let tokenizer = ChatTokenizer::from_dir(tokenizer_dir)?.with_system_message(cfg.data.system_message);
-    let conversations = read_messages_jsonl(file)?;
+    let conversations = read_conversations(file, cfg.data.format)?;
     let (max_len, side) = (cfg.data.max_seq_len, cfg.data.truncation_side);
     let dataset = TokenizedDataset::from_conversations(file, &conversations, &tokenizer, max_len, side)?;
     let s = &dataset.stats;
@@ -49,9 +49,9 @@ pub fn data_check(file: &Path, cfg: &Config, tokenizer_dir: &Path) -> anyhow::Re
         let encoded = tokenizer.encode_with_offsets(&conv.messages, conv.tools.as_deref())?;
         let _ = writeln!(
             out,
-            "\nexample ({}:{line}); trained tokens (assistant replies and their end-of-turn token) \
+            "\nexample ({}); trained tokens (assistant replies and their end-of-turn token) \
              are between {OPEN} and {CLOSE}:",
-            file.display()
+            row_name(file, line)
         );
         out.push_str(&mark_trained(&encoded, max_len, side));
         if !out.ends_with('\n') {

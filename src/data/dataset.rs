@@ -5,8 +5,8 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use super::{read_messages_jsonl, ChatTokenizer, Conversation, IGNORE_INDEX};
-use crate::config::TruncationSide;
+use super::{read_conversations, row_name, ChatTokenizer, Conversation, IGNORE_INDEX};
+use crate::config::{DataFormat, TruncationSide};
 
 /// One training row: token ids and labels of the same length (-100 = not trained).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -71,19 +71,31 @@ pub struct DatasetStats {
 
 pub struct TokenizedDataset {
     pub examples: Vec<Example>,
-    /// The file line of each kept example.
+    /// The file line of each kept example (Parquet: the row, counted from 1).
     pub lines: Vec<usize>,
     pub stats: DatasetStats,
 }
 
 impl TokenizedDataset {
+    /// A `messages` JSON Lines file.
     pub fn from_jsonl(
         path: &Path,
         tokenizer: &ChatTokenizer,
         max_seq_len: usize,
         side: TruncationSide,
     ) -> anyhow::Result<Self> {
-        let conversations = read_messages_jsonl(path)?;
+        Self::from_file(path, DataFormat::Messages, tokenizer, max_seq_len, side)
+    }
+
+    /// A data file of `format` (JSON Lines, or Parquet when it ends in `.parquet`).
+    pub fn from_file(
+        path: &Path,
+        format: DataFormat,
+        tokenizer: &ChatTokenizer,
+        max_seq_len: usize,
+        side: TruncationSide,
+    ) -> anyhow::Result<Self> {
+        let conversations = read_conversations(path, format)?;
         Self::from_conversations(path, &conversations, tokenizer, max_seq_len, side)
     }
 
@@ -101,7 +113,7 @@ impl TokenizedDataset {
         for conv in conversations {
             let mut example = tokenizer
                 .encode_with_tools(&conv.messages, conv.tools.as_deref())
-                .with_context(|| format!("{}:{}", file.display(), conv.line))?;
+                .with_context(|| row_name(file, conv.line))?;
             stats.lengths.push(example.len());
             stats.truncated += usize::from(example.truncate(max_seq_len, side));
             let trained = example.trained_tokens();

@@ -1,8 +1,9 @@
-//! Dialogue data: `{"messages": [...]}` JSONL → the model's own chat template → token ids with
+//! Dialogue data: rows of a JSON Lines or Parquet file in one of the dataset formats (`messages`,
+//! `sharegpt`, `alpaca`, `prompt_completion`) → the model's own chat template → token ids with
 //! labels that train only on assistant replies → truncated, padded, shuffled batches.
 //!
 //! ```text
-//! read_messages_jsonl ──► ChatTemplate::render ──► ChatTokenizer::encode (ids + labels)
+//! read_conversations ──► ChatTemplate::render ──► ChatTokenizer::encode (ids + labels)
 //!   ──► TokenizedDataset (truncate, drop rows with nothing to train, stats)
 //!   ──► pack (data.packing: dialogues into rows of max_seq_len, best-fit decreasing)
 //!   ──► BatchLoader (seeded shuffle per epoch, right padding, prefetch thread) ──► Batch
@@ -14,6 +15,7 @@
 mod batch;
 mod check;
 mod dataset;
+mod formats;
 mod jinja_compat;
 mod masking;
 mod messages;
@@ -24,6 +26,7 @@ mod tools;
 pub use batch::{Batch, BatchLoader, EpochBatches};
 pub use check::data_check;
 pub use dataset::{DatasetStats, Example, TokenizedDataset};
+pub use formats::{is_parquet, read_conversations, row_name};
 pub use masking::ChatTokenizer;
 pub use messages::{read_messages_jsonl, Conversation, LineError, Message};
 pub use packing::{pack, PackingStats};

@@ -117,7 +117,8 @@ fn load_data(
 ) -> anyhow::Result<(TokenizedDataset, Option<TokenizedDataset>, u32)> {
     let tokenizer = ChatTokenizer::from_dir(dir)?.with_system_message(cfg.data.system_message);
     let (max_len, side) = (cfg.data.max_seq_len, cfg.data.truncation_side);
-    let train_set = TokenizedDataset::from_jsonl(&cfg.data.train, &tokenizer, max_len, side)?;
+    let format = cfg.data.format;
+    let train_set = TokenizedDataset::from_file(&cfg.data.train, format, &tokenizer, max_len, side)?;
     let s = &train_set.stats;
     if log {
         tracing::info!(
@@ -146,7 +147,7 @@ fn load_data(
     }
     let eval_set = match &cfg.data.eval {
         Some(path) => {
-            let set = TokenizedDataset::from_jsonl(path, &tokenizer, max_len, side)?;
+            let set = TokenizedDataset::from_file(path, format, &tokenizer, max_len, side)?;
             check_token_ids(&set.examples, vocab_size, path)?;
             Some(set)
         }
