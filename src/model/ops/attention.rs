@@ -274,8 +274,13 @@ fn kernel_backward(
             let columns = packed.map(|p| ragged_columns(p, q, k)).transpose()?;
             let ragged = columns.as_deref().map(cudnn_ragged);
             let rule_c = cudnn_rule(rule);
-            let cudnn =
-                crate::cuda::cudnn_sdpa::backward((q, k, v), (context, stats), d_context, &rule_c, ragged.as_ref())?;
+            let cudnn = crate::cuda::cudnn_sdpa::backward(
+                (q, k, v),
+                (context, stats),
+                d_context,
+                &rule_c,
+                ragged.as_ref(),
+            )?;
             match cudnn {
                 Some(grads) => Ok(Some(grads)),
                 None if packed.is_some() || !flash_takes(q, rule) => Ok(None),
