@@ -20,7 +20,7 @@ const FLOORS: &[&[&str]] = &[
 
 /// Inside `model/`, bottom floor first.
 const MODEL_FLOORS: &[&[&str]] =
-    &[&["arch", "activations"], &["ops"], &["lora"], &["layer"], &["decoder"], &["reference"]];
+    &[&["arch", "activations", "packing"], &["ops"], &["lora"], &["layer"], &["decoder"], &["reference"]];
 
 fn floor_of(floors: &[&[&str]], room: &str) -> Option<usize> {
     floors.iter().position(|f| f.contains(&room))

@@ -104,12 +104,10 @@ pub struct DataSection {
     pub truncation_side: TruncationSide,
     #[serde(default)]
     pub system_message: SystemMessage,
-    /// Whole dialogues packed into rows of `max_seq_len` (best-fit decreasing), positions
-    /// restarting and attention kept inside each dialogue: no padding between short dialogues.
+    /// Whole dialogues packed into rows of `max_seq_len`, each attending only to itself.
     #[serde(default)]
     pub packing: bool,
-    /// Without packing: each epoch's shuffled rows sorted by length within windows of 50
-    /// batches, so that a batch pads less.
+    /// Without packing: rows sorted by length within windows of 50 batches (less padding).
     #[serde(default)]
     pub group_by_length: bool,
 }
@@ -439,11 +437,8 @@ impl Config {
             }
         }
         check(self.data.max_seq_len >= 2, "data.max_seq_len", "must be at least 2")?;
-        check(
-            !(self.data.packing && self.data.group_by_length),
-            "data.group_by_length",
-            "has nothing to sort with data.packing = true (packed rows are all max_seq_len long): set one of them",
-        )?;
+        let both = self.data.packing && self.data.group_by_length;
+        check(!both, "data.group_by_length", "sorts nothing with data.packing = true")?;
         let t = &self.train;
         check(t.batch_size != BatchSize::Fixed(0), "train.batch_size", "must be at least 1")?;
         check(t.grad_accum > 0, "train.grad_accum", "must be at least 1")?;
