@@ -140,6 +140,16 @@ pub enum DataCommand {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Every kept row as training reads it (rendered, masked, truncated), one JSON line each:
+    /// {"line", "input_ids", "labels"} with -100 where a token is not trained.
+    Tokenize {
+        file: PathBuf,
+        #[arg(long)]
+        config: PathBuf,
+        /// The JSON Lines file to write [default: stdout].
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]

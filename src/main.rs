@@ -172,6 +172,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", lora_ft::data::data_check(&file, &cfg, &files.dir)?);
             Ok(())
         }
+        Command::Data { command: DataCommand::Tokenize { file, config, out } } => {
+            let cfg = Config::from_file(&config)?;
+            let files = lora_ft::hub::resolve(&cfg.model.expanded_source(), &cfg.model.revision)?;
+            let rows = match &out {
+                // in memory, then written whole: an existing file is replaced or kept, never cut
+                Some(path) => {
+                    let mut bytes = Vec::new();
+                    let rows = lora_ft::data::data_tokenize(&file, &cfg, &files.dir, &mut bytes)?;
+                    lora_ft::durable::write_atomic(path, &bytes)?;
+                    rows
+                }
+                None => lora_ft::data::data_tokenize(&file, &cfg, &files.dir, &mut std::io::stdout().lock())?,
+            };
+            tracing::info!("{rows} rows written");
+            Ok(())
+        }
     }
 }
 

@@ -28,6 +28,16 @@ LLAMA2_13B = {
     "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
     "hidden_act": "silu",
 }
+# mistralai/Mistral-7B-v0.3 (and -Instruct-v0.3: the same keys): v0.1's shape with a 32768-token
+# vocabulary (the v3 tokenizer, whose template takes tools), rope_theta 1e6 and no sliding window
+MISTRAL_7B_V03 = {
+    "architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.42.0.dev0",
+    "use_cache": True, "vocab_size": 32768,
+}
 # meta-llama/Llama-3.1-8B (and -Instruct: same keys but eos_token_id [128001, 128008, 128009])
 LLAMA31_8B = {
     "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
@@ -94,6 +104,7 @@ GEMMA2_9B = {
 MODELS = {
     "mistral-7b": (MISTRAL_7B, "f16", "sdpa"),
     "llama2-13b": (LLAMA2_13B, "f16", "sdpa"),
+    "mistral-7b-v0.3": (MISTRAL_7B_V03, "f16", "sdpa"),
     "llama3.1-8b": (LLAMA31_8B, "f16", "sdpa"),
     "qwen2.5-7b": (QWEN25_7B, "f16", "sdpa"),
     "qwen3-8b": (QWEN3_8B, "f16", "sdpa"),

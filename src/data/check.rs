@@ -61,6 +61,27 @@ pub fn data_check(file: &Path, cfg: &Config, tokenizer_dir: &Path) -> anyhow::Re
     Ok(out)
 }
 
+/// `lora-ft data tokenize`: every kept row of `file` exactly as training reads it (rendered,
+/// masked, truncated; rows left with nothing to train dropped), one JSON line each:
+/// `{"line": N, "input_ids": [...], "labels": [...]}` with -100 for untrained positions. Other
+/// stacks can train on the same tokens (scripts/bench/trl_sft_ref.py), and users can see them.
+/// Returns how many rows were written.
+pub fn data_tokenize(
+    file: &Path,
+    cfg: &Config,
+    tokenizer_dir: &Path,
+    out: &mut dyn std::io::Write,
+) -> anyhow::Result<usize> {
+    let tokenizer = ChatTokenizer::from_dir(tokenizer_dir)?.with_system_message(cfg.data.system_message);
+    let (max_len, side) = (cfg.data.max_seq_len, cfg.data.truncation_side);
+    let dataset = TokenizedDataset::from_file(file, cfg.data.format, &tokenizer, max_len, side)?;
+    for (example, line) in dataset.examples.iter().zip(&dataset.lines) {
+        let row = serde_json::json!({"line": line, "input_ids": example.input_ids, "labels": example.labels});
+        writeln!(out, "{row}")?;
+    }
+    Ok(dataset.examples.len())
+}
+
 /// Nearest-rank percentiles of the token lengths.
 fn percentiles(lengths: &[usize]) -> String {
     let mut sorted = lengths.to_vec();

@@ -24,7 +24,7 @@ mod template;
 mod tools;
 
 pub use batch::{Batch, BatchLoader, EpochBatches};
-pub use check::data_check;
+pub use check::{data_check, data_tokenize};
 pub use dataset::{DatasetStats, Example, TokenizedDataset};
 pub use formats::{is_parquet, read_conversations, row_name};
 pub use masking::ChatTokenizer;

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""The table of scripts/device/bench_epoch.sh: one epoch of each dialogue set by lora-ft (packing)
+and by TRL's SFTTrainer (packing "bfd"), side by side, with issue 19's targets under it.
+
+    compare_epoch.py --arch NAME --out-dir DIR --sets customer-service support-long
+
+Reads from DIR: tokens_NAME_SET-train.jsonl (the tokens both stacks trained: `lora-ft data
+tokenize`), lora_ft_NAME_SET.metrics.jsonl (lora-ft's metrics: one line per step, the eval before
+and after), trl_NAME.json (scripts/bench/trl_sft_ref.py) and lora_ft_NAME_random.jsonl (`lora-ft
+bench train` at 2048x8). Epoch time is the sum of the optimizer steps' times on both sides (lora-ft:
+tokens / tokens_per_s of each step record; TRL: its step callbacks), so neither side's evaluation,
+model load or checkpoint counts; throughput is the dialogues' own tokens (no padding) over it.
+"""
+import argparse
+import json
+import os
+
+
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    out = []
+    for line in open(path):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return out
+
+
+def lora_ft_epoch(metrics):
+    """(step time sum, steps, peak GiB, first eval loss, last eval loss, last train loss)."""
+    steps = [r for r in metrics if r.get("trained_tokens") is not None]
+    evals = [r for r in metrics if r.get("eval_tokens") is not None]
+    if not steps:
+        return None
+    time_s = sum(r["tokens"] / r["tokens_per_s"] for r in steps)
+    peak = max((r.get("gpu_peak_gib") or 0.0) for r in steps)
+    return dict(step_time_s=time_s, steps=len(steps), peak_alloc_gib=peak,
+                base_eval_loss=evals[0]["eval_loss"] if evals else None,
+                eval_loss=evals[-1]["eval_loss"] if len(evals) > 1 else None, last_loss=steps[-1]["loss"])
+
+
+def fmt(v, spec):
+    return "—" if v is None else format(v, spec)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", required=True)
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--sets", nargs="+", required=True)
+    args = ap.parse_args()
+    d, a = args.out_dir, args.arch
+    trl_path = os.path.join(d, f"trl_{a}.json")
+    trl = json.load(open(trl_path)) if os.path.exists(trl_path) else {"results": []}
+    trl_runs = {r["run"]: r for r in trl.get("results", [])}
+    random = [r for r in read_jsonl(os.path.join(d, f"lora_ft_{a}_random.jsonl")) if r.get("tok_s")]
+    random_tok_s = random[0]["tok_s"] if random else None
+    print(f"## One epoch of real dialogues: {a}, max_seq_len 2048, batch 8, packing on both sides\n")
+    if trl.get("gpu"):
+        v = trl.get("versions", {})
+        print(f"{trl['gpu']}; reference: {', '.join(f'{k} {x}' for k, x in v.items())}; "
+              f"attention {trl.get('attn')}, Liger {trl.get('liger')}, packing {trl.get('packing')}, lr {trl.get('lr')}\n")
+    print("| set | rows | tokens | steps (ours/TRL) | lora-ft epoch s | TRL epoch s | speed-up | lora-ft tok/s "
+          "| vs own 2048×8 random | lora-ft peak GiB | TRL peak GiB | memory ratio | eval loss before | "
+          "lora-ft eval loss | TRL eval loss | difference |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    checks = []
+    for s in args.sets:
+        tokens = read_jsonl(os.path.join(d, f"tokens_{a}_{s}-train.jsonl"))
+        n_tok = sum(len(r["input_ids"]) for r in tokens)
+        ours = lora_ft_epoch(read_jsonl(os.path.join(d, f"lora_ft_{a}_{s}.metrics.jsonl")))
+        theirs = trl_runs.get(s)
+        our_s = ours and ours["step_time_s"]
+        their_s = theirs and theirs["step_time_s"]
+        speed = their_s / our_s if our_s and their_s else None
+        tok_s = n_tok / our_s if our_s else None
+        own = tok_s / random_tok_s if tok_s and random_tok_s else None
+        mem = ours["peak_alloc_gib"] / theirs["peak_alloc_gib"] if ours and theirs else None
+        el, tl = ours and ours["eval_loss"], theirs and theirs["eval_loss"]
+        diff = (el - tl) / tl if el is not None and tl else None
+        steps = f"{ours['steps'] if ours else '—'}/{theirs['steps'] if theirs else '—'}"
+        print(f"| {s} | {len(tokens)} | {n_tok} | {steps} | {fmt(our_s, '.1f')} | {fmt(their_s, '.1f')} | "
+              f"{fmt(speed, '.2f')}× | {fmt(tok_s, ',.0f')} | {fmt(own and own * 100, '.0f')}% | "
+              f"{fmt(ours and ours['peak_alloc_gib'], '.2f')} | {fmt(theirs and theirs['peak_alloc_gib'], '.2f')} | "
+              f"{fmt(mem, '.2f')} | {fmt(ours and ours['base_eval_loss'], '.4f')} | {fmt(el, '.4f')} | "
+              f"{fmt(tl, '.4f')} | {fmt(diff and diff * 100, '+.2f')}% |")
+        checks.append((s, speed, own, mem, diff))
+    if random_tok_s:
+        print(f"\nlora-ft's own 2048×8 random-token rate in this command: {random_tok_s:,.0f} tok/s "
+              f"(peak {random[0].get('peak_alloc_gib', 0):.2f} GiB).")
+    print("\nIssue 19's targets (H100): epoch ≥ 2.5× faster than TRL's, packed real-data throughput ≥ 90% of the "
+          "2048×8 random-token rate, peak ≤ 0.6× TRL's, eval loss within 2% of TRL's.\n")
+    for s, speed, own, mem, diff in checks:
+        verdict = lambda ok: "—" if ok is None else ("met" if ok else "NOT met")  # noqa: E731
+        print(f"- {s}: speed {verdict(speed and speed >= 2.5)}, own rate {verdict(own and own >= 0.9)}, "
+              f"memory {verdict(mem and mem <= 0.6)}, eval loss {verdict(None if diff is None else abs(diff) <= 0.02)}")
+
+
+if __name__ == "__main__":
+    main()
