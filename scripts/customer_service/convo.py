@@ -411,7 +411,7 @@ def lookup(c: Convo, has_number: bool, apologize: bool = True, purpose: str = ""
     again), and return the lead-in of the assistant message that acts on the result."""
     if not has_number:
         c.ask_for_order(purpose, apologize)
-        if c.maybe(0.12):
+        if c.maybe(0.25):
             bad = wrong_number(c, c.order.number)
             c.give_order(bad)
             c.call("lookup_order", {"order_id": bad}, NOT_FOUND)

@@ -37,12 +37,13 @@ def stats_markdown(splits: dict[str, Split], prompts: list[str]) -> str:
     out += ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     out.append(line("rows", lambda n: len(rows[n])))
     out.append(line("rows with a system message", count(lambda r: r["messages"][0]["role"] == "system")))
-    for k in range(1, 6):
+    for k in range(1, 5):
         out.append(line(f"rows with {k} user turn{'s' if k > 1 else ''}", count(lambda r, k=k: users(r) == k)))
     for k in range(0, 4):
         out.append(line(f"rows with {k} tool call{'s' if k != 1 else ''}", count(lambda r, k=k: len(calls(r)) == k)))
     out.append(line("rows where a lookup fails (unknown order number)",
-                    count(lambda r: '"error":"order not found"' in json.dumps(r, ensure_ascii=False))))
+                    count(lambda r: any(m["role"] == "tool" and "order not found" in m["content"]
+                                        for m in r["messages"]))))
     out.append(line("tools offered per row: 2 / 3 / 4 / 5",
                     lambda n: " / ".join(str(sum(1 for r in rows[n] if len(r["tools"]) == k)) for k in (2, 3, 4, 5))))
     out.append(line("rows with non-ASCII text (é, €, £, emoji, ...)",
@@ -53,6 +54,9 @@ def stats_markdown(splits: dict[str, Split], prompts: list[str]) -> str:
     out.append("| eval rows whose first user message also occurs in train | - | " + str(sum(
         1 for r in rows["eval"] if next(m["content"] for m in r["messages"] if m["role"] == "user")
         in train_openings)) + " |")
+    out.append(line("user phrasings drawn from a list of 3+ (split between train and eval) / all user phrasings",
+                    lambda n: f"{sum(k >= 3 for row in splits[n].phrasings for _, _, k in row)} / "
+                              f"{sum(len(row) for row in splits[n].phrasings)}"))
     out.append("")
 
     out += ["Characters per row (the JSON line, tool list included):", "",
