@@ -61,7 +61,8 @@ def serialize(row: dict) -> str:
 
 def one_conversation(rng: random.Random, pools: Pools, used_ids: set, split: str, intent: str) -> tuple[dict, Convo]:
     c = Convo(rng, pools, used_ids, split)
-    if c.maybe(0.05):
+    c.greeted = c.maybe(0.05)
+    if c.greeted:
         c.user(c.say(["hi", "Hello?", "Hi there 👋", "hey", "Good afternoon"]))
         c.bot(c.pick([f"Hi! Thanks for contacting {COMPANY}. How can I help you today?",
                       "Hello! What can I help you with today?"]))
@@ -131,14 +132,12 @@ def eval_prompts(used_ids: set) -> list[str]:
     lines = []
     for intent, want in PROMPT_SPECS:
         for _ in range(200):
-            row, _ = one_conversation(rng, pools, used_ids, "eval", intent)
+            row, c = one_conversation(rng, pools, used_ids, "eval", intent)
             msgs = row["messages"]
-            if msgs[0]["role"] == "user" and len(msgs) > 1 and next_move(msgs) == want \
-                    or msgs[0]["role"] == "system" and next_move(msgs) == want and msgs[1]["role"] == "user":
-                if sum(m["role"] == "user" for m in msgs[:3]) == 1:  # no "hi" opener
-                    head = msgs[:2] if msgs[0]["role"] == "system" else msgs[:1]
-                    lines.append(serialize({"messages": head, "tools": row["tools"]}))
-                    break
+            if not c.greeted and next_move(msgs) == want:
+                head = msgs[:2] if msgs[0]["role"] == "system" else msgs[:1]
+                lines.append(serialize({"messages": head, "tools": row["tools"]}))
+                break
         else:
             raise RuntimeError(f"no eval prompt for {intent} / {want}")
     return lines

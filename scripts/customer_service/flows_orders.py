@@ -12,6 +12,10 @@ SCANS = ["In transit", "Arrived at sort facility", "Departed distribution center
          "Processed at regional hub", "Held at depot"]
 
 
+def ships(o) -> str:
+    return "ship" if o.it == "they" else "ships"
+
+
 def claim(c: Convo, issue: str, resolution: str, amount: float | None = None, label: bool = False) -> dict:
     """open_claim on the conversation's order, and what the backend answers."""
     o = c.order
@@ -135,7 +139,7 @@ def lost_parcel_choice(c: Convo, choice: str = "", ask: bool = True) -> None:
             c.user(c.say(["Replacement please.", "A replacement, I still need it.", "Can you reship it?",
                           "send a new one pls", "Replace it please."]))
         res = claim(c, "lost", "replacement")
-        c.bot(f"Done - claim {res['claim_id']}: a new {res['item']} {'ship' if o.it == 'they' else 'ships'} within {res['ships_in']}, and you'll "
+        c.bot(f"Done - claim {res['claim_id']}: a new {res['item']} {ships(o)} within {res['ships_in']}, and you'll "
               "get the tracking number by email.")
     else:
         if ask:
@@ -196,7 +200,7 @@ def flow_wrong_item(c: Convo) -> None:
     if c.maybe(0.85):
         res = claim(c, "wrong_item", "replacement", label=True)
         c.bot(f"{lead} I'm sorry we sent the wrong item. I've opened claim {res['claim_id']}: the correct "
-              f"{o.product} ({o.variant}) {'ship' if o.it == 'they' else 'ships'} within {res['ships_in']} at no cost, and a prepaid return label "
+              f"{o.product} ({o.variant}) {ships(o)} within {res['ships_in']} at no cost, and a prepaid return label "
               f"for the wrong one is on its way to {res['return_label_sent_to']}.")
         if c.maybe(0.4):
             c.exchange([
@@ -239,7 +243,7 @@ def flow_damaged_item(c: Convo) -> None:
     if c.maybe(0.55):
         c.user(c.say(["Replacement please.", "A replacement.", "new one pls", "Replacement, same size."]) + num)
         res = claim(c, "damaged", "replacement")
-        c.bot(f"Done - claim {res['claim_id']}. A new {res['item']} {'ship' if o.it == 'they' else 'ships'} within {res['ships_in']}, and the "
+        c.bot(f"Done - claim {res['claim_id']}. A new {res['item']} {ships(o)} within {res['ships_in']}, and the "
               "tracking number will be emailed to you.")
     else:
         c.user(c.say(["Refund please.", "I'd prefer a refund.", "just refund it", "Money back please."]) + num)
