@@ -121,7 +121,8 @@ ROWS = [
 LLAMA = (("<|start_header_id|>assistant<|end_header_id|>\n\n",), "<|eot_id|>")
 CHATML = (("<|im_start|>assistant\n",), "<|im_end|>")
 MISTRAL = (("[/INST]", "[/TOOL_RESULTS]"), "</s>")
-MARKERS = {"llama-3.2": LLAMA, "llama-3.3": LLAMA, "qwen2.5": CHATML, "qwen3": CHATML, "mistral-nemo": MISTRAL}
+MARKERS = {"llama-3.2": LLAMA, "llama-3.3": LLAMA, "qwen2.5": CHATML, "qwen3": CHATML, "mistral-v0.3": MISTRAL,
+           "mistral-nemo": MISTRAL}
 
 
 def normalized(messages):

@@ -130,7 +130,12 @@ fn locate_tool_calls(
     let mut plain = messages[..i].to_vec();
     plain.push(Message::new("assistant", MARK));
     let probe = d.render(&plain, false)?;
-    let reply_start = probe.find(MARK).context("a reply is not printed")?;
+    let mut reply_start = probe.find(MARK).context("a reply is not printed")?;
+    // a reply's leading space may not precede a call (Mistral v0.3: `[/INST] reply` but
+    // `[/INST][TOOL_CALLS]`): the turn starts where the two part
+    while !last.starts_with(&probe[..reply_start]) && probe[..reply_start].ends_with(' ') {
+        reply_start -= 1;
+    }
     ensure!(
         reply_start <= in_last && last.starts_with(&probe[..reply_start]),
         "a tool-call turn does not start where a reply does"
