@@ -4,7 +4,8 @@ The tool rows of chat_tools.py (normalized as lora-ft reads them) and a row with
 rendered by transformers' `apply_chat_template(messages, tools=tools, chat_template=FILE)` with
 the tokenizer of tests/fixtures/tiny-chat (SmolLM2's special tokens): the whole dialogue, and
 every prefix ending before an assistant turn with `add_generation_prompt=True` (what generation
-is given), with the token ids of the whole text.
+is given), with the token ids of the whole text. `line` is the row as a line of a data file (its
+keys in order: the template prints the tools' parameters with `tojson`).
 
 Usage: python scripts/golden/chatml_tools.py > tests/golden/chatml_tools.json
 """
@@ -34,7 +35,7 @@ def main():
         text = render(messages)
         prompts = [render(messages[:i], add_generation_prompt=True) for i, m in enumerate(messages) if m["role"] == "assistant"]
         ids = tok(text, add_special_tokens=False)["input_ids"]
-        cases.append({"row": row, "text": text, "prompts": prompts, "input_ids": ids})
+        cases.append({"row": row, "line": json.dumps(row, ensure_ascii=False), "text": text, "prompts": prompts, "input_ids": ids})
     json.dump({"template": TEMPLATE, "cases": cases}, sys.stdout, ensure_ascii=False, indent=1)
     sys.stdout.write("\n")
 
