@@ -55,7 +55,7 @@ fn trained() -> &'static Path {
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).unwrap();
         std::fs::write(root.join("template.jinja"), TEMPLATE).unwrap();
-        std::fs::write(root.join("tools.json"), &TOOLS[..]).unwrap();
+        std::fs::write(root.join("tools.json"), TOOLS).unwrap();
         let call = r#"{"type": "function", "function": {"name": "lookup_order", "arguments": {"order_id": "1234"}}}"#;
         std::fs::write(root.join("train.jsonl"), vec![row(&call_turn(call)); 4].join("\n")).unwrap();
         let toml = format!(

@@ -29,7 +29,8 @@ fn chatml_tools() -> ChatTokenizer {
 #[test]
 fn chatml_tools_renders_like_transformers() {
     let golden: Json =
-        serde_json::from_str(&std::fs::read_to_string(repo("tests/golden/chatml_tools.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(repo("tests/golden/chatml_tools.json")).unwrap())
+            .unwrap();
     let tok = chatml_tools();
     let cases = golden["cases"].as_array().unwrap();
     assert_eq!(cases.len(), 4);
@@ -39,9 +40,11 @@ fn chatml_tools_renders_like_transformers() {
         let text = tok.template().render_tools(&conv.messages, tools, false).unwrap();
         assert_eq!(text, case["text"].as_str().unwrap(), "case {i}: text");
         let assistant = conv.messages.iter().enumerate().filter(|(_, m)| m.role == "assistant");
-        let prompts: Vec<String> =
-            assistant.map(|(k, _)| tok.template().render_tools(&conv.messages[..k], tools, true).unwrap()).collect();
-        let expected: Vec<&str> = case["prompts"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+        let prompts: Vec<String> = assistant
+            .map(|(k, _)| tok.template().render_tools(&conv.messages[..k], tools, true).unwrap())
+            .collect();
+        let expected: Vec<&str> =
+            case["prompts"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
         assert_eq!(prompts, expected, "case {i}: generation prompts");
         let ids = tok.tokenizer().encode(text.as_str(), false).unwrap().get_ids().to_vec();
         let golden_ids: Vec<u32> = serde_json::from_value(case["input_ids"].clone()).unwrap();
@@ -98,11 +101,17 @@ const TOOLS: &str = r#"[{"type": "function", "function": {"name": "lookup_order"
 /// value, a number and a boolean.
 fn conversation(calls: usize) -> Conversation {
     let call = |id: &str, name: &str, arguments: &str| {
-        format!(r#"{{"type": "function", "id": "{id}", "function": {{"name": "{name}", "arguments": {arguments}}}}}"#)
+        format!(
+            r#"{{"type": "function", "id": "{id}", "function": {{"name": "{name}", "arguments": {arguments}}}}}"#
+        )
     };
     let all = [
         call("k8L7m6N5b", "lookup_order", r#"{"order_id": "FH-1234567"}"#),
-        call("P0o9I8u7Y", "track_parcel", r#"{"tracking_number": "JD0142", "detailed": true, "n": [1, 2.5]}"#),
+        call(
+            "P0o9I8u7Y",
+            "track_parcel",
+            r#"{"tracking_number": "JD0142", "detailed": true, "n": [1, 2.5]}"#,
+        ),
     ];
     let row = format!(
         r#"{{"tools": {}, "messages": [{{"role": "user", "content": "Where is my order FH-1234567?"}}, {{"role": "assistant", "content": null, "tool_calls": [{}]}}]}}"#,
@@ -118,7 +127,8 @@ fn generated_text(tok: &ChatTokenizer, conv: &Conversation) -> String {
     let tools = conv.tools.as_deref();
     let full = tok.template().render_tools(&conv.messages, tools, false).unwrap();
     let prompt = tok.template().render_tools(&conv.messages[..1], tools, true).unwrap();
-    let reply = full.strip_prefix(prompt.as_str()).unwrap_or_else(|| panic!("{prompt:?} does not start {full:?}"));
+    let reply =
+        full.strip_prefix(prompt.as_str()).unwrap_or_else(|| panic!("{prompt:?} does not start {full:?}"));
     let ids = tok.tokenizer().encode(reply, false).unwrap().get_ids().to_vec();
     decode_reply(tok.tokenizer(), &ids).unwrap()
 }
