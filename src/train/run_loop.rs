@@ -63,9 +63,8 @@ pub(super) fn train_loop(
     let first_eval = eval_loader.map(|l| eval_record(trainer, l, cfg, start, log)).transpose()?;
     let mut last_eval = first_eval.clone();
     // the base model's answers (a resumed run has them in samples.jsonl already)
-    let c = &*trainer.collective;
     let mut answers = match run.samples.filter(|_| start == 0) {
-        Some(samples) => samples.answer(&trainer.model, start, c)?,
+        Some(samples) => samples.answer(&trainer.model, start, &*trainer.collective)?,
         None => Vec::new(),
     };
     let budget = crate::memory::VramBudget::of(trainer.model.device(), cfg.train.max_vram_fraction);
