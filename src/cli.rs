@@ -294,6 +294,16 @@ pub struct EvalArgs {
     /// Rows longer than this are cut as training cuts them [default: the config's data.max_seq_len].
     #[arg(long, value_parser = at_least_two)]
     pub max_seq_len: Option<usize>,
+    /// A Jinja file in place of the model's chat template [default: the config's
+    /// model.chat_template, else the model's own].
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
+    /// Longest reply generated per assistant turn when scoring tool calls.
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: usize,
+    /// Skip tool-call scoring (dialogues with `tools` are otherwise answered turn by turn).
+    #[arg(long)]
+    pub no_tool_calls: bool,
 }
 
 pub fn at_least_two(text: &str) -> Result<usize, String> {
@@ -330,4 +340,11 @@ pub struct ChatArgs {
     /// Storage of the base's projection weights; use what the adapter was trained with.
     #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
     pub quantization: String,
+    /// A Jinja file in place of the model's chat template (e.g. configs/templates/chatml-tools.jinja).
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
+    /// A JSON file holding a list of tool schemas (`{"type": "function", "function": {...}}`)
+    /// handed to the template; tool calls in a reply are printed parsed after it.
+    #[arg(long, value_name = "FILE")]
+    pub tools: Option<PathBuf>,
 }

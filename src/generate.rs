@@ -7,7 +7,10 @@ use anyhow::Context;
 use candle_core::Tensor;
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 
-use crate::data::{ChatTokenizer, Message};
+use minijinja::Value;
+use tokenizers::Tokenizer;
+
+use crate::data::{ChatTokenizer, Message, TOOL_CALL_TOKENS};
 use crate::model::{CausalLm, KvCache};
 
 #[derive(Debug, Clone)]
@@ -74,7 +77,7 @@ pub fn generate(
 }
 
 /// Renders the conversation with the chat template (generation prompt on), generates a reply
-/// and decodes it.
+/// and decodes it (`decode_reply`).
 pub fn reply(
     model: &CausalLm,
     tokenizer: &ChatTokenizer,
@@ -82,12 +85,41 @@ pub fn reply(
     stop: &[u32],
     settings: &GenerationSettings,
 ) -> anyhow::Result<String> {
-    let prompt = tokenizer.template().render(messages, true)?;
+    reply_with_tools(model, tokenizer, messages, None, stop, settings)
+}
+
+/// `reply` with the row's tool schemas handed to the template, as
+/// `apply_chat_template(messages, tools=tools, add_generation_prompt=True)` does.
+pub fn reply_with_tools(
+    model: &CausalLm,
+    tokenizer: &ChatTokenizer,
+    messages: &[Message],
+    tools: Option<&[Value]>,
+    stop: &[u32],
+    settings: &GenerationSettings,
+) -> anyhow::Result<String> {
+    let prompt = tokenizer.template().render_tools(messages, tools, true)?;
     let enc = tokenizer
         .tokenizer()
         .encode(prompt.as_str(), false)
         .map_err(anyhow::Error::msg)
         .context("tokenizing")?;
     let ids = generate(model, enc.get_ids(), stop, settings)?;
-    tokenizer.tokenizer().decode(&ids, true).map_err(anyhow::Error::msg)
+    decode_reply(tokenizer.tokenizer(), &ids)
+}
+
+/// The text of generated ids: special tokens dropped, except those that carry a tool call
+/// (`TOOL_CALL_TOKENS`: Mistral's `[TOOL_CALLS]`, Llama's `<|python_tag|>`, ...), which the
+/// tool-call parser reads.
+pub fn decode_reply(tokenizer: &Tokenizer, ids: &[u32]) -> anyhow::Result<String> {
+    let added = tokenizer.get_added_tokens_decoder();
+    let kept: Vec<u32> = ids
+        .iter()
+        .copied()
+        .filter(|id| match added.get(id) {
+            Some(token) if token.special => TOOL_CALL_TOKENS.contains(&token.content.as_str()),
+            _ => true,
+        })
+        .collect();
+    tokenizer.decode(&kept, false).map_err(anyhow::Error::msg)
 }

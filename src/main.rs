@@ -12,7 +12,7 @@ use lora_ft::config::{BatchSize, Config};
 use lora_ft::data::{ChatTokenizer, Message};
 use lora_ft::distributed::launcher::{LaunchError, LaunchPlan};
 use lora_ft::distributed::{rank_prefix, WorldInfo};
-use lora_ft::generate::{reply, stop_ids, GenerationSettings};
+use lora_ft::generate::{reply_with_tools, stop_ids, GenerationSettings};
 use lora_ft::model::CausalLm;
 use lora_ft::train::{parse_device, select_device};
 
@@ -418,11 +418,14 @@ fn eval(args: &EvalArgs) -> anyhow::Result<()> {
         adapter: args.adapter.as_deref(),
         dtype,
         quantization: args.quantization.as_deref().map_or(defaults.model.quantization(), parse_quantization),
+        chat_template: args.chat_template.as_deref().or(defaults.model.chat_template.as_deref()),
     };
     let settings = lora_ft::eval::EvalSettings {
         format: args.format.unwrap_or(defaults.data.format),
         max_seq_len: args.max_seq_len.unwrap_or(defaults.data.max_seq_len),
         truncation_side: defaults.data.truncation_side,
+        system_message: defaults.data.system_message,
+        tool_call_tokens: (!args.no_tool_calls).then_some(args.max_new_tokens),
     };
     let report = lora_ft::eval::run(&model, &args.data, &settings, &device)?;
     if let Some(out) = &args.out {
@@ -443,7 +446,8 @@ fn chat(args: &ChatArgs) -> anyhow::Result<()> {
         lora_ft::export::load_adapter(&mut model, adapter)
             .with_context(|| format!("loading adapter {}", adapter.display()))?;
     }
-    let tokenizer = ChatTokenizer::from_dir(&files.dir)?;
+    let tokenizer = ChatTokenizer::load(&files.dir, args.chat_template.as_deref())?;
+    let tools = args.tools.as_deref().map(lora_ft::data::read_tools_file).transpose()?;
     let stop = stop_ids(&files.dir, &tokenizer);
     let settings = GenerationSettings {
         max_new_tokens: args.max_new_tokens,
@@ -452,9 +456,16 @@ fn chat(args: &ChatArgs) -> anyhow::Result<()> {
         seed: args.seed,
     };
     let mut messages: Vec<Message> = args.system.iter().map(|s| Message::new("system", s)).collect();
+    let answer = |messages: &[Message]| -> anyhow::Result<String> {
+        let text = reply_with_tools(&model, &tokenizer, messages, tools.as_deref(), &stop, &settings)?;
+        let calls = lora_ft::data::parse_tool_calls(&text);
+        println!("{text}");
+        calls.iter().for_each(|call| println!("tool call: {call}"));
+        Ok(text)
+    };
     if let Some(prompt) = &args.prompt {
         messages.push(Message::new("user", prompt));
-        println!("{}", reply(&model, &tokenizer, &messages, &stop, &settings)?);
+        answer(&messages)?;
         return Ok(());
     }
     let stdin = std::io::stdin();
@@ -466,8 +477,7 @@ fn chat(args: &ChatArgs) -> anyhow::Result<()> {
             return Ok(());
         }
         messages.push(Message::new("user", line.trim_end()));
-        let answer = reply(&model, &tokenizer, &messages, &stop, &settings)?;
-        println!("{answer}");
-        messages.push(Message::new("assistant", &answer));
+        let text = answer(&messages)?;
+        messages.push(Message::new("assistant", &text));
     }
 }

@@ -201,8 +201,13 @@ fn data_check_and_eval_read_the_configured_format() {
     assert!(report.contains(&format!("example ({}:row 0)", file.display())), "{report}");
 
     let tok = ChatTokenizer::from_dir(&tiny_chat()).unwrap();
-    let settings =
-        |format| EvalSettings { format, max_seq_len: 1024, truncation_side: TruncationSide::Right };
+    let settings = |format| EvalSettings {
+        format,
+        max_seq_len: 1024,
+        truncation_side: TruncationSide::Right,
+        system_message: lora_ft::config::SystemMessage::Keep,
+        tool_call_tokens: None,
+    };
     let rows = tokenize_file(&fixture("alpaca.parquet"), &tok, &settings(DataFormat::Alpaca), 1024).unwrap();
     let expected =
         tokenize_file(&fixture("alpaca.expected.jsonl"), &tok, &settings(DataFormat::Messages), 1024)

@@ -180,3 +180,20 @@ fn data_check_reports_counts_and_marks_trained_text() {
     assert!(report.ends_with(example), "{report}");
     assert!(report.contains(&format!("example ({}:1)", file.display())), "{report}");
 }
+
+/// With `data.packing` a row longer than max_seq_len is cut and counted exactly as without it
+/// (packing takes the dataset after the cut): the cut dialogue fills a packed row of its own,
+/// whole, and the short one gets another.
+#[test]
+fn packing_cuts_and_counts_a_long_row_as_without_packing() {
+    let (path, short, long) = short_and_long();
+    let max_len = short.len() + 10;
+    let ds = TokenizedDataset::from_jsonl(&path, &tokenizer(), max_len, TruncationSide::Left).unwrap();
+    assert_eq!((ds.stats.rows, ds.stats.truncated, ds.stats.dropped), (2, 1, 0));
+    let (rows, stats) = lora_ft::data::pack(ds.examples.clone(), max_len);
+    assert_eq!((stats.dialogues, stats.rows, stats.tokens), (2, 2, short.len() + max_len));
+    let tail = long.len() - max_len;
+    assert_eq!(rows[0].input_ids, long.input_ids[tail..], "the cut row, longest first");
+    assert_eq!(rows[0].labels, long.labels[tail..]);
+    assert_eq!(rows[1].input_ids, short.input_ids);
+}

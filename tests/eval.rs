@@ -38,6 +38,8 @@ fn settings(golden: &Json) -> EvalSettings {
         format: lora_ft::config::DataFormat::Messages,
         max_seq_len: golden["max_seq_len"].as_u64().unwrap() as usize,
         truncation_side: TruncationSide::Right,
+        system_message: lora_ft::config::SystemMessage::Keep,
+        tool_call_tokens: Some(16),
     }
 }
 
@@ -88,6 +90,7 @@ fn check_case(case: &str, with_adapter: bool) {
         adapter: adapter.as_deref(),
         dtype: DType::F32,
         quantization: Quantization::None,
+        chat_template: None,
     };
     let files = eval::resolve(&m).unwrap();
     let vocab = lora_ft::model::ModelConfig::from_file(&files.config).unwrap().vocab_size;
@@ -190,6 +193,7 @@ fn the_command_takes_its_settings_from_the_config_and_writes_one_line_per_dialog
             length: l["length"].as_u64().unwrap() as usize,
             truncated: l["truncated"].as_bool().unwrap(),
             dropped: l["dropped"].as_bool().unwrap(),
+            tool_calls: None,
         })
         .collect::<Vec<_>>();
     // the file's mean from the lines, as a reader of --out would compute it
@@ -273,6 +277,7 @@ fn nf4_storage_scores_the_quantized_weights() {
             adapter: Some(&adapter),
             dtype: DType::F32,
             quantization,
+            chat_template: None,
         };
         let report = eval::run(&m, &repo(golden["data"].as_str().unwrap()), &settings(&golden), &Device::Cpu);
         let report = report.unwrap();

@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::quant::Quantization;
 
+mod batch_size;
 mod data_format;
+pub use batch_size::BatchSize;
 pub use data_format::DataFormat;
 
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +51,9 @@ pub struct ModelSection {
     /// Quantize NF4's absmax values to 8 bits (bitsandbytes' `bnb_4bit_use_double_quant`).
     #[serde(default = "default_double_quant")]
     pub double_quant: bool,
+    /// A Jinja file in place of the model's chat template (its special tokens stay the model's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -110,6 +115,12 @@ pub struct DataSection {
     /// Without packing: rows sorted by length within windows of 50 batches (less padding).
     #[serde(default)]
     pub group_by_length: bool,
+    /// Prompts (JSONL of `{"messages", "tools"?}` ending in a user turn) the model answers at the
+    /// start, at each evaluation and at the end, into `<output.dir>/samples.jsonl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_prompts: Option<PathBuf>,
+    #[serde(default = "default_eval_max_new_tokens")]
+    pub eval_max_new_tokens: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,58 +175,6 @@ pub struct TrainSection {
     /// Cap on eval batches per evaluation (0: the whole eval set).
     pub eval_batches: usize,
     pub log_every: usize,
-}
-
-/// `train.batch_size`: a number of rows (at least 1, checked as it is read), or "auto".
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BatchSize {
-    Fixed(usize),
-    /// The largest batch of `data.max_seq_len` tokens that fits the GPU budget, probed before
-    /// training (`train::auto_batch`).
-    Auto,
-}
-
-impl Serialize for BatchSize {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            BatchSize::Fixed(n) => s.serialize_u64(*n as u64),
-            BatchSize::Auto => s.serialize_str("auto"),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for BatchSize {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(BatchSizeVisitor)
-    }
-}
-
-struct BatchSizeVisitor;
-
-impl serde::de::Visitor<'_> for BatchSizeVisitor {
-    type Value = BatchSize;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a positive integer or \"auto\"")
-    }
-
-    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<BatchSize, E> {
-        match usize::try_from(n) {
-            Ok(n) if n > 0 => Ok(BatchSize::Fixed(n)),
-            _ => Err(E::custom("must be at least 1 (or \"auto\")")),
-        }
-    }
-
-    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<BatchSize, E> {
-        self.visit_i64(i64::try_from(n).unwrap_or(i64::MAX))
-    }
-
-    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<BatchSize, E> {
-        match s {
-            "auto" => Ok(BatchSize::Auto),
-            _ => Err(E::invalid_value(serde::de::Unexpected::Str(s), &self)),
-        }
-    }
 }
 
 /// Adafactor. `flavor = "torch"` follows `torch.optim.Adafactor`, `"hf"` follows
@@ -291,6 +250,9 @@ fn default_format() -> DataFormat {
 }
 fn default_max_seq_len() -> usize {
     1024
+}
+fn default_eval_max_new_tokens() -> usize {
+    128
 }
 fn default_truncation() -> TruncationSide {
     TruncationSide::Right
@@ -437,6 +399,7 @@ impl Config {
             }
         }
         check(self.data.max_seq_len >= 2, "data.max_seq_len", "must be at least 2")?;
+        check(self.data.eval_max_new_tokens > 0, "data.eval_max_new_tokens", "must be at least 1")?;
         let both = self.data.packing && self.data.group_by_length;
         check(!both, "data.group_by_length", "sorts nothing with data.packing = true")?;
         let t = &self.train;

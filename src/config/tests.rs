@@ -142,3 +142,21 @@ fn data_formats_are_spelled_as_documented() {
     assert_eq!("prompt_completion".parse::<DataFormat>(), Ok(DataFormat::PromptCompletion));
     assert!("chatml".parse::<DataFormat>().unwrap_err().starts_with("unknown variant `chatml`"));
 }
+
+#[test]
+fn eval_prompts_and_chat_template_are_read_and_checked() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!((c.data.eval_prompts, c.data.eval_max_new_tokens, c.model.chat_template), (None, 128, None));
+    let text = MINIMAL.replace(
+        "[data]\n",
+        "chat_template = \"configs/templates/chatml-tools.jinja\"\n[data]\neval_prompts = \"p.jsonl\"\neval_max_new_tokens = 32\n",
+    );
+    let c = parse(&text).unwrap();
+    assert_eq!(c.model.chat_template.as_deref(), Some(Path::new("configs/templates/chatml-tools.jinja")));
+    assert_eq!(
+        (c.data.eval_prompts.as_deref(), c.data.eval_max_new_tokens),
+        (Some(Path::new("p.jsonl")), 32)
+    );
+    let err = parse(&text.replace("= 32", "= 0")).unwrap_err().to_string();
+    assert_eq!(err, "run.toml: data.eval_max_new_tokens: must be at least 1");
+}

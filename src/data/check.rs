@@ -14,7 +14,8 @@ const CLOSE: &str = "]]";
 /// returns a report: counts, token-length percentiles, truncated and dropped rows, and the first
 /// kept conversation rendered with its trained tokens marked.
 pub fn data_check(file: &Path, cfg: &Config, tokenizer_dir: &Path) -> anyhow::Result<String> {
-    let tokenizer = ChatTokenizer::from_dir(tokenizer_dir)?.with_system_message(cfg.data.system_message);
+    let tokenizer = ChatTokenizer::load(tokenizer_dir, cfg.model.chat_template.as_deref())?
+        .with_system_message(cfg.data.system_message);
     let conversations = read_conversations(file, cfg.data.format)?;
     let (max_len, side) = (cfg.data.max_seq_len, cfg.data.truncation_side);
     let dataset = TokenizedDataset::from_conversations(file, &conversations, &tokenizer, max_len, side)?;

@@ -156,6 +156,12 @@ fn write_number(out: &mut String, value: &Value) {
     }
 }
 
+/// Jinja2's `is iterable`: whatever `iter()` takes, which `None` is not (minijinja iterates
+/// none as an empty sequence, so `tools is iterable and tools | length > 0` failed on no tools).
+pub fn is_iterable(value: &Value) -> bool {
+    !value.is_none() && value.try_iter().is_ok()
+}
+
 /// `strftime_now(format)`: the current time, in UTC, formatted like Python's `strftime`.
 pub fn strftime_now(format: String) -> String {
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);

@@ -164,7 +164,13 @@ pub(crate) struct EncodedConversation {
 
 impl ChatTokenizer {
     pub fn from_dir(dir: &Path) -> anyhow::Result<Self> {
-        let template = ChatTemplate::from_tokenizer_config(&dir.join("tokenizer_config.json"))?;
+        Self::load(dir, None)
+    }
+
+    /// As `from_dir`, with `chat_template` (a Jinja file) in place of the model's template.
+    pub fn load(dir: &Path, chat_template: Option<&Path>) -> anyhow::Result<Self> {
+        let config = dir.join("tokenizer_config.json");
+        let template = ChatTemplate::from_tokenizer_config_with(&config, chat_template)?;
         let file = dir.join("tokenizer.json");
         let tokenizer =
             Tokenizer::from_file(&file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
@@ -211,6 +217,15 @@ impl ChatTokenizer {
         matches!(messages.split_first(), Some((m, rest)) if m.role == "system" && render_with_spans(&self.template, rest, tools).is_ok())
     }
 
+    /// The messages as the template is given them: the system message folded into the first
+    /// user turn where `data.system_message = "fold"`.
+    pub fn prepare<'a>(&self, messages: &'a [Message]) -> anyhow::Result<Cow<'a, [Message]>> {
+        Ok(match self.system_message {
+            SystemMessage::Keep => Cow::Borrowed(messages),
+            SystemMessage::Fold => Cow::Owned(fold_system(messages)?),
+        })
+    }
+
     /// Token ids and labels of a whole conversation, before any truncation.
     pub fn encode(&self, messages: &[Message]) -> anyhow::Result<Example> {
         Ok(self.encode_with_offsets(messages, None)?.example)
@@ -230,10 +245,7 @@ impl ChatTokenizer {
         messages: &[Message],
         tools: Option<&[Value]>,
     ) -> anyhow::Result<EncodedConversation> {
-        let messages = match self.system_message {
-            SystemMessage::Keep => Cow::Borrowed(messages),
-            SystemMessage::Fold => Cow::Owned(fold_system(messages)?),
-        };
+        let messages = self.prepare(messages)?;
         let RenderedConversation { text, spans } =
             render_with_spans(&self.template, &messages, tools).map_err(|e| match self.refuses_system(&messages, tools) {
                 true => anyhow::anyhow!(

@@ -72,6 +72,19 @@ pub struct LineError {
 /// Reads every conversation of a `messages` JSONL file. Blank lines are skipped; anything else
 /// that is not a valid conversation with at least one assistant turn is an error.
 pub fn read_messages_jsonl(path: &Path) -> anyhow::Result<Vec<Conversation>> {
+    read_rows(path, |line| parse_row(line, Row::Dialogue))
+}
+
+/// Reads a prompts file (`data.eval_prompts`): rows as `read_messages_jsonl` reads them, each
+/// ending in a user (or tool) message, the turn the model answers; no assistant turn needed.
+pub fn read_prompts_jsonl(path: &Path) -> anyhow::Result<Vec<Conversation>> {
+    read_rows(path, |line| parse_row(line, Row::Prompt))
+}
+
+fn read_rows(
+    path: &Path,
+    parse: impl Fn(&str) -> Result<(Vec<Message>, Option<Vec<Value>>), String>,
+) -> anyhow::Result<Vec<Conversation>> {
     let file = std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     let mut conversations = Vec::new();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
@@ -79,20 +92,26 @@ pub fn read_messages_jsonl(path: &Path) -> anyhow::Result<Vec<Conversation>> {
         if line.trim().is_empty() {
             continue;
         }
-        let conversation = Conversation::parse(&line, i + 1).map_err(|message| LineError {
-            file: path.to_path_buf(),
-            line: i + 1,
-            message,
-        })?;
-        conversations.push(conversation);
+        let (messages, tools) =
+            parse(&line).map_err(|message| LineError { file: path.to_path_buf(), line: i + 1, message })?;
+        conversations.push(Conversation { messages, tools, line: i + 1 });
     }
     anyhow::ensure!(!conversations.is_empty(), "{}: no conversations", path.display());
     Ok(conversations)
 }
 
-type Row = (Vec<Message>, Option<Vec<Value>>);
+/// What a row is for: a dialogue to train on, or a prompt for the model to answer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Row {
+    Dialogue,
+    Prompt,
+}
 
-fn parse_line(line: &str) -> Result<Row, String> {
+fn parse_line(line: &str) -> Result<(Vec<Message>, Option<Vec<Value>>), String> {
+    parse_row(line, Row::Dialogue)
+}
+
+fn parse_row(line: &str, kind: Row) -> Result<(Vec<Message>, Option<Vec<Value>>), String> {
     let row: Json = serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
     let Some(Json::Array(items)) = row.get("messages") else {
         return Err(r#"expected a "messages" array"#.into());
@@ -111,8 +130,15 @@ fn parse_line(line: &str) -> Result<Row, String> {
         messages.push(parse_message(m, &ordered).map_err(|e| format!("messages[{i}]: {e}"))?);
     }
     tools::check_tool_turns(&messages)?;
-    if !messages.iter().any(|m| m.role == "assistant") {
-        return Err("conversation has no assistant turn to train on".into());
+    tools::check_call_names(&messages, tools.as_deref())?;
+    match kind {
+        Row::Dialogue if !messages.iter().any(|m| m.role == "assistant") => {
+            return Err("conversation has no assistant turn to train on".into())
+        }
+        Row::Prompt if !matches!(messages.last(), Some(m) if m.role == "user" || m.role == "tool") => {
+            return Err("a prompt must end with a user (or tool) message, the turn the model answers".into())
+        }
+        _ => {}
     }
     Ok((messages, tools))
 }
@@ -292,5 +318,67 @@ mod tests {
             error_of(r#"{"tools": [{"name": "f"}], "messages": [{"role": "assistant", "content": "a"}]}"#),
             r#"tools[0].type: expected "function" (a tool is {"type": "function", "function": {"name": ..., "description": ..., "parameters": {...}}})"#
         );
+    }
+
+    fn temp_file(name: &str, lines: &[String]) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("lora-ft-{name}-{}.jsonl", std::process::id()));
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        path
+    }
+
+    /// A call of a function the row does not offer, or a row with calls and no `tools`, is an
+    /// error naming the file, the line and the field.
+    #[test]
+    fn a_tool_call_must_name_one_of_the_rows_tools() {
+        let tool = |n: &str| format!(r#"{{"type": "function", "function": {{"name": "{n}"}}}}"#);
+        let tools = format!("[{}, {}]", tool("lookup_order"), tool("track_parcel"));
+        let messages = r#"[{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+            {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "refund", "arguments": {}}}]}]"#
+            .replace('\n', " ");
+        let good =
+            r#"{"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}"#;
+        let unknown = format!(r#"{{"tools": {tools}, "messages": {messages}}}"#);
+        let path = temp_file("unknown-tool", &[good.into(), unknown]);
+        let err = format!("{:#}", read_messages_jsonl(&path).unwrap_err());
+        assert_eq!(
+            err,
+            format!(
+                r#"{}:2: messages[2].tool_calls[0].function.name: "refund" is not one of the row's tools (lookup_order, track_parcel)"#,
+                path.display()
+            )
+        );
+        let no_tools = format!(r#"{{"messages": {messages}}}"#);
+        std::fs::write(&path, no_tools).unwrap();
+        let err = format!("{:#}", read_messages_jsonl(&path).unwrap_err());
+        assert_eq!(
+            err,
+            format!(
+                r#"{}:1: messages[2].tool_calls[0]: the row has no "tools": a row with tool calls needs "tools", the schemas of the functions it calls (here "refund")"#,
+                path.display()
+            )
+        );
+        std::fs::remove_file(&path).ok();
+    }
+
+    /// Prompts end with the turn the model answers and need no assistant turn.
+    #[test]
+    fn prompts_end_with_a_user_turn() {
+        let prompt = r#"{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "Where is my order?"}]}"#;
+        let reply =
+            r#"{"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}"#;
+        let path = temp_file("prompts", &[prompt.into(), String::new(), reply.into()]);
+        let err = format!("{:#}", read_prompts_jsonl(&path).unwrap_err());
+        assert_eq!(
+            err,
+            format!(
+                "{}:3: a prompt must end with a user (or tool) message, the turn the model answers",
+                path.display()
+            )
+        );
+        std::fs::write(&path, prompt).unwrap();
+        let prompts = read_prompts_jsonl(&path).unwrap();
+        assert_eq!(prompts.len(), 1);
+        assert_eq!(prompts[0].messages[1], Message::new("user", "Where is my order?"));
+        std::fs::remove_file(&path).ok();
     }
 }

@@ -21,6 +21,7 @@ mod masking;
 mod messages;
 mod packing;
 mod template;
+mod tool_calls_text;
 mod tools;
 
 pub use batch::{Batch, BatchLoader, EpochBatches};
@@ -28,9 +29,11 @@ pub use check::{data_check, data_tokenize};
 pub use dataset::{DatasetStats, Example, TokenizedDataset};
 pub use formats::{is_parquet, read_conversations, row_name};
 pub use masking::ChatTokenizer;
-pub use messages::{read_messages_jsonl, Conversation, LineError, Message};
+pub use messages::{read_messages_jsonl, read_prompts_jsonl, Conversation, LineError, Message};
 pub use packing::{pack, PackingStats};
 pub use template::ChatTemplate;
+pub use tool_calls_text::{message_tool_calls, parse_tool_calls, ToolCall, TOOL_CALL_TOKENS};
+pub use tools::read_tools_file;
 
 /// The label of a position the loss ignores; owned by the loss, re-exported for the data side.
 pub use crate::model::ops::loss::IGNORE_INDEX;

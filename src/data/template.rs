@@ -34,14 +34,21 @@ impl ChatTemplate {
     /// Reads `chat_template` and the special tokens from a `tokenizer_config.json`. As in
     /// transformers, a `chat_template.jinja` next to it takes precedence over the JSON key.
     pub fn from_tokenizer_config(path: &Path) -> anyhow::Result<Self> {
+        Self::from_tokenizer_config_with(path, None)
+    }
+
+    /// As `from_tokenizer_config`, with `template_file` (a Jinja file: `model.chat_template`,
+    /// `--chat-template`) in place of the model's template; the special tokens stay the config's.
+    pub fn from_tokenizer_config_with(path: &Path, template_file: Option<&Path>) -> anyhow::Result<Self> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
         let config: Json =
             serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))?;
         let jinja_file = path.with_file_name("chat_template.jinja");
-        let (source, origin) = if jinja_file.is_file() {
+        let jinja_file = template_file.map_or(jinja_file, Path::to_path_buf);
+        let (source, origin) = if template_file.is_some() || jinja_file.is_file() {
             let source = std::fs::read_to_string(&jinja_file)
-                .with_context(|| format!("{}: cannot read", jinja_file.display()))?;
+                .with_context(|| format!("{}: cannot read the chat template", jinja_file.display()))?;
             (source, jinja_file.display().to_string())
         } else {
             let source =
@@ -56,8 +63,10 @@ impl ChatTemplate {
                 special_tokens.insert(key, token);
             }
         }
-        let mut template = Self::new(source, special_tokens)
-            .with_context(|| format!("{}: chat_template", path.display()))?;
+        let mut template = Self::new(source, special_tokens).with_context(|| match template_file {
+            Some(file) => file.display().to_string(),
+            None => format!("{}: chat_template", path.display()),
+        })?;
         template.origin = Some(origin);
         Ok(template)
     }
@@ -70,6 +79,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", jinja_compat::tojson);
         env.add_function("strftime_now", jinja_compat::strftime_now);
+        env.add_test("iterable", jinja_compat::is_iterable);
         env.add_function("raise_exception", |message: String| -> Result<Value, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, message))
         });
@@ -159,8 +169,15 @@ impl ChatTemplate {
             },
             Message::new("assistant", "a"),
         ];
+        // Hermes templates require the result's `name`; others are probed without it, so that
+        // the call's name shows only where the call is rendered.
+        let named = |mut m: Vec<Message>| {
+            m[2].name = Some("lora_ft_probe_name".into());
+            m
+        };
         let text = self
             .render_raw(&messages, Some(&tools), false)
+            .or_else(|_| self.render_raw(&named(messages.to_vec()), Some(&tools), false))
             .map_err(|e| format!("rendering a tool call and its result fails: {e:#}"))?;
         let shown = [
             ("lora_ft_probe_tool", "tool list"),

@@ -8,11 +8,25 @@
 //! copy is only read to check it. An `arguments` string is parsed into the object HF's templates
 //! expect (they print a string as a quoted string).
 
+use std::path::Path;
+
+use anyhow::Context;
 use minijinja::value::ValueKind;
 use minijinja::Value;
 use serde_json::Value as Json;
 
 use super::Message;
+
+/// A `--tools` file: a JSON list of tool schemas, checked as a row's `tools` are.
+pub fn read_tools_file(path: &Path) -> anyhow::Result<Vec<Value>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let json: Json =
+        serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))?;
+    let ordered: Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))?;
+    let tools = parse_tools(Some(&json), ordered).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    tools.with_context(|| format!("{}: no tools (expected a list of tool schemas)", path.display()))
+}
 
 /// A row's `tools`: null, missing or `[]` is no tools (templates would print an empty list).
 pub(super) fn parse_tools(json: Option<&Json>, ordered: Value) -> Result<Option<Vec<Value>>, String> {
@@ -179,6 +193,31 @@ pub(super) fn check_tool_turns(messages: &[Message]) -> Result<(), String> {
                 return Err(format!(
                     r#"messages[{i}]: "tool_call_id" {id:?} is not the id of a call of messages[{turn}] ({})"#,
                     ids.iter().map(|id| format!("{id:?}")).collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every call names one of the row's tools; a row with calls and no `tools` is refused (the
+/// model would be trained to call functions it was never shown).
+pub(super) fn check_call_names(messages: &[Message], tools: Option<&[Value]>) -> Result<(), String> {
+    let name_of =
+        |v: &Value| v.get_attr("function").and_then(|f| f.get_attr("name")).ok().map(|n| n.to_string());
+    let names: Vec<String> = tools.unwrap_or_default().iter().filter_map(name_of).collect();
+    for (i, m) in messages.iter().enumerate() {
+        for (j, call) in m.tool_calls.iter().flatten().enumerate() {
+            let name = name_of(call).unwrap_or_default();
+            if tools.is_none() {
+                return Err(format!(
+                    r#"messages[{i}].tool_calls[{j}]: the row has no "tools": a row with tool calls needs "tools", the schemas of the functions it calls (here {name:?})"#
+                ));
+            }
+            if !names.contains(&name) {
+                return Err(format!(
+                    "messages[{i}].tool_calls[{j}].function.name: {name:?} is not one of the row's tools ({})",
+                    names.join(", ")
                 ));
             }
         }

@@ -118,8 +118,10 @@ impl MetricsLog {
         self.write(r)
     }
 
+    /// A line above the progress bar; a log line instead where the bar is not drawn (ranks of
+    /// several, stderr not a terminal).
     pub fn println(&self, line: impl AsRef<str>) {
-        if self.lines {
+        if self.lines || (self.out.is_some() && self.bar.is_hidden()) {
             tracing::info!("{}", line.as_ref());
         }
         self.bar.println(line.as_ref());

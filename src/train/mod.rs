@@ -6,7 +6,8 @@
 //!   accumulation, the all-reduce, the loss scaler (`loss_scale.rs`), clipping, Adafactor.
 //! - `run_loop.rs`: the loop over steps: evaluation, metrics (`metrics.rs`, `plot.rs`),
 //!   checkpoints (`checkpoint.rs`), a stop on Ctrl-C, the final adapter; `trace.rs` records a run
-//!   for replaying it in another stack.
+//!   for replaying it in another stack; `samples.rs` has the model answer `data.eval_prompts`
+//!   at the start, at each evaluation and at the end.
 //!
 //! This file: `lora-ft train` in one process (`run`) or as one rank of several (`run_rank`).
 
@@ -16,6 +17,7 @@ pub mod loss_scale;
 pub mod metrics;
 pub mod plot;
 mod run_loop;
+pub mod samples;
 mod setup;
 mod step;
 #[cfg(test)]

@@ -9,6 +9,7 @@ use anyhow::Context;
 use super::checkpoint::{self, TrainerState};
 use super::metrics::{EvalRecord, MetricsLog, StepRecord};
 use super::plot;
+use super::samples::Samples;
 use super::step::{batch_tensor, rank_batch, BatchStream, StepResult, Trainer, STOP_REQUESTED};
 use super::trace::Trace;
 use super::{resume_point, Stopped, TrainSummary};
@@ -44,6 +45,8 @@ pub(super) struct RunContext<'a> {
     pub(super) batch_size: usize,
     pub(super) base_model: &'a str,
     pub(super) spec: &'a LoraSpec,
+    /// `data.eval_prompts`, answered at the start, at each evaluation and at the end.
+    pub(super) samples: Option<&'a Samples>,
 }
 
 pub(super) fn train_loop(
@@ -59,6 +62,11 @@ pub(super) fn train_loop(
     // The untrained model's eval loss first, so the log shows what training changed.
     let first_eval = eval_loader.map(|l| eval_record(trainer, l, cfg, start, log)).transpose()?;
     let mut last_eval = first_eval.clone();
+    // the base model's answers (a resumed run has them in samples.jsonl already)
+    let mut answers = match run.samples.filter(|_| start == 0) {
+        Some(samples) => samples.answer(&trainer.model, start, &*trainer.collective)?,
+        None => Vec::new(),
+    };
     let budget = crate::memory::VramBudget::of(trainer.model.device(), cfg.train.max_vram_fraction);
     for step in start..total {
         let t0 = Instant::now();
@@ -111,6 +119,9 @@ pub(super) fn train_loop(
         if let Some(loader) = eval_loader.filter(|_| eval_now || done == total) {
             last_eval = Some(eval_record(trainer, loader, cfg, done, log)?);
         }
+        if let Some(samples) = run.samples.filter(|_| eval_now || done == total) {
+            answers = samples.answer(&trainer.model, done, &*trainer.collective)?;
+        }
         if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0) || done == total || r.stop {
             let dir = save_checkpoint(run, trainer, stream, done)?;
             if r.stop && done < total {
@@ -119,6 +130,9 @@ pub(super) fn train_loop(
                 return Err(Stopped { step: done, total, checkpoint: dir }.into());
             }
         }
+    }
+    if let Some(samples) = run.samples {
+        samples.print_comparison(&answers, log)?;
     }
     log.finish();
     trace.map(Trace::finish).transpose()?;

@@ -115,7 +115,8 @@ fn load_data(
     vocab_size: usize,
     log: bool,
 ) -> anyhow::Result<(TokenizedDataset, Option<TokenizedDataset>, u32)> {
-    let tokenizer = ChatTokenizer::from_dir(dir)?.with_system_message(cfg.data.system_message);
+    let tokenizer = ChatTokenizer::load(dir, cfg.model.chat_template.as_deref())?
+        .with_system_message(cfg.data.system_message);
     let (max_len, side) = (cfg.data.max_seq_len, cfg.data.truncation_side);
     let format = cfg.data.format;
     let train_set = TokenizedDataset::from_file(&cfg.data.train, format, &tokenizer, max_len, side)?;
@@ -213,7 +214,9 @@ pub(super) fn train(
         .filter(|_| rank == 0)
         .map(|dir| Trace::start(dir, &trainer.model, &spec, &base_model, eval_loader.as_ref()))
         .transpose()?;
+    let samples = super::samples::Samples::open(cfg, &files.dir, start, rank)?;
     let run = RunContext {
+        samples: samples.as_ref(),
         cfg,
         eval_loader: eval_loader.as_ref(),
         start,

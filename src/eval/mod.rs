@@ -2,7 +2,8 @@
 //! trained tokens of a dialogue file. Every row is rendered, masked and cut exactly as training
 //! prepares it (`TokenizedDataset`'s rules: the chat template, assistant-only labels, truncation
 //! to `max_seq_len` on `truncation_side`, a row left with no trained token dropped), and the mean
-//! is weighted by tokens, as training's evaluation: Σ loss sums / Σ trained tokens.
+//! is weighted by tokens, as training's evaluation: Σ loss sums / Σ trained tokens. Dialogues with
+//! `tools` are also answered turn by turn for tool-call accuracy (`tool_calls.rs`).
 
 use std::path::Path;
 
@@ -10,11 +11,14 @@ use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
-use crate::config::{DataFormat, TruncationSide};
+use crate::config::{DataFormat, SystemMessage, TruncationSide};
 use crate::data::{read_conversations, row_name, ChatTokenizer, Example};
 use crate::hub::ModelFiles;
 use crate::model::CausalLm;
 use crate::quant::Quantization;
+
+mod tool_calls;
+pub use tool_calls::{score_dialogue, ToolCallScore};
 
 /// How the rows are read and cut, as the training config's `[data]` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +26,10 @@ pub struct EvalSettings {
     pub format: DataFormat,
     pub max_seq_len: usize,
     pub truncation_side: TruncationSide,
+    /// `data.system_message`: a leading system message kept or folded, as training does.
+    pub system_message: SystemMessage,
+    /// Tool-call scoring with replies of at most this many tokens; `None` skips it.
+    pub tool_call_tokens: Option<usize>,
 }
 
 /// One dialogue of the file as training would see it.
@@ -57,6 +65,9 @@ pub struct DialogueLoss {
     pub length: usize,
     pub truncated: bool,
     pub dropped: bool,
+    /// Dialogues with `tools`, when tool calls are scored.
+    #[serde(flatten)]
+    pub tool_calls: Option<ToolCallScore>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -103,7 +114,12 @@ impl EvalReport {
             self.perplexity(),
             settings.max_seq_len,
             self.truncated(),
-        )
+        ) + &self.tool_calls().map(|t| format!("{}\n", t.summary())).unwrap_or_default()
+    }
+
+    /// The file's tool-call counts (`None` where none were scored).
+    pub fn tool_calls(&self) -> Option<ToolCallScore> {
+        ToolCallScore::total(self.dialogues.iter().filter_map(|d| d.tool_calls.as_ref()))
     }
 
     /// One JSON object per dialogue, in file order.
@@ -196,6 +212,7 @@ pub fn evaluate(model: &CausalLm, rows: &[EvalRow]) -> anyhow::Result<EvalReport
             length: row.length,
             truncated: row.truncated,
             dropped: n == 0,
+            tool_calls: None,
         });
     }
     progress.finish_and_clear();
@@ -220,6 +237,8 @@ pub struct EvalModel<'a> {
     pub adapter: Option<&'a Path>,
     pub dtype: DType,
     pub quantization: Quantization,
+    /// A Jinja file in place of the model's chat template.
+    pub chat_template: Option<&'a Path>,
 }
 
 /// The model's files (the tokenizer among them), resolved without loading any weight.
@@ -254,8 +273,22 @@ pub fn run(
 ) -> anyhow::Result<EvalReport> {
     let files = resolve(m)?;
     let config = crate::model::ModelConfig::from_file(&files.config)?;
-    let tokenizer = ChatTokenizer::from_dir(&files.dir)?;
+    let tokenizer =
+        ChatTokenizer::load(&files.dir, m.chat_template)?.with_system_message(settings.system_message);
     let rows = tokenize_file(data, &tokenizer, settings, config.vocab_size)?;
     let model = load_model(m, &files, device)?;
-    evaluate(&model, &rows)
+    let mut report = evaluate(&model, &rows)?;
+    if let Some(max_new_tokens) = settings.tool_call_tokens {
+        let stop = crate::generate::stop_ids(&files.dir, &tokenizer);
+        let conversations = read_conversations(data, settings.format)?;
+        let with_tools = conversations.iter().filter(|c| c.tools.is_some()).count();
+        if with_tools > 0 {
+            tracing::info!("tool calls: answering the assistant turns of {with_tools} dialogues with tools");
+        }
+        for (d, conv) in report.dialogues.iter_mut().zip(&conversations) {
+            d.tool_calls = score_dialogue(&model, &tokenizer, conv, &stop, max_new_tokens)
+                .with_context(|| row_name(data, conv.line))?;
+        }
+    }
+    Ok(report)
 }
