@@ -26,6 +26,8 @@ READY = [
     ("qwen3-14b", "Qwen/Qwen3-14B", {}),
     ("gemma2-9b", "google/gemma-2-9b-it", {}),
 ]
+# Gemma 2's template takes no tools: its configs train the tool-free dialogues
+DATA = {"gemma2-9b": "datasets/customer-service-v1"}
 CARDS = [(24, ""), (48, "-48g")]
 
 
@@ -75,6 +77,7 @@ def main():
             for gib, suffix in CARDS:
                 out = f"configs/{name}{suffix}.toml"
                 cmd = [args.lora_ft, "init", repo, "--gpu-mem", f"{gib}GiB", "--out", out]
+                cmd += ["--data", DATA[name]] if name in DATA else []
                 subprocess.run(cmd + (["--force"] if args.force else []), env=env, check=True)
                 with open(out) as f:
                     lines = f.readlines()

@@ -46,7 +46,7 @@ fn passed() {
 fn data(rows: usize) -> PathBuf {
     static FILE: OnceLock<PathBuf> = OnceLock::new();
     FILE.get_or_init(|| {
-        let text = std::fs::read_to_string("datasets/customer-service/train.jsonl").unwrap();
+        let text = std::fs::read_to_string("datasets/customer-service-v1/train.jsonl").unwrap();
         let head: Vec<&str> = text.lines().take(rows).collect();
         let file = root().join("train-head.jsonl");
         std::fs::create_dir_all(root()).unwrap();
@@ -69,7 +69,7 @@ alpha = 8
 dropout = 0.0
 [data]
 train = "{data}"
-eval = "datasets/customer-service/eval.jsonl"
+eval = "datasets/customer-service-v1/eval.jsonl"
 max_seq_len = 96
 [train]
 batch_size = {batch_size}

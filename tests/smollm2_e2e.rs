@@ -40,7 +40,7 @@ fn spec() -> LoraSpec {
 fn loss_falls_on_a_repeated_batch_and_export_reloads_identically() {
     let (mut model, dir) = smollm2();
     let tokenizer = ChatTokenizer::from_dir(&dir).unwrap();
-    let data = Path::new("datasets/customer-service/train.jsonl");
+    let data = Path::new("datasets/customer-service-v1/train.jsonl");
     let set =
         TokenizedDataset::from_jsonl(data, &tokenizer, 160, lora_ft::config::TruncationSide::Right).unwrap();
     let loader = BatchLoader::new(Arc::new(set.examples), 2, tokenizer.pad_id(), Some(1));
@@ -92,8 +92,8 @@ r = 4
 alpha = 8
 dropout = 0.0
 [data]
-train = "datasets/customer-service/train.jsonl"
-eval = "datasets/customer-service/eval.jsonl"
+train = "datasets/customer-service-v1/train.jsonl"
+eval = "datasets/customer-service-v1/eval.jsonl"
 max_seq_len = 96
 [train]
 batch_size = 2

@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 out = sys.argv[1]
 texts = []
-with open("datasets/customer-service/train.jsonl") as f:
+with open("datasets/customer-service-v1/train.jsonl") as f:
     for line in f:
         texts += [m["content"] for m in json.loads(line)["messages"]]
 specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

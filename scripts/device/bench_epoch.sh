@@ -13,7 +13,9 @@
 #   tests/fixtures/tokenizers (copied into .gpu/tok/ by the caller: the carry limit leaves the test
 #   fixtures behind).
 # Environment: LR (default 1e-3: high enough that one epoch moves a random model's loss),
-# SETS (default "customer-service support-long"), SKIP_TRL=1, BUDGET_S (default 580).
+# SETS (default "customer-service support-long"; one set a command keeps a 7-8B model within the
+# 10-minute limit), BENCH_RANDOM=0 (skip the 2048x8 random-token run), SKIP_TRL=1, ROWS=N (the
+# first N rows only), BUDGET_S (default 580).
 # BENCH_DEVICE=cpu: a dry run of this whole command on a machine with no GPU, on the tiny ChatML
 # model of scripts/bench/tiny_chatml_model.py, f32, no quantization, a few rows:
 #   OUT=/tmp/out PATH=target/release:$PATH BENCH_DEVICE=cpu bash scripts/device/bench_epoch.sh tiny
@@ -107,10 +109,11 @@ for set in $sets; do
   cp /tmp/epoch/run-$set/metrics.jsonl $OUT/lora_ft_${arch}_$set.metrics.jsonl || true
   echo "{\"lora_ft_${set}_done_at_s\": $SECONDS}"
 done
-if [ "$device" = cuda ]; then
+if [ "$device" = cuda ] && [ "${BENCH_RANDOM:-1}" = 1 ]; then
   lora-ft bench train --model $dir --shapes 2048x8 --device cuda:0 --dtype $dtype --steps 4 2>&1 \
     | grep -v " INFO " | tee $OUT/lora_ft_${arch}_random.jsonl || true
-  trl_device=(); else trl_device=(--device cpu --quant none); fi
+fi
+trl_device=(); [ "$device" = cuda ] || trl_device=(--device cpu --quant none)
 echo "{\"lora_ft_done_at_s\": $SECONDS}"
 if [ "${SKIP_TRL:-0}" != 1 ]; then
   timeout $((budget - SECONDS)) python3 scripts/bench/trl_sft_ref.py --model $dir "${runs[@]}" --dtype $dtype \

@@ -18,7 +18,7 @@ alpha = 16
 dropout = 0.0
 target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 [data]
-train = "datasets/customer-service/train.jsonl"
+train = "datasets/customer-service-v1/train.jsonl"
 max_seq_len = 256
 [train]
 batch_size = 4

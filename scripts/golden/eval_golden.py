@@ -60,7 +60,7 @@ def write_dialogues():
     longer than max_seq_len (cut, still trained) and one whose only reply starts past it (dropped)."""
     from chat_masking import CONVERSATIONS
 
-    shipped = [json.loads(l) for l in (REPO / "datasets/customer-service/eval.jsonl").read_text().splitlines()[:4]]
+    shipped = [json.loads(l) for l in (REPO / "datasets/customer-service-v1/eval.jsonl").read_text().splitlines()[:4]]
     rows = [r["messages"] for r in shipped] + [CONVERSATIONS[0], CONVERSATIONS[4], CONVERSATIONS[3]]
     long_turns = [{"role": "system", "content": "You help customers of Fernhollow Outfitters."}]
     for i in range(8):
@@ -120,7 +120,7 @@ def write_tiny_fixture():
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=SPECIALS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    texts = [m["content"] for line in (REPO / "datasets/customer-service/train.jsonl").read_text().splitlines()
+    texts = [m["content"] for line in (REPO / "datasets/customer-service-v1/train.jsonl").read_text().splitlines()
              for m in json.loads(line)["messages"]]
     bpe.train_from_iterator(texts, trainer)
     bpe.save(str(TINY_DIR / "tokenizer.json"))

@@ -16,7 +16,7 @@ quantization = "none"
 [lora]
 {lora}
 [data]
-train = "datasets/customer-service/train.jsonl"
+train = "datasets/customer-service-v1/train.jsonl"
 max_seq_len = 96
 [train]
 compute_dtype = "f32"
