@@ -34,7 +34,10 @@ ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--model", required=True)
 ap.add_argument("--run", action="append", required=True, help="NAME:TRAIN_TOKENS.jsonl:EVAL_TOKENS.jsonl")
 ap.add_argument("--dtype", default="f16", choices=["f16", "bf16", "f32"])
-ap.add_argument("--lr", type=float, default=1e-3)
+ap.add_argument("--lr", type=float, default=2e-4)
+ap.add_argument("--score", action="append", default=[],
+                help="NAME:ADAPTER_DIR:EVAL_TOKENS: also the eval loss of another stack's PEFT adapter (lora-ft's), "
+                     "by this script's evaluator on a fresh base")
 ap.add_argument("--schedule", default="cosine")
 ap.add_argument("--max-len", type=int, default=2048)
 ap.add_argument("--batch", type=int, default=8)
@@ -97,7 +100,7 @@ class StepTimes(TrainerCallback):
     measure lora-ft's metrics.jsonl gives per step."""
 
     def __init__(self):
-        self.total, self.steps, self.started = 0.0, 0, None
+        self.total, self.steps, self.started, self.times = 0.0, 0, None, []
 
     def on_step_begin(self, args_, state, control, **kw):
         sync()
@@ -105,7 +108,8 @@ class StepTimes(TrainerCallback):
 
     def on_step_end(self, args_, state, control, **kw):
         sync()
-        self.total += time.time() - self.started
+        self.times.append(time.time() - self.started)
+        self.total += self.times[-1]
         self.steps += 1
 
 
@@ -175,7 +179,7 @@ for spec in args.run:
              tokens=real, tok_s=round(real / timer.total, 1), peak_alloc_gib=round(peak, 2),
              peak_reserved_gib=round(reserved, 2), first_loss=losses[0] if losses else None,
              last_loss=losses[-1] if losses else None, eval_loss=round(loss, 5), eval_tokens=tokens,
-             hf_train_runtime_s=out.metrics.get("train_runtime"))
+             hf_train_runtime_s=out.metrics.get("train_runtime"), step_times_s=[round(x, 4) for x in timer.times])
     assert math.isfinite(loss), r
     print(json.dumps(r), flush=True)
     results.append(r)
@@ -184,3 +188,14 @@ for spec in args.run:
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
+for spec in args.score:
+    name, adapter, eval_path = spec.split(":")
+    base = load_model()
+    scored = peft.PeftModel.from_pretrained(base, adapter)
+    loss, tokens = eval_loss(scored, read_tokens(eval_path))
+    r = dict(scored=name, adapter=adapter, eval_loss=round(loss, 5), eval_tokens=tokens)
+    print(json.dumps(r), flush=True)
+    results.append(r)
+    json.dump(dict(info, results=results), open(args.out, "w"), indent=1)
+    del scored, base
+    gc.collect()

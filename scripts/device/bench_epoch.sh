@@ -12,7 +12,8 @@
 #   tokenizer, the Llama 3.1/3.3 template). The tokenizers are the fixtures of
 #   tests/fixtures/tokenizers (copied into .gpu/tok/ by the caller: the carry limit leaves the test
 #   fixtures behind).
-# Environment: LR (default 1e-3: high enough that one epoch moves a random model's loss),
+# Environment: LR (default 2e-4, the usual QLoRA rate), SEED2 (default 7: a second lora-ft epoch
+# with another seed, for lora-ft's own run-to-run spread of the eval loss; 0 = none),
 # SETS (default "customer-service support-long"; one set a command keeps a 7-8B model within the
 # 10-minute limit), BENCH_RANDOM=0 (skip the 2048x8 random-token run), SKIP_TRL=1, ROWS=N (the
 # first N rows only), BUDGET_S (default 580).
@@ -27,7 +28,8 @@ else
 fi
 export PYTHONUNBUFFERED=1
 arch=${1:-mistral-7b-v0.3}
-lr=${LR:-1e-3}
+lr=${LR:-2e-4}
+seed2=${SEED2:-7}
 sets=${SETS:-customer-service support-long}
 budget=${BUDGET_S:-580}
 dir=/tmp/$arch
@@ -42,6 +44,10 @@ if [ "$device" = cpu ]; then
   [ -e $dir/config.json ] || python3 scripts/bench/tiny_chatml_model.py $dir
 else
   eval "$(python3 scripts/bench/bench_models.py --shell "$arch")"   # dtype attn issue4 size_gib
+  # bf16 on both sides: TRL casts a quantized model's LoRA weights to bf16 (QLoRA's recipe), which
+  # f16's loss scaling then refuses ("_amp_foreach_non_finite_check_and_unscale_cuda" not
+  # implemented for 'BFloat16')
+  dtype=${DTYPE:-bf16}
   quant=nf4; rows=${ROWS:-0}; batch=8; seq=2048
   [ -e $dir/model.safetensors.index.json ] || python3 scripts/bench/load_memory_ref.py --model $dir --create $arch 2>&1 | tail -2
   for f in $tok/*; do
@@ -51,7 +57,7 @@ fi
 echo "{\"model_written_at_s\": $SECONDS, \"dtype\": \"$dtype\", \"lr\": $lr}"
 
 # the same tokens for both stacks: every kept row as lora-ft trains it
-config() {  # NAME TRAIN EVAL -> /tmp/epoch/NAME.toml
+config() {  # NAME TRAIN EVAL [SEED] -> /tmp/epoch/NAME.toml
   cat > /tmp/epoch/$1.toml <<EOF
 [model]
 source = "$dir"
@@ -68,6 +74,7 @@ max_seq_len = $seq
 packing = true
 [train]
 batch_size = $batch
+seed = ${4:-42}
 epochs = 1.0
 lr = $lr
 schedule = "cosine"
@@ -97,9 +104,11 @@ for set in $sets; do
     train=/tmp/epoch/$set-train.jsonl; eval_=/tmp/epoch/$set-eval.jsonl
   fi
   config $set $train $eval_
+  [ "$seed2" = 0 ] || config $set-seed$seed2 $train $eval_ $seed2
   lora-ft data tokenize $train --config /tmp/epoch/$set.toml --out $OUT/tokens_${arch}_$set-train.jsonl 2>&1 | grep -v INFO || true
   lora-ft data tokenize $eval_ --config /tmp/epoch/$set.toml --out /tmp/epoch/tokens_$set-eval.jsonl 2>&1 | grep -v INFO || true
   runs+=(--run $set:$OUT/tokens_${arch}_$set-train.jsonl:/tmp/epoch/tokens_$set-eval.jsonl)
+  runs+=(--score lora-ft-$set:/tmp/epoch/adapters/$set:/tmp/epoch/tokens_$set-eval.jsonl)
 done
 echo "{\"tokenized_at_s\": $SECONDS}"
 
@@ -108,6 +117,10 @@ for set in $sets; do
   lora-ft train /tmp/epoch/$set.toml 2>&1 | grep -v " INFO " | tail -4 || true
   cp /tmp/epoch/run-$set/metrics.jsonl $OUT/lora_ft_${arch}_$set.metrics.jsonl || true
   echo "{\"lora_ft_${set}_done_at_s\": $SECONDS}"
+  if [ "$seed2" != 0 ]; then
+    lora-ft train /tmp/epoch/$set-seed$seed2.toml 2>&1 | grep -v " INFO " | tail -2 || true
+    cp /tmp/epoch/run-$set-seed$seed2/metrics.jsonl $OUT/lora_ft_${arch}_$set-seed$seed2.metrics.jsonl || true
+  fi
 done
 if [ "$device" = cuda ] && [ "${BENCH_RANDOM:-1}" = 1 ]; then
   lora-ft bench train --model $dir --shapes 2048x8 --device cuda:0 --dtype $dtype --steps 4 2>&1 \

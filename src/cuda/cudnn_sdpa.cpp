@@ -48,6 +48,9 @@ struct SdpaDesc {
     // (then `batch` = ragged, `seq` = the longest a sequence may be, and the strides below are
     // ignored): each tensor gets ragged offsets, and cuDNN's padding mask the sequence lengths.
     int64_t ragged;
+    // Packed rows: the tokens of the whole [tokens, heads, d] memory, which bounds the token axis
+    // of cuDNN's workspace (its dQ accumulator would otherwise be [sequences, heads, seq, d])
+    int64_t total_tokens;
     int64_t q[4], k[4], v[4], o[4], d_o[4], dq[4], dk[4], dv[4];
 };
 
@@ -69,7 +72,7 @@ void set_error(char *err, size_t len, const std::string &what) {
 using Key = std::tuple<bool, std::vector<int64_t>, float, float>;
 
 Key key_of(const SdpaDesc &d, bool backward) {
-    std::vector<int64_t> v{d.batch, d.heads, d.kv_heads, d.seq, d.head_dim, d.bf16, d.window, d.ragged};
+    std::vector<int64_t> v{d.batch, d.heads, d.kv_heads, d.seq, d.head_dim, d.bf16, d.window, d.ragged, d.total_tokens};
     for (const int64_t *s : {d.q, d.k, d.v, d.o, d.d_o, d.dq, d.dk, d.dv}) v.insert(v.end(), s, s + 4);
     return {backward, v, d.scale, d.softcap};
 }
@@ -178,6 +181,9 @@ void set_rule(fe::graph::Graph &g, Options &options, const SdpaDesc &d, const Ra
     if (r != nullptr) {
         // each sequence its own causal rows (top left: row i of a sequence is its position i)
         options.set_padding_mask(true).set_seq_len_q(r->seq_lens).set_seq_len_kv(r->seq_lens);
+        if (d.total_tokens > 0) {
+            options.set_max_total_seq_len_q(d.total_tokens).set_max_total_seq_len_kv(d.total_tokens);
+        }
     }
     if (d.softcap <= 0.0f) {
         options.set_causal_mask(true);

@@ -27,6 +27,7 @@ struct SdpaDesc {
     softcap: f32,
     window: i64,
     ragged: i64,
+    total_tokens: i64,
     q: [i64; 4],
     k: [i64; 4],
     v: [i64; 4],
@@ -148,6 +149,9 @@ fn desc(q: &Tensor, k: &Tensor, rule: &Rule, ragged: Option<&Ragged>) -> Result<
         kv_heads: kv as i64,
         seq: seq as i64,
         ragged: ragged.map_or(0, |r| r.sequences as i64),
+        // packed rows: every token of the batch, which bounds cuDNN's workspace (not
+        // sequences x longest)
+        total_tokens: ragged.map_or(0, |_| (b * t) as i64),
         head_dim: d as i64,
         bf16: i32::from(q.dtype() == DType::BF16),
         scale: rule.scale as f32,
