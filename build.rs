@@ -22,7 +22,13 @@ const KERNELS: [&str; 8] = [
     "cross_entropy",
     "embedding",
 ];
-const CUDA_HEADERS: [&str; 2] = ["src/cuda/dtype.cuh", "src/cuda/block_reduce.cuh"];
+const CUDA_HEADERS: [&str; 5] = [
+    "src/cuda/dtype.cuh",
+    "src/cuda/block_reduce.cuh",
+    "src/cuda/mma.cuh",
+    "src/cuda/flash_common.cuh",
+    "src/cuda/flash_backward.cuh",
+];
 
 fn main() {
     for source in KERNELS.iter().map(|k| format!("src/cuda/{k}.cu")).chain(CUDA_HEADERS.map(String::from)) {

@@ -127,8 +127,8 @@ fn refused(rule: &Rule, ragged: bool, what: &str) -> Result<()> {
     }
     let kind = rule.kind(ragged);
     if REFUSED_KINDS.fetch_or(kind, Ordering::Relaxed) & kind == 0 {
-        let fallback =
-            if rule.softcap.is_some() || ragged { "the composed path" } else { "the flash kernels" };
+        // packed rows too: the flash kernels take their spans
+        let fallback = if rule.softcap.is_some() { "the composed path" } else { "the flash kernels" };
         let packed = if ragged { " of packed rows" } else { "" };
         tracing::warn!(
             "cuDNN attention unavailable for {} scores{packed} ({what}); using {fallback}",

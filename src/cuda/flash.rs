@@ -2,10 +2,18 @@
 //! 64 or 128). Scores never reach global memory: the forward returns the context and the row
 //! log-sum-exp, and the backward recomputes the probabilities from them. `attention.rs` keeps the
 //! composed chunked version as the CPU path, the f32 path and the tests' reference.
+//!
+//! Packed rows (`data.packing`) pass their spans (`PackedRows::token_spans`): each token's
+//! sequence as (start, end) within its row. Attention then stays inside each sequence, and the
+//! kernels skip every tile of keys outside the sequences of its queries.
 
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SMEM;
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use candle_core::{bail, DType, Result, Tensor, WithDType};
 use half::{bf16, f16};
 
@@ -51,11 +59,11 @@ impl BackwardShape {
     }
 
     /// Dynamic shared memory: the block's K and V, the stages of Q and dO rows, P^T and dS^T
-    /// (16-bit), then the stages' lse and delta (f32).
+    /// (16-bit), then the stages' lse, delta (f32) and first visible keys (i32).
     fn smem_bytes(self, head_dim: usize) -> u32 {
         let (keys, stages) = (self.keys(), self.stages());
         let tiles = (2 * keys + stages * 2 * BWD_Q) * (head_dim + PAD) + 2 * keys * (BWD_Q + PAD);
-        (tiles * 2 + stages * 2 * BWD_Q * 4) as u32
+        (tiles * 2 + stages * 3 * BWD_Q * 4) as u32
     }
 
     /// The larger shape where the device's per-block shared memory allows it.
@@ -139,6 +147,63 @@ fn dims(q: &Tensor, k: &Tensor, window: Option<usize>) -> Result<Dims> {
     })
 }
 
+/// Forward and backward launches that took packed rows' spans: the tests read them to know
+/// that the flash kernels, not the composed path, ran a packed batch.
+static PACKED_FORWARDS: AtomicUsize = AtomicUsize::new(0);
+static PACKED_BACKWARDS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many (forward, backward) launches took packed rows so far in this process.
+pub fn packed_launches() -> (usize, usize) {
+    (PACKED_FORWARDS.load(Ordering::Relaxed), PACKED_BACKWARDS.load(Ordering::Relaxed))
+}
+
+/// Packed rows' spans (`[b · t, 2]` i32, `PackedRows::token_spans`) checked against q `[b, h,
+/// t, d]` and k `[b, kv, s, d]`: packed rows attend within the row, so t = s.
+fn check_spans(spans: &Tensor, q: &Tensor, k: &Tensor) -> Result<()> {
+    let (b, _, t, _) = q.dims4()?;
+    let s = k.dim(2)?;
+    if spans.dtype() != DType::I32 || spans.dims() != [b * t, 2] || t != s || !spans.is_contiguous() {
+        bail!(
+            "flash attention: packed rows' spans {:?} {:?} do not fit q {:?} and k {:?}",
+            spans.dtype(),
+            spans.dims(),
+            q.dims(),
+            k.dims()
+        );
+    }
+    Ok(())
+}
+
+/// The spans' device memory, or none: the kernels take a null pointer for rows of one sequence.
+enum SpansArg<'a> {
+    Packed(CudaView<'a, i32>),
+    None(u64),
+}
+
+impl SpansArg<'_> {
+    /// Pushes the argument; a packed launch adds one to `count`.
+    fn push<'b>(&'b self, l: &mut LaunchArgs<'b>, count: &AtomicUsize) {
+        match self {
+            SpansArg::Packed(view) => {
+                count.fetch_add(1, Ordering::Relaxed);
+                l.arg(view);
+            }
+            SpansArg::None(null) => {
+                l.arg(null);
+            }
+        }
+    }
+}
+
+/// The kernels' name ending: packed rows have their own instantiation.
+fn packed_tail(spans: Option<&Tensor>) -> &'static str {
+    if spans.is_some() {
+        "_packed"
+    } else {
+        ""
+    }
+}
+
 fn grid(rows: usize, heads: usize, batch: usize, shared_mem_bytes: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows.div_ceil(BLOCK_ROWS) as u32, heads as u32, batch as u32),
@@ -148,11 +213,18 @@ fn grid(rows: usize, heads: usize, batch: usize, shared_mem_bytes: u32) -> Launc
 }
 
 /// q `[b, h, t, d]`, k/v `[b, kv, s, d]` → (context `[b, h, t, d]` (a view of `[b, t, h, d]`),
-/// lse `[b, h, t]` f32 in log2 units).
-pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>) -> Result<(Tensor, Tensor)> {
+/// lse `[b, h, t]` f32 in log2 units). `spans`: packed rows' (`PackedRows::token_spans`), or
+/// `None` for rows of one sequence.
+pub fn forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<usize>,
+    spans: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
     match q.dtype() {
-        DType::F16 => forward_typed::<f16>(q, k, v, window),
-        DType::BF16 => forward_typed::<bf16>(q, k, v, window),
+        DType::F16 => forward_typed::<f16>(q, k, v, window, spans),
+        DType::BF16 => forward_typed::<bf16>(q, k, v, window, spans),
         dt => bail!("flash attention takes f16 or bf16, not {dt:?}"),
     }
 }
@@ -162,9 +234,13 @@ fn forward_typed<T: CudaDType + WithDType + DeviceRepr>(
     k: &Tensor,
     v: &Tensor,
     window: Option<usize>,
+    spans: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
     let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
     let d = dims(&q, &k, window)?;
+    if let Some(spans) = spans {
+        check_spans(spans, &q, &k)?;
+    }
     let (sq, sk) = (strides(&q)?, strides(&k)?);
     let dev = cuda_device(&q)?;
     let (b, h, t, hd) = q.dims4()?;
@@ -174,22 +250,30 @@ fn forward_typed<T: CudaDType + WithDType + DeviceRepr>(
     // returned as its [b, h, t, d] view: flattening it back costs no copy.
     let so = Strides { b: (t * h * hd) as i64, h: hd as i64, row: (h * hd) as i64 };
     let smem = forward_bytes(hd);
+    let tail = packed_tail(spans);
     let func =
-        dev.get_or_load_custom_func(&format!("flash_forward_{}_{hd}", suffix(T::DTYPE)?), MODULE, PTX)?;
+        dev.get_or_load_custom_func(&format!("flash_forward_{}_{hd}{tail}", suffix(T::DTYPE)?), MODULE, PTX)?;
     allow_smem(&func, smem)?;
     {
         let (qs, ks, vs) = (q.storage_and_layout().0, k.storage_and_layout().0, v.storage_and_layout().0);
         let (qv, kv, vv) = (view::<T>(&qs, &q)?, view::<T>(&ks, &k)?, view::<T>(&vs, &v)?);
+        let spans_storage = spans.map(|s| s.storage_and_layout().0);
+        let spans_arg = match (&spans_storage, spans) {
+            (Some(storage), Some(s)) => SpansArg::Packed(view::<i32>(storage, s)?),
+            _ => SpansArg::None(0),
+        };
         let mut l = func.builder();
         l.arg(&qv).arg(&kv).arg(&vv).arg(&out).arg(&lse).arg(&d).arg(&sq).arg(&sk).arg(&so);
+        spans_arg.push(&mut l, &PACKED_FORWARDS);
         unsafe { l.launch(grid(t, h, b, smem)) }.w()?;
     }
     Ok((wrap(out, &dev, &[b, t, h, hd]).transpose(1, 2)?, wrap(lse, &dev, &[b, h, t])))
 }
 
 /// Given the forward's inputs, its context and lse, and d(context), returns (dq, dk, dv) with dk
-/// and dv already summed over the query heads of each kv head. `shape`: the backward kernel's,
-/// or `None` for the larger one the device's shared memory allows (the tests run both).
+/// and dv already summed over the query heads of each kv head. `spans`: as the forward's.
+/// `shape`: the backward kernel's, or `None` for the larger one the device's shared memory
+/// allows (the tests run both).
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     q: &Tensor,
@@ -198,12 +282,12 @@ pub fn backward(
     context: &Tensor,
     lse: &Tensor,
     d_context: &Tensor,
-    window: Option<usize>,
+    (window, spans): (Option<usize>, Option<&Tensor>),
     shape: Option<BackwardShape>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     match q.dtype() {
-        DType::F16 => backward_typed::<f16>(q, k, v, context, lse, d_context, window, shape),
-        DType::BF16 => backward_typed::<bf16>(q, k, v, context, lse, d_context, window, shape),
+        DType::F16 => backward_typed::<f16>(q, k, v, context, lse, d_context, (window, spans), shape),
+        DType::BF16 => backward_typed::<bf16>(q, k, v, context, lse, d_context, (window, spans), shape),
         dt => bail!("flash attention takes f16 or bf16, not {dt:?}"),
     }
 }
@@ -216,11 +300,14 @@ fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
     context: &Tensor,
     lse: &Tensor,
     d_context: &Tensor,
-    window: Option<usize>,
+    (window, spans): (Option<usize>, Option<&Tensor>),
     shape: Option<BackwardShape>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (q, k, v, lse) = (q.contiguous()?, k.contiguous()?, v.contiguous()?, lse.contiguous()?);
     let d = dims(&q, &k, window)?;
+    if let Some(spans) = spans {
+        check_spans(spans, &q, &k)?;
+    }
     let (sq, sk, so, sdo) = (strides(&q)?, strides(&k)?, strides(context)?, strides(d_context)?);
     let dev = cuda_device(&q)?;
     let (b, h, t, hd) = q.dims4()?;
@@ -242,6 +329,11 @@ fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
         let ov = view::<T>(&guards[3], context)?;
         let lv = view::<f32>(&guards[4], &lse)?;
         let dov = view::<T>(&guards[5], d_context)?;
+        let spans_storage = spans.map(|s| s.storage_and_layout().0);
+        let spans_arg = match (&spans_storage, spans) {
+            (Some(storage), Some(s)) => SpansArg::Packed(view::<i32>(storage, s)?),
+            _ => SpansArg::None(0),
+        };
 
         let rows = b * h * t;
         let delta_fn = dev.get_or_load_custom_func(&format!("attention_delta_{suffix}"), MODULE, PTX)?;
@@ -255,12 +347,13 @@ fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
             None => BackwardShape::for_device(&dev, hd)?,
         };
         let (keys, smem) = (shape.keys(), shape.smem_bytes(hd));
-        let name = format!("flash_backward_{suffix}_{hd}_k{keys}");
+        let name = format!("flash_backward_{suffix}_{hd}_k{keys}{}", packed_tail(spans));
         let bwd_fn = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
         allow_smem(&bwd_fn, smem)?;
         let mut l = bwd_fn.builder();
         l.arg(&qv).arg(&kv).arg(&vv).arg(&dov).arg(&lv).arg(&delta).arg(&dk).arg(&dv).arg(&dq_acc);
         l.arg(&d).arg(&sq).arg(&sk).arg(&sdo).arg(&sdk);
+        spans_arg.push(&mut l, &PACKED_BACKWARDS);
         let cfg = LaunchConfig {
             grid_dim: (s.div_ceil(keys) as u32, kvh as u32, b as u32),
             block_dim: (BWD_THREADS, 1, 1),

@@ -19,6 +19,8 @@ pub struct PackedRows {
     pub positions: Tensor,
     /// The ragged columns cuDNN reads, per (q, kv) width in elements of a token.
     columns: Mutex<Vec<ColumnsOfWidth>>,
+    /// Each token's span for the flash kernels, made on first use.
+    token_spans: Mutex<Option<Tensor>>,
 }
 
 /// Ragged columns and the (q, kv) widths they were made for.
@@ -60,7 +62,34 @@ impl PackedRows {
             spans.push(row);
         }
         let positions = Tensor::from_vec(positions, seq_lens.len() * seq_len, device)?;
-        Ok(Self { spans, seq_len, positions, columns: Mutex::new(Vec::new()) })
+        Ok(Self { spans, seq_len, positions, columns: Mutex::new(Vec::new()), token_spans: Mutex::new(None) })
+    }
+
+    /// `[b · t, 2]` i32: the (start, end) within its row of each token's span (end exclusive),
+    /// as the flash kernels read them (varlen attention: token i sees keys start(i) ..= i).
+    /// Made once per batch on `device`.
+    pub fn token_spans(&self, device: &Device) -> Result<Tensor> {
+        let mut cached =
+            self.token_spans.lock().map_err(|_| candle_core::Error::Msg("span cache poisoned".into()))?;
+        if let Some(t) = cached.as_ref().filter(|t| t.device().same_device(device)) {
+            return Ok(t.clone());
+        }
+        if self.seq_len > i32::MAX as usize {
+            candle_core::bail!(
+                "packed rows of {} tokens are past the flash kernels' 32-bit spans",
+                self.seq_len
+            );
+        }
+        let mut bounds: Vec<i32> = Vec::with_capacity(self.spans.len() * self.seq_len * 2);
+        for row in &self.spans {
+            for &(start, len) in row {
+                let (s, e) = (start as i32, (start + len) as i32);
+                bounds.extend(std::iter::repeat_n([s, e], len).flatten());
+            }
+        }
+        let t = Tensor::from_vec(bounds, (self.spans.len() * self.seq_len, 2), device)?;
+        *cached = Some(t.clone());
+        Ok(t)
     }
 
     /// The spans as cuDNN's ragged columns for q and k/v of `q_width` and `kv_width` elements a
@@ -137,5 +166,23 @@ mod tests {
         assert_eq!(seen(1, 4), [3, 4]);
         let full = p.mask(None, &Device::Cpu).unwrap().squeeze(1).unwrap().to_vec3::<f32>().unwrap();
         assert_eq!((0..6).filter(|&j| full[0][2][j] == 0.0).count(), 3);
+    }
+
+    /// The flash kernels' spans: every token of a row, padding included, knows its span.
+    #[test]
+    fn token_spans_cover_every_token_with_its_own_span() {
+        let p = PackedRows::new(&[vec![3, 2], vec![5]], 6, &Device::Cpu).unwrap();
+        let spans = p.token_spans(&Device::Cpu).unwrap().to_vec2::<i32>().unwrap();
+        let want =
+            [[0, 3], [0, 3], [0, 3], [3, 5], [3, 5], [5, 6], [0, 5], [0, 5], [0, 5], [0, 5], [0, 5], [5, 6]];
+        assert_eq!(spans, want);
+        // every token sees itself and nothing before its span's start, as the mask has it
+        let m = p.mask(None, &Device::Cpu).unwrap().squeeze(1).unwrap().to_vec3::<f32>().unwrap();
+        for (token, &[start, end]) in want.iter().enumerate() {
+            let (r, i) = (token / 6, token % 6);
+            let seen: Vec<usize> = (0..6).filter(|&j| m[r][i][j] == 0.0).collect();
+            assert_eq!(seen, (start as usize..=i).collect::<Vec<_>>(), "token {token}");
+            assert!(i < end as usize);
+        }
     }
 }

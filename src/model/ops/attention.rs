@@ -191,8 +191,8 @@ fn flash_takes(q: &Tensor, rule: &ScoreRule) -> bool {
 }
 
 /// The fused kernels' forward where one takes the call: cuDNN (head_dim up to 256, soft caps
-/// and windows included), else our flash kernels (64, 128, no cap); `None` for the composed path
-/// (f32, other head dims, or a soft cap cuDNN refused).
+/// and windows included), else our flash kernels (64, 128, no cap; packed rows through their
+/// spans); `None` for the composed path (f32, other head dims, or a soft cap cuDNN refused).
 #[cfg(feature = "cuda")]
 fn kernel_forward(
     q: &Tensor,
@@ -214,11 +214,12 @@ fn kernel_forward(
         let saved = AttentionSaved { kernel: Some(KernelSaved::Cudnn { context: context.clone(), stats }) };
         return Ok(Some((context, saved)));
     }
-    // the flash kernels do not take packed rows: the composed path does
-    if packed.is_some() || !flash_takes(q, rule) {
+    if !flash_takes(q, rule) || (packed.is_some() && q.dim(2)? != k.dim(2)?) {
         return Ok(None);
     }
-    let (context, lse) = crate::cuda::flash::forward(&flash_query(q, rule)?, k, v, rule.window)?;
+    let spans = packed.map(|p| p.token_spans(q.device())).transpose()?;
+    let (context, lse) =
+        crate::cuda::flash::forward(&flash_query(q, rule)?, k, v, rule.window, spans.as_ref())?;
     Ok(Some((context.clone(), AttentionSaved { kernel: Some(KernelSaved::Flash { context, lse }) })))
 }
 
@@ -253,7 +254,10 @@ fn kernel_backward(
     kernel: &KernelSaved,
     d_context: &Tensor,
 ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    // packed rows' spans, made (once per batch) only where the flash kernels run
+    let spans = || packed.map(|p| p.token_spans(q.device())).transpose();
     let flash = |context: &Tensor, lse: &Tensor| -> Result<(Tensor, Tensor, Tensor)> {
+        let spans = spans()?;
         let (dq, dk, dv) = crate::cuda::flash::backward(
             &flash_query(q, rule)?,
             k,
@@ -261,7 +265,7 @@ fn kernel_backward(
             context,
             lse,
             d_context,
-            rule.window,
+            (rule.window, spans.as_ref()),
             None,
         )?;
         let factor = rule.query_factor(q.dim(D::Minus1)?);
@@ -283,7 +287,20 @@ fn kernel_backward(
             )?;
             match cudnn {
                 Some(grads) => Ok(Some(grads)),
-                None if packed.is_some() || !flash_takes(q, rule) => Ok(None),
+                None if !flash_takes(q, rule) => Ok(None),
+                // cuDNN refused the backward graph of packed rows: its statistic is laid out per
+                // span, so the flash forward recomputes context and lse for the flash backward
+                // (one forward more, far less than the composed path with its [b, 1, t, t] mask)
+                None if packed.is_some() => {
+                    let (context, lse) = crate::cuda::flash::forward(
+                        &flash_query(q, rule)?,
+                        k,
+                        v,
+                        rule.window,
+                        spans()?.as_ref(),
+                    )?;
+                    flash(&context, &lse).map(Some)
+                }
                 // cuDNN refused the backward graph: the flash kernel takes the statistic in log2
                 // units
                 None => flash(context, &(stats * std::f64::consts::LOG2_E)?).map(Some),

@@ -154,9 +154,17 @@ fn cuda_attention_cases(needs_cudnn: bool) {
             if let (Some(KernelSaved::Flash { context, lse }), true) = (&saved.kernel, plain_scale) {
                 let dc = on_gpu(&dc);
                 for shape in crate::cuda::flash::BackwardShape::ALL {
-                    let (dq, dk, dv) =
-                        crate::cuda::flash::backward(&gq, &gk, &gv, context, lse, &dc, window, Some(shape))
-                            .unwrap();
+                    let (dq, dk, dv) = crate::cuda::flash::backward(
+                        &gq,
+                        &gk,
+                        &gv,
+                        context,
+                        lse,
+                        &dc,
+                        (window, None),
+                        Some(shape),
+                    )
+                    .unwrap();
                     for (name, ours, reference) in [("dq", dq, &wq), ("dk", dk, &wk), ("dv", dv, &wv)] {
                         check(&format!("{shape:?} {name}"), &ours, reference);
                     }
@@ -164,4 +172,147 @@ fn cuda_attention_cases(needs_cudnn: bool) {
             }
         }
     }
+}
+
+/// Packed rows through the flash kernels (`LORA_FT_ATTENTION=flash`) against the composed ops
+/// on the CPU with `PackedRows`' mask: spans of 1, 7, 33 and 100 tokens and longer ones across
+/// the kernels' 128-row and 32/64/128-key blocks, the padding span at a row's end, a row of one
+/// sequence, GQA, no window, a window that cuts inside the spans and one that does not; forward
+/// and both shapes of the backward. The kernels must have taken every packed call.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_flash_takes_packed_rows_like_the_composed_cpu_path() {
+    use crate::cuda::cudnn_sdpa::{self, Mode};
+    use crate::cuda::flash::{self, BackwardShape};
+    let gpu = Device::new_cuda(0).unwrap();
+    let cpu = Device::Cpu;
+    let rand = |shape: (usize, usize, usize, usize)| Tensor::randn(0f32, 1.0, shape, &cpu).unwrap();
+    cudnn_sdpa::set_mode(Mode::Flash);
+    let rows: [(&[&[usize]], usize); 3] = [
+        // a row of short spans and padding, a row of one sequence
+        (&[&[1, 7, 33, 100, 17], &[200]], 200),
+        // spans that straddle every block boundary; 3 tokens of padding
+        (&[&[150, 1, 7, 33, 100], &[33, 7, 1, 250]], 294),
+        // a long span after many short ones: whole key blocks skipped both ways
+        (&[&[7, 7, 7, 7, 7, 7, 33, 33, 1, 1, 400]], 520),
+    ];
+    for (lens, t) in rows {
+        let lens: Vec<Vec<usize>> = lens.iter().map(|l| l.to_vec()).collect();
+        let (on_cpu, on_gpu_rows) =
+            (PackedRows::new(&lens, t, &cpu).unwrap(), PackedRows::new(&lens, t, &gpu).unwrap());
+        for (d, window) in [(64, None), (128, Some(20)), (64, Some(1000)), (128, None), (64, Some(5))] {
+            let rule = ScoreRule::causal(d, window);
+            let (b, h, kv) = (lens.len(), 8, 2);
+            let (q, k, v, dc) =
+                (rand((b, h, t, d)), rand((b, kv, t, d)), rand((b, kv, t, d)), rand((b, h, t, d)));
+            let mask = on_cpu.mask(window, &cpu).unwrap();
+            let packed = (Some(&mask), Some(&on_cpu));
+            let (want, saved) = attention_packed(&q, &k, &v, packed, &rule).unwrap();
+            let (wq, wk, wv) = attention_backward_packed((&q, &k, &v), packed, &rule, &saved, &dc).unwrap();
+            for (dtype, tol) in [(DType::F16, 2e-2), (DType::BF16, 5e-2)] {
+                let on_gpu = |x: &Tensor| x.to_dtype(dtype).unwrap().to_device(&gpu).unwrap();
+                let (gq, gk, gv, gdc) = (on_gpu(&q), on_gpu(&k), on_gpu(&v), on_gpu(&dc));
+                let launches = flash::packed_launches();
+                let packed = (None, Some(&on_gpu_rows));
+                let (ctx, saved) = attention_packed(&gq, &gk, &gv, packed, &rule).unwrap();
+                assert_eq!(saved.kernel_name(), "flash", "t {t} d {d} {window:?}");
+                let (dq, dk, dv) =
+                    attention_backward_packed((&gq, &gk, &gv), packed, &rule, &saved, &gdc).unwrap();
+                assert_eq!(flash::packed_launches(), (launches.0 + 1, launches.1 + 1), "both took the spans");
+                let check = |name: &str, ours: &Tensor, reference: &Tensor| {
+                    let ours = ours.to_dtype(DType::F32).unwrap().to_device(&cpu).unwrap();
+                    let err = max_rel(&ours, reference);
+                    println!("packed t {t} d {d} {window:?} {dtype:?} {name}: {err:.2e}");
+                    assert!(err < tol, "packed t {t} d {d} {window:?} {dtype:?} {name}: {err}");
+                };
+                for (name, ours, reference) in
+                    [("context", ctx, &want), ("dq", dq, &wq), ("dk", dk, &wk), ("dv", dv, &wv)]
+                {
+                    check(name, &ours, reference);
+                }
+                let Some(KernelSaved::Flash { context, lse }) = &saved.kernel else { unreachable!() };
+                let spans = on_gpu_rows.token_spans(&gpu).unwrap();
+                for shape in BackwardShape::ALL {
+                    let (dq, dk, dv) = flash::backward(
+                        &gq,
+                        &gk,
+                        &gv,
+                        context,
+                        lse,
+                        &gdc,
+                        (window, Some(&spans)),
+                        Some(shape),
+                    )
+                    .unwrap();
+                    for (name, ours, reference) in [("dq", dq, &wq), ("dk", dk, &wk), ("dv", dv, &wv)] {
+                        check(&format!("{shape:?} {name}"), &ours, reference);
+                    }
+                }
+            }
+        }
+    }
+    cudnn_sdpa::set_mode(Mode::Auto);
+}
+
+/// Spans that do not fit the call are an error, not a read past the tensor.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_flash_refuses_spans_of_another_shape() {
+    let gpu = Device::new_cuda(0).unwrap();
+    let x = Tensor::zeros((1, 2, 16, 64), DType::F16, &gpu).unwrap();
+    let rows = PackedRows::new(&[vec![8, 8]], 16, &gpu).unwrap();
+    let short = PackedRows::new(&[vec![8]], 8, &gpu).unwrap();
+    assert!(crate::cuda::flash::forward(&x, &x, &x, None, Some(&rows.token_spans(&gpu).unwrap())).is_ok());
+    let err = crate::cuda::flash::forward(&x, &x, &x, None, Some(&short.token_spans(&gpu).unwrap()));
+    assert!(err.unwrap_err().to_string().contains("spans"));
+    let fewer_queries = x.narrow(2, 8, 8).unwrap();
+    let err =
+        crate::cuda::flash::forward(&fewer_queries, &x, &x, None, Some(&rows.token_spans(&gpu).unwrap()));
+    assert!(err.is_err(), "packed rows have as many queries as keys");
+}
+
+/// The speed packed rows buy (`--ignored`, on the GPU): rows of 4096 tokens, 32 query heads of
+/// 128 over 8 kv heads in bf16, forward and backward through the flash kernels, once as one
+/// sequence a row and once packed with dialogues of 200 tokens. Causal attention over a whole row
+/// costs ~t²/2 per row, over its dialogues ~t·200/2: the kernels skip the blocks between
+/// dialogues, so the packed rows must take well under a third of the time.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "timing, on the GPU"]
+fn cuda_flash_packed_rows_skip_the_blocks_between_dialogues() {
+    use crate::cuda::cudnn_sdpa::{self, Mode};
+    use std::time::Instant;
+    let gpu = Device::new_cuda(0).unwrap();
+    let (b, h, kv, t, d) = (4, 32, 8, 4096, 128);
+    let rand = |shape: (usize, usize, usize, usize)| {
+        Tensor::randn(0f32, 1.0, shape, &gpu).unwrap().to_dtype(DType::BF16).unwrap()
+    };
+    let (q, k, v, dc) = (rand((b, h, t, d)), rand((b, kv, t, d)), rand((b, kv, t, d)), rand((b, h, t, d)));
+    let rule = ScoreRule::causal(d, None);
+    let dialogues = vec![vec![200; t / 200]; b];
+    let rows = PackedRows::new(&dialogues, t, &gpu).unwrap();
+    cudnn_sdpa::set_mode(Mode::Flash);
+    let time = |packed: Option<&PackedRows>| {
+        let step = || {
+            let (_, saved) = attention_packed(&q, &k, &v, (None, packed), &rule).unwrap();
+            assert_eq!(saved.kernel_name(), "flash");
+            attention_backward_packed((&q, &k, &v), (None, packed), &rule, &saved, &dc).unwrap();
+        };
+        step();
+        gpu.synchronize().unwrap();
+        let start = Instant::now();
+        for _ in 0..10 {
+            step();
+        }
+        gpu.synchronize().unwrap();
+        start.elapsed().as_secs_f64() / 10.0
+    };
+    let (whole, packed) = (time(None), time(Some(&rows)));
+    cudnn_sdpa::set_mode(Mode::Auto);
+    println!(
+        "forward + backward, {b} x {t} tokens: one sequence a row {:.2} ms, packed {:.2} ms",
+        whole * 1e3,
+        packed * 1e3
+    );
+    assert!(packed < whole / 3.0, "packed rows {packed:.4} s, whole rows {whole:.4} s");
 }
