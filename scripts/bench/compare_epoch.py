@@ -44,6 +44,15 @@ def lora_ft_epoch(metrics):
                 eval_loss=evals[-1]["eval_loss"] if len(evals) > 1 else None, last_loss=steps[-1]["loss"])
 
 
+def token_count(d, arch, name, theirs):
+    """(rows, tokens) both stacks trained: from the tokens file where it is kept, else the
+    reference's record of the same tokens (benches/issue19 keeps no tokens files)."""
+    tokens = read_jsonl(os.path.join(d, f"tokens_{arch}_{name}-train.jsonl"))
+    if tokens:
+        return len(tokens), sum(len(r["input_ids"]) for r in tokens)
+    return theirs.get("rows", "—") if theirs else "—", theirs["tokens"] if theirs else 0
+
+
 def fmt(v, spec):
     return "—" if v is None else format(v, spec)
 
@@ -71,10 +80,9 @@ def main():
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     checks = []
     for s in args.sets:
-        tokens = read_jsonl(os.path.join(d, f"tokens_{a}_{s}-train.jsonl"))
-        n_tok = sum(len(r["input_ids"]) for r in tokens)
         ours = lora_ft_epoch(read_jsonl(os.path.join(d, f"lora_ft_{a}_{s}.metrics.jsonl")))
         theirs = trl_runs.get(s)
+        n_rows, n_tok = token_count(d, a, s, theirs)
         our_s = ours and ours["step_time_s"]
         their_s = theirs and theirs["step_time_s"]
         speed = their_s / our_s if our_s and their_s else None
@@ -84,7 +92,7 @@ def main():
         el, tl = ours and ours["eval_loss"], theirs and theirs["eval_loss"]
         diff = (el - tl) / tl if el is not None and tl else None
         steps = f"{ours['steps'] if ours else '—'}/{theirs['steps'] if theirs else '—'}"
-        print(f"| {s} | {len(tokens)} | {n_tok} | {steps} | {fmt(our_s, '.1f')} | {fmt(their_s, '.1f')} | "
+        print(f"| {s} | {n_rows} | {n_tok} | {steps} | {fmt(our_s, '.1f')} | {fmt(their_s, '.1f')} | "
               f"{fmt(speed, '.2f')}× | {fmt(tok_s, ',.0f')} | {fmt(own and own * 100, '.0f')}% | "
               f"{fmt(ours and ours['peak_alloc_gib'], '.2f')} | {fmt(theirs and theirs['peak_alloc_gib'], '.2f')} | "
               f"{fmt(mem, '.2f')} | {fmt(ours and ours['base_eval_loss'], '.4f')} | {fmt(el, '.4f')} | "
@@ -99,9 +107,8 @@ def main():
           "| lora-ft eval loss by TRL's evaluator | lora-ft eval loss, seed 7 | TRL eval loss |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for s in args.sets:
-        tokens = read_jsonl(os.path.join(d, f"tokens_{a}_{s}-train.jsonl"))
-        n_tok = sum(len(r["input_ids"]) for r in tokens)
         ours = lora_ft_epoch(read_jsonl(os.path.join(d, f"lora_ft_{a}_{s}.metrics.jsonl")))
+        n_tok = token_count(d, a, s, trl_runs.get(s))[1]
         seed2 = lora_ft_epoch(read_jsonl(os.path.join(d, f"lora_ft_{a}_{s}-seed7.metrics.jsonl")))
         theirs = trl_runs.get(s)
         scored = next((r for r in trl.get("results", []) if r.get("scored") == f"lora-ft-{s}"), None)

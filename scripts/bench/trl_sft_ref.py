@@ -175,7 +175,7 @@ for spec in args.run:
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     loss, tokens = eval_loss(trainer.model, eval_rows)
     real = sum(len(r["input_ids"]) for r in train_rows)
-    r = dict(run=name, load_s=round(load_s, 1), steps=timer.steps, train_runtime_s=round(wall, 2), step_time_s=round(timer.total, 2),
+    r = dict(run=name, rows=len(train_rows), load_s=round(load_s, 1), steps=timer.steps, train_runtime_s=round(wall, 2), step_time_s=round(timer.total, 2),
              tokens=real, tok_s=round(real / timer.total, 1), peak_alloc_gib=round(peak, 2),
              peak_reserved_gib=round(reserved, 2), first_loss=losses[0] if losses else None,
              last_loss=losses[-1] if losses else None, eval_loss=round(loss, 5), eval_tokens=tokens,
