@@ -404,8 +404,20 @@ fn tool_calls_render_tokenize_and_mask_like_transformers() {
             assert_eq!(prompt, case.prompt_text, "{what}: prompt");
             let example = tok.encode_with_tools(&conv.messages, tools).unwrap();
             assert_eq!(example.input_ids, case.input_ids, "{what}: input_ids");
-            assert_eq!(decoded_trained_runs(&tok, &example.labels), case.trained, "{what}: trained text");
             assert_eq!(example.labels, case.labels, "{what}: labels");
+            // the labels above are the check; the decoded runs show it readably. SentencePiece
+            // decodes a "▁" piece after a special token as two spaces ("[TOOL_CALLS]  [" for the
+            // text's "[TOOL_CALLS] ["), so runs of spaces are compared as one.
+            let squeeze = |runs: Vec<String>| -> Vec<String> {
+                runs.iter()
+                    .map(|r| r.split(' ').filter(|w| !w.is_empty()).collect::<Vec<_>>().join(" "))
+                    .collect()
+            };
+            assert_eq!(
+                squeeze(decoded_trained_runs(&tok, &example.labels)),
+                squeeze(case.trained.clone()),
+                "{what}: trained text"
+            );
             outcomes.push(format!("{} ok", family.family));
         }
     }
@@ -422,6 +434,9 @@ fn tool_calls_render_tokenize_and_mask_like_transformers() {
         "qwen3 ok",
         "qwen3 ok",
         "qwen3 ok",
+        "mistral-v0.3 ok",
+        "mistral-v0.3 ok",
+        "mistral-v0.3 ok",
         "mistral-nemo ok",
         "mistral-nemo ok",
         "mistral-nemo ok",
