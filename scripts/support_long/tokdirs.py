@@ -1,27 +1,17 @@
 """Tokenizer folders from tests/fixtures/tokenizers (as scripts/golden/chat_templates.py builds them).
 Needs transformers; not used by the generator."""
 
-import gzip
 import os
-import shutil
-import tempfile
+import sys
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "fixtures", "tokenizers")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "golden"))
+import chat_templates  # noqa: E402  (its tokenizer_dir builds the folders)
+
 FAMILIES = {"llama-3.3": "llama3", "llama-3.2": "llama3", "mistral-v0.3": "mistral-v0.3", "qwen2.5": "qwen2.5"}
 
 
 def tokenizer_dir(family):
-    out = tempfile.mkdtemp(prefix="support-long-%s-" % family)
-    with gzip.open(os.path.join(ROOT, "vocab", "%s.tokenizer.json.gz" % FAMILIES[family])) as f:
-        open(os.path.join(out, "tokenizer.json"), "wb").write(f.read())
-    for name in os.listdir(os.path.join(ROOT, family)):
-        src = os.path.join(ROOT, family, name)
-        if name.endswith(".gz"):
-            with gzip.open(src) as f:
-                open(os.path.join(out, name[:-3]), "wb").write(f.read())
-        else:
-            shutil.copy(src, out)
-    return out
+    return chat_templates.tokenizer_dir(family, FAMILIES[family])
 
 
 def load(family):
