@@ -60,9 +60,19 @@ pub fn generate(
     };
     let mut processor = LogitsProcessor::from_sampling(settings.seed, sampling);
     let mut caches = vec![KvCache::default(); model.layers.len()];
+    // a reply stops at the model's last position (a prompt past it is an error)
+    let max_pos = model.config().max_position_embeddings;
+    anyhow::ensure!(
+        prompt_ids.len() <= max_pos,
+        "the prompt is {} tokens, past the model's max_position_embeddings ({max_pos})",
+        prompt_ids.len()
+    );
     let mut input = prompt_ids.to_vec();
     let mut out = Vec::new();
     for _ in 0..settings.max_new_tokens {
+        if prompt_ids.len() + out.len() >= max_pos && !out.is_empty() {
+            break;
+        }
         let ids = Tensor::new(input.as_slice(), model.device())?.unsqueeze(0)?;
         let logits = model.forward(&ids, Some(&mut caches))?;
         let last = logits.squeeze(0)?.get(input.len() - 1)?;
