@@ -98,18 +98,28 @@ pub struct TrainRow {
 /// f16, random token ids as inputs and labels, 2 warm-up steps then `steps` timed ones.
 /// `lora_dropout` > 0 measures the cost of LoRA dropout (the anchor has none).
 #[allow(clippy::too_many_arguments)]
+/// What `bench train` sets beyond the model and the shapes.
+pub struct TrainOptions {
+    /// Timed steps per shape.
+    pub steps: usize,
+    pub lora_dropout: f64,
+    /// `train.host_offload`.
+    pub host_offload: bool,
+    /// `train.mlp_tiles`.
+    pub mlp_tiles: bool,
+}
+
 pub fn train(
     model: &str,
     quantization: Quantization,
     dtype: DType,
     device: &Device,
     shapes: &[(usize, usize)],
-    steps: usize,
-    lora_dropout: f64,
-    host_offload: bool,
+    options: &TrainOptions,
     mut report: impl FnMut(&TrainRow),
 ) -> anyhow::Result<Vec<TrainRow>> {
     use crate::model::{LoraSpec, PROJECTIONS};
+    let &TrainOptions { steps, lora_dropout, host_offload, mlp_tiles } = options;
     anyhow::ensure!(
         (0.0..1.0).contains(&lora_dropout),
         "--lora-dropout must be in [0, 1), got {lora_dropout}"
@@ -122,6 +132,7 @@ pub fn train(
         0,
     )?;
     crate::train::set_host_offload(&mut lm, host_offload)?;
+    crate::train::set_mlp_tiles(&mut lm, mlp_tiles);
     let optim = crate::config::AdafactorSection {
         flavor: crate::config::AdafactorFlavor::Torch,
         ..Default::default()

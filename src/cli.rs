@@ -170,6 +170,9 @@ pub enum BenchCommand {
         /// Keep the checkpoints and lm_head on the GPU (train.host_offload = false).
         #[arg(long)]
         no_host_offload: bool,
+        /// Run each layer's MLP over all rows at once (train.mlp_tiles = false).
+        #[arg(long)]
+        no_mlp_tiles: bool,
     },
     /// Causal attention alone (the FlashAttention-style kernels on CUDA), forward and backward,
     /// on random inputs: milliseconds and TFLOP/s per shape, one JSON line each.

@@ -98,22 +98,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Chat(args) => chat(&args),
         Command::Bench {
-            command: BenchCommand::Train { model: m, shapes, steps, lora_dropout, no_host_offload },
+            command:
+                BenchCommand::Train { model: m, shapes, steps, lora_dropout, no_host_offload, no_mlp_tiles },
         } => {
             let (device, shapes) = (parse_device(&m.device)?, parse_shapes(&shapes)?);
             let (q, dtype) = (parse_quantization(&m.quantization), parse_dtype(&m.dtype));
-            let offload = !no_host_offload;
-            lora_ft::bench::train(
-                &m.model,
-                q,
-                dtype,
-                &device,
-                &shapes,
+            let options = lora_ft::bench::TrainOptions {
                 steps,
                 lora_dropout,
-                offload,
-                |row| println!("{}", serde_json::to_string(row).unwrap_or_default()),
-            )?;
+                host_offload: !no_host_offload,
+                mlp_tiles: !no_mlp_tiles,
+            };
+            lora_ft::bench::train(&m.model, q, dtype, &device, &shapes, &options, |row| {
+                println!("{}", serde_json::to_string(row).unwrap_or_default())
+            })?;
             Ok(())
         }
         Command::Bench {

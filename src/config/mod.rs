@@ -170,6 +170,10 @@ pub struct TrainSection {
     /// step, copied on a second stream while the GPU computes (host RAM: one layer input per
     /// layer, plus lm_head). `false` keeps everything on the GPU.
     pub host_offload: bool,
+    /// The gated MLP runs in row tiles (of at most 64M `[rows, intermediate]` values) once a
+    /// step has more rows than one holds: gate, up, act and their gradients for one tile at a
+    /// time instead of every row's. `false` runs each layer's MLP over all rows at once.
+    pub mlp_tiles: bool,
     /// Evaluate every N optimizer steps (0: only at the end).
     pub eval_every: usize,
     /// Cap on eval batches per evaluation (0: the whole eval set).
@@ -290,6 +294,7 @@ impl Default for TrainSection {
             device: "auto".into(),
             max_vram_fraction: None,
             host_offload: true,
+            mlp_tiles: true,
             eval_every: 0,
             eval_batches: 0,
             log_every: 1,

@@ -210,6 +210,7 @@ fn layer_of(key: &str) -> f64 {
 mod tests {
     use super::*;
     use crate::model::layer::LayerInput;
+    use crate::model::lora::linear::LoraGrad;
     use crate::testing::assert_within_reference_error;
     use candle_core::{DType, Device};
 
@@ -237,6 +238,7 @@ mod tests {
             scores: *rule,
             dropout_seed: None,
             packed: None,
+            mlp_tile_values: crate::model::layer::MLP_TILE_VALUES,
         };
 
         let (out, saved) = layer.forward_saving(&x, &input).unwrap();
@@ -261,22 +263,36 @@ mod tests {
         let xv64 = Var::from_tensor(&x.to_dtype(DType::F64).unwrap()).unwrap();
         let out_exact = layer_forward(&layer64, xv64.as_tensor(), &rope64, rule).unwrap();
         assert_within_reference_error("layer forward", &out, &out_ref, &out_exact);
-        let g = (out_ref * &d_out).unwrap().sum_all().unwrap().backward().unwrap();
+        let g = (&out_ref * &d_out).unwrap().sum_all().unwrap().backward().unwrap();
         let d_out64 = d_out.to_dtype(DType::F64).unwrap();
-        let g64 = (out_exact * &d_out64).unwrap().sum_all().unwrap().backward().unwrap();
+        let g64 = (&out_exact * &d_out64).unwrap().sum_all().unwrap().backward().unwrap();
         let dx_ref = g.get(xv.as_tensor()).unwrap();
-        assert_within_reference_error("layer dx", &dx, dx_ref, g64.get(xv64.as_tensor()).unwrap());
-        for (p, grad) in grads.iter().enumerate() {
-            let (lora, lora64) =
-                (layer.proj[p].lora.as_ref().unwrap(), layer64.proj[p].lora.as_ref().unwrap());
-            let grad = grad.as_ref().unwrap();
-            let ga = g.get(lora.lora_a.as_tensor()).unwrap();
-            let gb = g.get(lora.lora_b.as_tensor()).unwrap();
-            let ga64 = g64.get(lora64.lora_a.as_tensor()).unwrap();
-            let gb64 = g64.get(lora64.lora_b.as_tensor()).unwrap();
-            assert_within_reference_error(&format!("proj {p} A"), &grad.lora_a, ga, ga64);
-            assert_within_reference_error(&format!("proj {p} B"), &grad.lora_b, gb, gb64);
-        }
+        let dx_exact = g64.get(xv64.as_tensor()).unwrap();
+        let check_grads = |how: &str, dx: &Tensor, grads: &[Option<LoraGrad>; 7]| {
+            assert_within_reference_error(&format!("{how} layer dx"), dx, dx_ref, dx_exact);
+            for (p, grad) in grads.iter().enumerate() {
+                let (lora, lora64) =
+                    (layer.proj[p].lora.as_ref().unwrap(), layer64.proj[p].lora.as_ref().unwrap());
+                let grad = grad.as_ref().unwrap();
+                let ga = g.get(lora.lora_a.as_tensor()).unwrap();
+                let gb = g.get(lora.lora_b.as_tensor()).unwrap();
+                let ga64 = g64.get(lora64.lora_a.as_tensor()).unwrap();
+                let gb64 = g64.get(lora64.lora_b.as_tensor()).unwrap();
+                assert_within_reference_error(&format!("{how} proj {p} A"), &grad.lora_a, ga, ga64);
+                assert_within_reference_error(&format!("{how} proj {p} B"), &grad.lora_b, gb, gb64);
+            }
+        };
+        check_grads("untiled", &dx, &grads);
+
+        // the MLP in row tiles (4, 4, 4, 4 and 2 of the 18 rows): the forward and, from a
+        // recompute that stops at n2, the backward give the same answers up to rounding
+        let tiled = LayerInput { mlp_tile_values: 4 * 48, ..input };
+        assert_eq!(layer.mlp_tile_rows(b * t, &tiled), Some(4));
+        let out_tiled = layer.forward(&x, &tiled, None).unwrap();
+        assert_within_reference_error("tiled layer forward", &out_tiled, &out_ref, &out_exact);
+        let (dx_tiled, grads_tiled) =
+            layer.backward(layer.recompute(&x, &tiled).unwrap(), &d_out, &tiled).unwrap();
+        check_grads("tiled", &dx_tiled, &grads_tiled);
     }
 
     #[test]
@@ -338,6 +354,7 @@ mod tests {
             scores,
             dropout_seed: Some(11),
             packed: None,
+            mlp_tile_values: crate::model::layer::MLP_TILE_VALUES,
         };
         let eval = LayerInput { dropout_seed: None, ..input };
         let a = layer.forward(&x, &input, None).unwrap();
@@ -345,5 +362,34 @@ mod tests {
         let c = layer.forward(&x, &eval, None).unwrap();
         assert_eq!(max_rel(&a, &b), 0.0);
         assert!(max_rel(&a, &c) > 1e-3, "dropout changed nothing");
+
+        // the MLP in tiles of 3 rows draws the whole rows' masks: the same output and gradients
+        // up to rounding (the exact answer: the untiled layer in f64, its softmax in f32 as our
+        // attention computes it)
+        let tiled = LayerInput { mlp_tile_values: 3 * 48, ..input };
+        let (layer64, rope64) = (layer_f64(&layer), Rope::new(8, 10000.0, 64, DType::F64, &dev).unwrap());
+        let input64 = LayerInput { rope: &rope64, ..input };
+        let (x64, d_out) =
+            (x.to_dtype(DType::F64).unwrap(), Tensor::randn(0f32, 1.0, (1, 6, 32), &dev).unwrap());
+        let exact = layer64.forward(&x64, &input64, None).unwrap();
+        assert_within_reference_error(
+            "tiled dropout forward",
+            &layer.forward(&x, &tiled, None).unwrap(),
+            &a,
+            &exact,
+        );
+        let backward = |l: &DecoderLayer, x: &Tensor, d: &Tensor, input: &LayerInput| {
+            l.backward(l.recompute(x, input).unwrap(), d, input).unwrap()
+        };
+        let (dx, grads) = backward(&layer, &x, &d_out, &input);
+        let (dx_tiled, grads_tiled) = backward(&layer, &x, &d_out, &tiled);
+        let (dx64, grads64) = backward(&layer64, &x64, &d_out.to_dtype(DType::F64).unwrap(), &input64);
+        assert_within_reference_error("tiled dropout dx", &dx_tiled, &dx, &dx64);
+        for p in 0..7 {
+            let (t, u, e) = (grads_tiled[p].as_ref(), grads[p].as_ref(), grads64[p].as_ref());
+            let (t, u, e) = (t.unwrap(), u.unwrap(), e.unwrap());
+            assert_within_reference_error(&format!("tiled dropout {p} A"), &t.lora_a, &u.lora_a, &e.lora_a);
+            assert_within_reference_error(&format!("tiled dropout {p} B"), &t.lora_b, &u.lora_b, &e.lora_b);
+        }
     }
 }

@@ -4,6 +4,7 @@
 //! ops/loss.rs it stands for.
 
 use crate::model::arch::Architecture;
+use crate::model::layer::MLP_TILE_VALUES;
 use crate::model::ops::attention::QUERY_CHUNK;
 use crate::model::ModelConfig;
 
@@ -83,33 +84,47 @@ pub(super) fn fused(f: &Family, d: &Dims, run: &RunShape) -> bool {
 pub(super) fn layer_peak(m: &ModelConfig, f: &Family, run: &RunShape, (seq, batch): (usize, usize)) -> u64 {
     let d = Dims::of(m);
     let (b, t) = (run.dtype_bytes as u64, (seq * batch) as u64);
-    let mlp = t * b * mlp_backward_per_token(f, &d, run);
+    let mlp = b * mlp_backward_values(f, &d, run, t);
     if fused(f, &d, run) {
         return mlp;
     }
     mlp.max(composed_attention_backward(m, f, &d, run, (seq, batch)))
 }
 
-/// Values per token alive in the gated MLP's backward (layer.rs `mlp_backward`, at
-/// `gated_backward`): the layer's input, n1, h1, n2, the output's gradient and three more
-/// hidden-size temporaries (the third found by the H100 peaks at 39-90K tokens per step,
-/// benches/fits.md: the measured slope is one hidden-size f16 row per token above six); q and the
-/// context; k, v; gate and up kept, and d(act), d(gate), d(up). Plus what a family keeps beyond
-/// that: q and k before their per-head norms (`q_raw`, `k_raw`), o's output before its norm
-/// (`o_out`; down's is dropped before this point); with LoRA dropout, each group's dropped input
-/// (3h + i, fitted to the H100 peaks of the ready configs' shapes with dropout 0.05).
-fn mlp_backward_per_token(f: &Family, d: &Dims, run: &RunShape) -> u64 {
-    let mut values = 7 * d.h + 2 * d.q + 2 * d.kv + 5 * d.i;
+/// Values alive in the gated MLP's backward (layer.rs `mlp_backward`, at `gated_backward`),
+/// for `t` tokens. Per token: the layer's input, n1, h1, n2, the output's gradient and three
+/// more hidden-size temporaries (the third found by the H100 peaks at 39-90K tokens per step,
+/// benches/fits.md: the measured slope is one hidden-size f16 row per token above six); q and
+/// the context; k, v. Per row of the MLP's pass: gate and up kept, and d(act), d(gate), d(up).
+/// Plus what a family keeps beyond that: q and k before their per-head norms (`q_raw`, `k_raw`),
+/// o's output before its norm (`o_out`; down's is dropped before this point); with LoRA dropout,
+/// each group's dropped input (3h + i, fitted to the H100 peaks of the ready configs' shapes
+/// with dropout 0.05). In row tiles (layer/tiles.rs) the MLP's pass is one tile, and gate, up
+/// and down are dequantized for the whole pass (two more than the one in `workspace`).
+fn mlp_backward_values(f: &Family, d: &Dims, run: &RunShape, t: u64) -> u64 {
+    let mut per_token = 7 * d.h + 2 * d.q + 2 * d.kv;
+    let mut per_mlp_row = 5 * d.i;
     if f.qk_norm {
-        values += d.q + d.kv;
+        per_token += d.q + d.kv;
     }
     if f.post_norms {
-        values += d.h;
+        per_token += d.h;
     }
     if run.lora_dropout {
-        values += 3 * d.h + d.i;
+        per_token += 3 * d.h;
+        per_mlp_row += d.i;
     }
-    values
+    let (rows, weights) = match mlp_tile_rows(d, run, t) {
+        Some(rows) => (rows, if run.nf4.is_some() { 2 * d.h * d.i } else { 0 }),
+        None => (t, 0),
+    };
+    t * per_token + rows * per_mlp_row + weights
+}
+
+/// Rows per MLP tile at `t` tokens (layer/tiles.rs `mlp_tile_rows`), `None` untiled.
+pub(super) fn mlp_tile_rows(d: &Dims, run: &RunShape, t: u64) -> Option<u64> {
+    let max_rows = (MLP_TILE_VALUES as u64 / d.i.max(1)).max(1);
+    (run.mlp_tiles && t > max_rows).then(|| t.div_ceil(t.div_ceil(max_rows)))
 }
 
 /// The composed attention's backward at its last query chunk (the one that sees every key), on

@@ -49,6 +49,8 @@ pub struct RunShape {
     /// soft caps), which holds one query chunk's scores (`[batch, heads, 512, seq]`) and their
     /// soft cap's f32 temporaries in the backward.
     pub fused_attention: bool,
+    /// The gated MLP in row tiles of `MLP_TILE_VALUES` (`train.mlp_tiles`, layer/tiles.rs).
+    pub mlp_tiles: bool,
 }
 
 /// Predicted bytes of each part of the peak, for `tokens` = batch × sequence length per step.
@@ -258,6 +260,7 @@ pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
         lora_dropout: cfg.lora.dropout > 0.0,
         host_offload: cfg.train.host_offload,
         fused_attention: cfg.train.compute_dtype != ComputeDtype::F32,
+        mlp_tiles: cfg.train.mlp_tiles,
     }
 }
 

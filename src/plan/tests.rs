@@ -38,6 +38,8 @@ fn bench_run() -> RunShape {
         lora_dropout: false,
         host_offload: false,
         fused_attention: true,
+        // measured before the MLP ran in row tiles (`train.mlp_tiles = false` runs that code)
+        mlp_tiles: false,
     }
 }
 

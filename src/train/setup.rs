@@ -96,10 +96,16 @@ fn load_model(
     let mut model = CausalLm::load(&files.config, &files.weights, dtype, cfg.model.quantization(), device)?;
     model.add_lora(&lora_spec(cfg), cfg.train.seed)?;
     set_host_offload(&mut model, cfg.train.host_offload)?;
+    set_mlp_tiles(&mut model, cfg.train.mlp_tiles);
     Ok((model, files, base_model))
 }
 
 /// Checkpoints and lm_head in host memory during steps (CUDA), or everything on the device.
+/// The gated MLP in row tiles (`train.mlp_tiles`), or over all rows at once.
+pub fn set_mlp_tiles(model: &mut CausalLm, on: bool) {
+    model.mlp_tile_values = if on { crate::model::layer::MLP_TILE_VALUES } else { usize::MAX };
+}
+
 pub fn set_host_offload(model: &mut CausalLm, on: bool) -> anyhow::Result<()> {
     model.offload_checkpoints = on && model.device().is_cuda();
     if on && model.stream_lm_head()? {

@@ -157,6 +157,7 @@ impl CausalLm {
             device: device.clone(),
             loss_chunk_rows: LOSS_CHUNK_ROWS,
             offload_checkpoints: device.is_cuda(),
+            mlp_tile_values: crate::model::layer::MLP_TILE_VALUES,
             #[cfg(feature = "cuda")]
             host_stash: std::sync::OnceLock::new(),
         })

@@ -42,6 +42,8 @@ pub struct CausalLm {
     pub loss_chunk_rows: usize,
     /// Checkpoints wait in page-locked host memory during the step (CUDA; checkpoints.rs).
     pub offload_checkpoints: bool,
+    /// Values of one row tile of the gated MLP (layer/tiles.rs; `MLP_TILE_VALUES`).
+    pub mlp_tile_values: usize,
     #[cfg(feature = "cuda")]
     host_stash: std::sync::OnceLock<Option<HostStash>>,
 }
@@ -212,7 +214,7 @@ impl CausalLm {
             _ => &self.rope,
         };
         let scores = ScoreRule { scale: self.arch.query_scale, softcap: self.arch.attention_softcap, window };
-        LayerInput { rope, mask, offset, scores, dropout_seed, packed }
+        LayerInput { rope, mask, offset, scores, dropout_seed, packed, mlp_tile_values: self.mlp_tile_values }
     }
 
     /// Eval-mode logits `[b, t, vocab]` (f32). With `caches`, continues from the cached positions.

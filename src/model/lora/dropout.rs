@@ -9,8 +9,18 @@ use candle_core::{DType, Result, Tensor};
 #[derive(Debug, Clone, Copy)]
 pub struct DropoutSeed(pub u64);
 
+impl DropoutSeed {
+    /// The seed whose mask over a tensor equals this one's from element `values` on: the mask of
+    /// a tile of rows that starts `values` elements into the whole tensor.
+    pub fn skip(self, values: usize) -> Self {
+        DropoutSeed(self.0.wrapping_add((values as u64).wrapping_mul(GOLDEN)))
+    }
+}
+
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
 fn mix(seed: u64, i: u64) -> u64 {
-    let mut z = seed.wrapping_add((i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut z = seed.wrapping_add((i + 1).wrapping_mul(GOLDEN));
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -66,6 +76,17 @@ mod tests {
             dropout(&x, DropoutSeed(7), 0.0).unwrap().to_vec2::<f32>().unwrap(),
             x.to_vec2::<f32>().unwrap()
         );
+    }
+
+    /// A tile of rows masked with the skipped seed gets exactly the whole tensor's mask there.
+    #[test]
+    fn a_skipped_seed_masks_a_row_tile_as_the_whole_tensor() {
+        let x = Tensor::randn(0f32, 1.0, (9, 13), &Device::Cpu).unwrap();
+        let whole = dropout(&x, DropoutSeed(5), 0.4).unwrap();
+        let tile = dropout(&x.narrow(0, 4, 3).unwrap(), DropoutSeed(5).skip(4 * 13), 0.4).unwrap();
+        assert_eq!(tile.to_vec2::<f32>().unwrap(), whole.narrow(0, 4, 3).unwrap().to_vec2::<f32>().unwrap());
+        let unskipped = dropout(&x.narrow(0, 4, 3).unwrap(), DropoutSeed(5), 0.4).unwrap();
+        assert_ne!(unskipped.to_vec2::<f32>().unwrap(), tile.to_vec2::<f32>().unwrap());
     }
 
     /// The device draws the same mask as the CPU.

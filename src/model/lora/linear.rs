@@ -178,7 +178,7 @@ impl LoraLinear {
 
     /// out += x·Wᵀ (+ bias), the frozen part alone (a `LoraGroup` adds the low-rank part).
     pub fn base_forward_into(&self, x: &Tensor, out: &mut ProductSum) -> Result<()> {
-        self.base_forward_sliced(x, out, self.base.rows_per_slice(x.dim(0)?, x.elem_count()))?;
+        self.base_forward_sliced(x, out, self.rows_per_slice(x))?;
         match &self.bias {
             // a rank-1 product, ones·biasᵀ, so it accumulates in the same buffer as the GEMMs
             Some(bias) => {
@@ -192,7 +192,30 @@ impl LoraLinear {
 
     /// dx += dy·W, the frozen part's input gradient alone.
     pub fn base_backward_into(&self, dy: &Tensor, dx: &mut ProductSum) -> Result<()> {
-        self.base_backward_sliced(dy, dx, self.base.rows_per_slice(dy.dim(0)?, dy.elem_count()))
+        self.base_backward_sliced(dy, dx, self.rows_per_slice(dy))
+    }
+
+    /// Rows of an NF4 weight dequantized at once for a product with `activation`; a dense
+    /// weight is read whole (a slice of it would save no memory).
+    fn rows_per_slice(&self, activation: &Tensor) -> usize {
+        match self.base {
+            BaseWeight::Dense(_) => usize::MAX,
+            BaseWeight::Nf4(_) => {
+                self.base.rows_per_slice(activation.dim(0).unwrap_or(0), activation.elem_count())
+            }
+        }
+    }
+
+    /// This projection with its base weight dequantized to `dtype` once, for a pass that reads
+    /// it several times (the tiled MLP); a dense base is shared as it is.
+    pub fn dequantized(&self, dtype: DType, device: &Device) -> Result<LoraLinear> {
+        match &self.base {
+            BaseWeight::Dense(_) => Ok(self.clone()),
+            BaseWeight::Nf4(_) => {
+                let base = BaseWeight::Dense(self.base.for_use(dtype, device)?);
+                Ok(LoraLinear { base, bias: self.bias.clone(), lora: self.lora.clone() })
+            }
+        }
     }
 
     /// `base_forward_into` reading W `rows` rows at a time: each slice of rows is a slice of
@@ -422,6 +445,7 @@ mod tests {
             scores: ScoreRule::causal(8, None),
             dropout_seed: None,
             packed: None,
+            mlp_tile_values: crate::model::layer::MLP_TILE_VALUES,
         };
         let (out_q, saved_q) = nf4.forward_saving(&x, &input)?;
         let (out_d, saved_d) = dense.forward_saving(&x, &input)?;

@@ -16,6 +16,9 @@ use super::ops::{gated, gated_backward, rms_norm, rms_norm_backward, Rope};
 use super::packing::PackedRows;
 use crate::profile::section;
 
+mod tiles;
+pub use tiles::MLP_TILE_VALUES;
+
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     /// The norm before attention, and the one before the MLP (Llama's `post_attention_layernorm`,
@@ -78,6 +81,9 @@ pub struct LayerInput<'a> {
     /// Packed rows (model/packing.rs): each token's position restarts at every dialogue, and
     /// attention stays inside each (through `mask` on the CPU, the spans on CUDA).
     pub packed: Option<&'a PackedRows>,
+    /// The gated MLP runs in row tiles of at most this many `[rows, intermediate]` values once
+    /// a pass has more rows than one tile holds (tiles.rs); `MLP_TILE_VALUES` in training.
+    pub mlp_tile_values: usize,
 }
 
 impl LayerInput<'_> {
@@ -125,10 +131,17 @@ struct AttnSaved {
 }
 
 /// out = h1 + down(act), act = act(gate(n2)) ⊙ up(n2), n2 = norm(h1) (down's output normed first
-/// where there is an output norm); with the LoRA groups of gate/up and down.
+/// where there is an output norm).
 struct MlpSaved {
     h1: Tensor,
     n2: Tensor,
+    /// The MLP's own activations; `None` where the rows are many enough that the backward
+    /// recomputes them one row tile at a time (tiles.rs) instead.
+    inner: Option<MlpInner>,
+}
+
+/// gate, up and act with the LoRA groups of gate/up and down.
+struct MlpInner {
     gate: Tensor,
     up: Tensor,
     act: Tensor,
@@ -235,6 +248,30 @@ impl DecoderLayer {
         )?;
         let h1 = h1.ok_or_else(|| candle_core::Error::Msg("h1 is always computed".into()))?;
         let n2 = rms_norm(&h1, &self.post_attention_layernorm, self.rms_norm_eps)?;
+        let attn = (pass != Pass::Forward).then(|| AttnSaved {
+            x: x2,
+            n1,
+            q_raw,
+            k_raw,
+            q,
+            k,
+            v,
+            context,
+            attention: attention_saved,
+            qkv,
+            o: attn_out,
+            o_out,
+        });
+        let tiles = self.mlp_tile_rows(b * t, input);
+        if pass != Pass::ForwardSaving && tiles.is_some() {
+            // many rows: the MLP runs a row tile at a time, in the forward and in the backward
+            let out = match pass {
+                Pass::Forward => Some(self.mlp_forward_tiled(&h1, &n2, input)?.reshape((b, t, hidden))?),
+                _ => None,
+            };
+            let saved = attn.map(|attn| LayerSaved { attn, mlp: MlpSaved { h1, n2, inner: None } });
+            return Ok((out, saved));
+        }
         let mlp_in = self.lora_group(&[GATE, UP], &n2, input)?;
         let gate = self.project(GATE, &n2, input, mlp_in.as_ref().map(|g| (g, 0)))?;
         let up = self.project(UP, &n2, input, mlp_in.as_ref().map(|g| (g, 1)))?;
@@ -249,22 +286,9 @@ impl DecoderLayer {
             }
         };
         let out = out.map(|o| o.reshape((b, t, hidden))).transpose()?;
-        let saved = (pass != Pass::Forward).then(|| LayerSaved {
-            attn: AttnSaved {
-                x: x2,
-                n1,
-                q_raw,
-                k_raw,
-                q,
-                k,
-                v,
-                context,
-                attention: attention_saved,
-                qkv,
-                o: attn_out,
-                o_out,
-            },
-            mlp: MlpSaved { h1, n2, gate, up, act, gate_up: mlp_in, down: mlp_out, down_out },
+        let saved = attn.map(|attn| {
+            let inner = MlpInner { gate, up, act, gate_up: mlp_in, down: mlp_out, down_out };
+            LayerSaved { attn, mlp: MlpSaved { h1, n2, inner: Some(inner) } }
         });
         Ok((out, saved))
     }
@@ -343,13 +367,7 @@ impl DecoderLayer {
         group: Option<(&LoraGroup, usize)>,
         out: &mut ProductSum,
     ) -> Result<()> {
-        match group {
-            Some((g, i)) => {
-                g.add_output(i, out)?;
-                self.proj[p].base_forward_into(x, out)
-            }
-            None => self.proj[p].forward_into(x, seed(input, p), out),
-        }
+        project_into(&self.proj[p], x, seed(input, p), group, out)
     }
 
     /// residual + proj(x), summed in the projection's output buffer.
@@ -377,24 +395,12 @@ impl DecoderLayer {
         group: Option<&LoraGroup>,
         grads: &mut [Option<LoraGrad>; 7],
     ) -> Result<Tensor> {
-        let mut dx = ProductSum::new();
-        match group {
-            Some(g) => {
-                let dy_list: Vec<&Tensor> = dys.iter().map(|&(_, dy)| dy).collect();
-                for (&(p, _), grad) in dys.iter().zip(g.backward(x, &dy_list, &mut dx)?) {
-                    grads[p] = Some(grad);
-                }
-                for &(p, dy) in dys {
-                    self.proj[p].base_backward_into(dy, &mut dx)?;
-                }
-            }
-            None => {
-                for &(p, dy) in dys {
-                    grads[p] = self.proj[p].backward_into(x, dy, seed(input, p), &mut dx)?;
-                }
-            }
+        let uses: Vec<_> = dys.iter().map(|&(p, dy)| (&self.proj[p], seed(input, p), dy)).collect();
+        let (dx, own) = backward_shared_input(x, &uses, group)?;
+        for (&(p, _), grad) in dys.iter().zip(own) {
+            grads[p] = grad;
         }
-        dx.finish()
+        Ok(dx)
     }
 
     /// Given d(out) `[b, t, hidden]`, returns d(x) and the LoRA gradients in `PROJECTIONS` order
@@ -422,7 +428,10 @@ impl DecoderLayer {
         input: &LayerInput,
         grads: &mut [Option<LoraGrad>; 7],
     ) -> Result<Tensor> {
-        let MlpSaved { h1, n2, gate, up, act, gate_up, down, down_out } = saved;
+        let MlpSaved { h1, n2, inner } = saved;
+        let Some(MlpInner { gate, up, act, gate_up, down, down_out }) = inner else {
+            return self.mlp_backward_tiled(&h1, &n2, &d_out, input, grads);
+        };
         let d_down = self.out_norm_backward(down_out.as_ref(), self.mlp_out_norm.as_ref(), &d_out)?;
         drop(down_out);
         let d_act = self.backward_shared_input(&act, &[(DOWN, &d_down)], input, down.as_ref(), grads)?;
@@ -467,4 +476,47 @@ impl DecoderLayer {
         drop((n1, dq, dk, dv, qkv));
         d_h1 + rms_norm_backward(&x, &self.input_layernorm, self.rms_norm_eps, &dn1)?
     }
+}
+
+/// proj(x) into `out`: member i of `group`'s low-rank output and the base GEMM, or the
+/// projection's own path (with its dropout mask drawn from `seed`).
+fn project_into(
+    proj: &LoraLinear,
+    x: &Tensor,
+    seed: Option<DropoutSeed>,
+    group: Option<(&LoraGroup, usize)>,
+    out: &mut ProductSum,
+) -> Result<()> {
+    match group {
+        Some((g, i)) => {
+            g.add_output(i, out)?;
+            proj.base_forward_into(x, out)
+        }
+        None => proj.forward_into(x, seed, out),
+    }
+}
+
+/// The input gradient of projections that all read x, given each one's output gradient, summed
+/// in one buffer; and their LoRA gradients (compute dtype), in order.
+fn backward_shared_input(
+    x: &Tensor,
+    uses: &[(&LoraLinear, Option<DropoutSeed>, &Tensor)],
+    group: Option<&LoraGroup>,
+) -> Result<(Tensor, Vec<Option<LoraGrad>>)> {
+    let mut dx = ProductSum::new();
+    let grads = match group {
+        Some(g) => {
+            let dys: Vec<&Tensor> = uses.iter().map(|&(_, _, dy)| dy).collect();
+            let grads = g.backward(x, &dys, &mut dx)?.into_iter().map(Some).collect();
+            for &(proj, _, dy) in uses {
+                proj.base_backward_into(dy, &mut dx)?;
+            }
+            grads
+        }
+        None => uses
+            .iter()
+            .map(|&(proj, seed, dy)| proj.backward_into(x, dy, seed, &mut dx))
+            .collect::<Result<Vec<_>>>()?,
+    };
+    Ok((dx.finish()?, grads))
 }
