@@ -124,6 +124,13 @@ fn check_model(dir: &Path, name: &str, lens: &[usize], max_len: usize, kernels: 
         l32 <= 4.0 * ref_loss && g32 <= 4.0 * ref_grads,
         "{name} f32: loss {l32:.2e}, gradients {g32:.2e}"
     );
+    // and with the MLP in row tiles of 3 tokens (layer/tiles.rs)
+    let (lt, gt) = tiled_error(m32, &packed, |loss, grads| (rel(loss), grad_err(grads, &want)));
+    println!("{name} {dev:?}: packed f32, MLP in 3-row tiles: loss {lt:.1e} grads {gt:.1e}");
+    assert!(
+        lt <= 4.0 * ref_loss && gt <= 4.0 * ref_grads,
+        "{name} tiled f32: loss {lt:.2e}, gradients {gt:.2e}"
+    );
 
     // on CUDA in f16 and bf16: one dialogue per row through cuDNN's dense SDPA or the flash
     // kernels, packed rows through cuDNN's ragged layout or the flash kernels' spans, each held
@@ -159,11 +166,26 @@ fn check_model(dir: &Path, name: &str, lens: &[usize], max_len: usize, kernels: 
                 lp <= 4.0 * ref_loss && gp <= 4.0 * ref_grads,
                 "{name} {dtype:?}: loss {lp:.2e}, grads {gp:.2e}"
             );
+            let (lt, gt) = tiled_error(m, &packed, |loss, grads| (rel(loss), grad_err(grads, &want)));
+            println!(
+                "{name} {dtype:?}: packed ({kernels:?}), MLP in 3-row tiles: loss {lt:.1e} grads {gt:.1e}"
+            );
+            assert!(
+                lt <= 4.0 * ref_loss && gt <= 4.0 * ref_grads,
+                "{name} {dtype:?} tiled: loss {lt:.2e}, grads {gt:.2e}"
+            );
         }
         set_mode(Mode::Auto);
     }
     #[cfg(not(feature = "cuda"))]
     let _ = kernels;
+}
+
+/// The errors `err` gives for the packed batch run with the MLP in row tiles of 3 tokens.
+fn tiled_error(mut m: CausalLm, batch: &Batch, err: impl Fn(f64, &[Vec<f64>]) -> (f64, f64)) -> (f64, f64) {
+    m.mlp_tile_values = 3 * m.config().intermediate_size;
+    let (loss, _, grads) = run(&m, batch);
+    err(loss, &grads)
 }
 
 /// Windows of 5 tokens on every layer: a window that cuts inside each dialogue, never across.
