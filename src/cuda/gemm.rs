@@ -82,8 +82,10 @@ impl CudaSum {
         let t = t.contiguous()?;
         let storage = t.storage_and_layout().0;
         with_buffer!(&mut sum.out, out => {
+            // the tensor's own values: a view runs to the end of its storage (a row tile's
+            // storage holds the rows after it too)
             let src = view(&storage, &t)?;
-            sum.dev.memcpy_dtod(&src, out)
+            sum.dev.memcpy_dtod(&src.slice(..t.elem_count()), out)
         })?;
         Ok(sum)
     }

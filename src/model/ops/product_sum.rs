@@ -230,6 +230,22 @@ mod tests {
         }
     }
 
+    /// A sum started from a tile of rows holds that tile alone (its storage runs on past it), and
+    /// a tile added to it adds those rows.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_sum_of_row_tiles_reads_the_tiles_alone() {
+        let gpu = Device::new_cuda(0).unwrap();
+        let whole = randn(&[10, 6], 3);
+        let on_gpu = whole.to_device(&gpu).unwrap();
+        let mut s = ProductSum::new();
+        s.add_tensor(&on_gpu.narrow(0, 2, 3).unwrap()).unwrap();
+        s.add_tensor(&on_gpu.narrow(0, 5, 3).unwrap()).unwrap();
+        let got = s.finish().unwrap().to_device(&Device::Cpu).unwrap();
+        let want = (whole.narrow(0, 2, 3).unwrap() + whole.narrow(0, 5, 3).unwrap()).unwrap();
+        assert_eq!(got.to_vec2::<f32>().unwrap(), want.to_vec2::<f32>().unwrap());
+    }
+
     /// Products into column slices (a weight read a slice of rows at a time), starting from an
     /// empty sum, on cuBLAS against the plain product on the CPU.
     #[cfg(feature = "cuda")]
