@@ -89,8 +89,16 @@ fn mode_from_env() -> Mode {
     }
 }
 
-/// The mode in force (`LORA_FT_ATTENTION` until `set_mode`).
+thread_local! {
+    /// `set_mode`'s override, per thread: tests running side by side each keep their own.
+    static MODE_OVERRIDE: std::cell::Cell<Option<Mode>> = const { std::cell::Cell::new(None) };
+}
+
+/// The mode in force: this thread's `set_mode`, else `LORA_FT_ATTENTION`.
 pub fn mode() -> Mode {
+    if let Some(m) = MODE_OVERRIDE.get() {
+        return m;
+    }
     match MODE.load(Ordering::Relaxed) {
         UNSET => {
             let m = mode_from_env();
@@ -103,10 +111,10 @@ pub fn mode() -> Mode {
     }
 }
 
-/// Overrides `LORA_FT_ATTENTION` for the rest of the process (tests and `bench attention`), and
-/// forgets earlier refusals.
+/// Overrides `LORA_FT_ATTENTION` on this thread (tests and `bench attention`), and forgets
+/// earlier refusals.
 pub fn set_mode(m: Mode) {
-    MODE.store(m as u8, Ordering::Relaxed);
+    MODE_OVERRIDE.set(Some(m));
     REFUSED_KINDS.store(0, Ordering::Relaxed);
 }
 

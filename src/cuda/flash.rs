@@ -12,7 +12,8 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDType, WrapErr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::Cell;
+use std::thread::LocalKey;
 
 use candle_core::{bail, DType, Result, Tensor, WithDType};
 use half::{bf16, f16};
@@ -147,14 +148,17 @@ fn dims(q: &Tensor, k: &Tensor, window: Option<usize>) -> Result<Dims> {
     })
 }
 
-/// Forward and backward launches that took packed rows' spans: the tests read them to know
-/// that the flash kernels, not the composed path, ran a packed batch.
-static PACKED_FORWARDS: AtomicUsize = AtomicUsize::new(0);
-static PACKED_BACKWARDS: AtomicUsize = AtomicUsize::new(0);
+// Forward and backward launches that took packed rows' spans: the tests read them to know that
+// the flash kernels, not the composed path, ran a packed batch.
+thread_local! {
+    /// Per thread: tests running side by side count their own.
+    static PACKED_FORWARDS: Cell<usize> = const { Cell::new(0) };
+    static PACKED_BACKWARDS: Cell<usize> = const { Cell::new(0) };
+}
 
-/// How many (forward, backward) launches took packed rows so far in this process.
+/// How many (forward, backward) launches took packed rows so far on this thread.
 pub fn packed_launches() -> (usize, usize) {
-    (PACKED_FORWARDS.load(Ordering::Relaxed), PACKED_BACKWARDS.load(Ordering::Relaxed))
+    (PACKED_FORWARDS.get(), PACKED_BACKWARDS.get())
 }
 
 /// Packed rows' spans (`[b · t, 2]` i32, `PackedRows::token_spans`) checked against q `[b, h,
@@ -182,10 +186,10 @@ enum SpansArg<'a> {
 
 impl SpansArg<'_> {
     /// Pushes the argument; a packed launch adds one to `count`.
-    fn push<'b>(&'b self, l: &mut LaunchArgs<'b>, count: &AtomicUsize) {
+    fn push<'b>(&'b self, l: &mut LaunchArgs<'b>, count: &'static LocalKey<Cell<usize>>) {
         match self {
             SpansArg::Packed(view) => {
-                count.fetch_add(1, Ordering::Relaxed);
+                count.set(count.get() + 1);
                 l.arg(view);
             }
             SpansArg::None(null) => {
