@@ -153,6 +153,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             run.fused_attention &= attention == "fused";
             let shape = (cfg.data.max_seq_len, estimated_batch(&cfg, &model, &run, budget));
             print!("{}", lora_ft::plan::report(&model, &run, shape, budget));
+            let cards: Vec<(&str, u64)> = [("24 GB", 24u64), ("48 GB", 48), ("80 GB", 80)]
+                .into_iter()
+                .map(|(card, gib)| {
+                    let budget = lora_ft::memory::VramBudget::new(gib << 30, cfg.train.max_vram_fraction);
+                    (card, budget.bytes())
+                })
+                .collect();
+            print!("\n{}", lora_ft::plan::longest_rows(&model, &run, &cards));
             Ok(())
         }
         Command::Init { model, revision, gpu_mem, data, out, force } => {

@@ -86,7 +86,7 @@ pub(super) fn layer_peak(m: &ModelConfig, f: &Family, run: &RunShape, (seq, batc
     let (b, t) = (run.dtype_bytes as u64, (seq * batch) as u64);
     let mlp = b * mlp_backward_values(f, &d, run, t);
     if fused(f, &d, run) {
-        return mlp;
+        return mlp.max(fused_attention_backward(f, &d, run, t));
     }
     mlp.max(composed_attention_backward(m, f, &d, run, (seq, batch)))
 }
@@ -120,6 +120,27 @@ fn mlp_backward_values(f: &Family, d: &Dims, run: &RunShape, t: u64) -> u64 {
     };
     t * per_token + rows * per_mlp_row + weights
 }
+
+/// The fused attention's backward (layer.rs `attention_half_backward`, at the kernel), for `t`
+/// tokens: per token the layer's input, n1 and d(h1); q, the attention's output (its own copy,
+/// which the backward reads), d(context) and dq; k, v, dk and dv; with q/k norms q and k before
+/// them, with dropout the q/k/v group's dropped input. And cuDNN's f32 accumulators, 12 bytes per
+/// query value (dQ, and dK and dV for every query head before the sum to the kv heads): fitted to
+/// the H100 peaks at 100,000 tokens (benches/long_rows/), where this, not the tiled MLP, is the
+/// layer's peak.
+fn fused_attention_backward(f: &Family, d: &Dims, run: &RunShape, t: u64) -> u64 {
+    let mut values = 3 * d.h + 4 * d.q + 4 * d.kv;
+    if f.qk_norm {
+        values += d.q + d.kv;
+    }
+    if run.lora_dropout {
+        values += d.h;
+    }
+    t * (run.dtype_bytes as u64 * values + CUDNN_ACCUMULATOR_BYTES * d.q)
+}
+
+/// Bytes of cuDNN's f32 accumulators per query value in the attention's backward.
+const CUDNN_ACCUMULATOR_BYTES: u64 = 12;
 
 /// Rows per MLP tile at `t` tokens (layer/tiles.rs `mlp_tile_rows`), `None` untiled.
 pub(super) fn mlp_tile_rows(d: &Dims, run: &RunShape, t: u64) -> Option<u64> {

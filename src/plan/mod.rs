@@ -270,6 +270,27 @@ fn longest_seq(m: &ModelConfig, run: &RunShape, batch: usize, budget: u64) -> us
     64 * largest_where(1 << 14, |units| estimate(m, run, (units * 64, batch)).peak() <= budget)
 }
 
+/// The longest row at batch 1 whose predicted peak is within each `(card, budget bytes)`, up
+/// to the model's positions, as `lora-ft estimate` prints it.
+pub fn longest_rows(m: &ModelConfig, run: &RunShape, cards: &[(&str, u64)]) -> String {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let mut out =
+        format!("longest row at batch 1 (the model takes {} positions):\n", m.max_position_embeddings);
+    for &(card, budget) in cards {
+        let by_memory = longest_seq(m, run, 1, budget);
+        let seq = by_memory.min(m.max_position_embeddings);
+        let mut line = match seq {
+            0 => "none fits".to_string(),
+            s => format!("{s:>7} tokens   (peak {:.2} GiB)", gib(estimate(m, run, (s, 1)).peak())),
+        };
+        if by_memory > seq {
+            line += &format!(", memory alone would take {by_memory}");
+        }
+        out += &format!("  {card:<6} card, budget {:>5.2} GiB: {line}\n", gib(budget));
+    }
+    out
+}
+
 /// `Err` with settings that fit when the predicted peak at (seq, batch) is over `budget`.
 pub fn check_fits(
     m: &ModelConfig,

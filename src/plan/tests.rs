@@ -297,8 +297,9 @@ fn issue18_families_are_within_the_band_of_the_measured_peaks() {
 
 /// What the composed attention's query chunk holds, and that cuDNN takes a window that cuts: tiny
 /// Gemma 3 (head_dim 32, GQA 4:2, q/k norms, a window of 5 on its first layer) at batch 2. Fused,
-/// the gated MLP's backward is the layer's peak at 4 tokens (no cut) and at 64 (the window cuts);
-/// composed, the chunk's backward, larger than the MLP's at 64.
+/// the fused attention's backward (its narrow MLP makes that the larger) is the layer's peak at 4
+/// tokens (no cut) and at 64 (the window cuts); composed, the chunk's backward, larger than both at
+/// 64.
 #[test]
 fn a_window_that_cuts_stays_fused_and_the_composed_chunk_is_counted() {
     let m = config(&std::fs::read_to_string("tests/fixtures/tiny-gemma3/config.json").unwrap());
@@ -307,8 +308,11 @@ fn a_window_that_cuts_stays_fused_and_the_composed_chunk_is_counted() {
     // per token: 7h + 2q + 2kv + 5i, q and k before their norms, o's output (h 64, q 128,
     // kv 64, i 128), f16
     let mlp = |t: u64| t * 2 * (7 * 64 + 2 * 128 + 2 * 64 + 5 * 128 + (128 + 64) + 64);
-    assert_eq!(estimate(&m, &run, (4, 2)).layer_recompute, mlp(8));
-    assert_eq!(estimate(&m, &run, (64, 2)).layer_recompute, mlp(128));
+    // per token: 3h + 4q + 4kv + (q + kv) values, f16, and cuDNN's 12 bytes per query value
+    let attention = |t: u64| t * (2 * (3 * 64 + 4 * 128 + 4 * 64 + (128 + 64)) + 12 * 128);
+    assert!(attention(8) > mlp(8));
+    assert_eq!(estimate(&m, &run, (4, 2)).layer_recompute, attention(8));
+    assert_eq!(estimate(&m, &run, (64, 2)).layer_recompute, attention(128));
     assert_eq!(estimate(&m, &unfused, (4, 2)).layer_recompute, {
         // 4h + 2q + 2kv + (q + kv) values a token; k and v repeated, f32 dK and dV, dQ; the
         // chunk's [2, 4, 4, 4] scores three times
@@ -317,7 +321,7 @@ fn a_window_that_cuts_stays_fused_and_the_composed_chunk_is_counted() {
     let composed =
         128 * 2 * (4 * 64 + 2 * 128 + 2 * 64 + 192) + 128 * 128 * (4 + 8 + 2) + 2 * 4 * 64 * 64 * 6;
     assert_eq!(estimate(&m, &unfused, (64, 2)).layer_recompute, composed);
-    assert!(composed > mlp(128));
+    assert!(composed > mlp(128) && composed > attention(128));
 }
 
 /// Gemma-2-9B with soft-capped attention on cuDNN (fused, the default): at 2048 x 8 the peak is
@@ -337,4 +341,15 @@ fn gemma2_fused_and_composed_attention() {
     let (f16, c16) = (peak(&fused, (2048, 16)), peak(&composed, (2048, 16)));
     assert!(c16 - f16 > 1.5, "composed {c16:.2} GiB, fused {f16:.2} GiB at 2048 x 16");
     assert!(peak(&composed, (8192, 4)) - peak(&fused, (8192, 4)) > 1.5);
+}
+
+/// Rows of 32k–100k tokens at batch 1 with the MLP in row tiles and host offload (the defaults),
+/// measured on the H100 by `lora-ft bench train --shapes SEQx1 --dtype bf16` (benches/long_rows/;
+/// Qwen3-8B with YaRN × 4 for 131,072 positions): within 10% and never more than 2% under.
+#[test]
+fn long_row_estimates_are_within_the_band_of_the_measured_peaks() {
+    let run = RunShape { mlp_tiles: true, ..offload_run() };
+    within_band("llama3.1-8b", &bench_model("llama3.1-8b"), &run, &[(100_000, 1, 16.63)]);
+    within_band("mistral-7b", &bench_model("mistral-7b"), &run, &[(32_768, 1, 7.86)]);
+    within_band("qwen3-8b-yarn", &bench_model("qwen3-8b-yarn"), &run, &[(100_000, 1, 17.58)]);
 }
