@@ -10,8 +10,9 @@ arch=$1
 case $arch in
   mistral-7b) shapes=1024x4,2048x16 ;;  # configs/mistral-7b.toml, configs/mistral-7b-48g.toml
   llama2-13b) shapes=1024x8,2048x16 ;;  # configs/llama2-13b.toml, configs/llama2-13b-48g.toml
-  # configs/NAME.toml (24 GB: 8 x 4096, grad_accum 2), configs/NAME-48g.toml (48 GB: 16 x 4096)
-  llama3.1-8b|qwen3-8b|qwen3-14b|gemma2-9b) shapes=4096x8,4096x16 ;;
+  # configs/NAME.toml and configs/NAME-48g.toml: 16 x 4096 since the MLP runs in row tiles
+  # (benches/issue20/; issue 18's 24 GB configs were 8 x 4096 with grad_accum 2)
+  llama3.1-8b|qwen3-8b|qwen3-14b|gemma2-9b) shapes=4096x16 ;;
   *) echo "mistral-7b, llama2-13b, llama3.1-8b, qwen3-8b, qwen3-14b or gemma2-9b" >&2; exit 2 ;;
 esac
 eval "$(python3 scripts/bench/bench_models.py --shell "$arch")"   # dtype attn issue4 size_gib
@@ -22,5 +23,5 @@ if [ ! -e "$dir/model.safetensors" ] && [ ! -e "$dir/model.safetensors.index.jso
   for other in $(python3 scripts/bench/bench_models.py --names); do [ "$other" = "$arch" ] || rm -rf "/tmp/$other"; done
 fi
 python3 scripts/bench/load_memory_ref.py --model $dir --create $arch 2>&1 | tail -1
-lora-ft bench train --model $dir --shapes $shapes --lora-dropout 0.05 --dtype $dtype --device cuda:0 2>&1 \
-  | grep -v " INFO " | tee $OUT/configs_$arch.jsonl
+lora-ft bench train --model $dir --shapes $shapes --lora-dropout 0.05 --dtype $dtype --device cuda:0 \
+  --steps ${STEPS:-6} 2>&1 | grep -v " INFO " | tee $OUT/configs_$arch.jsonl

@@ -353,3 +353,15 @@ fn long_row_estimates_are_within_the_band_of_the_measured_peaks() {
     within_band("mistral-7b", &bench_model("mistral-7b"), &run, &[(32_768, 1, 7.86)]);
     within_band("qwen3-8b-yarn", &bench_model("qwen3-8b-yarn"), &run, &[(100_000, 1, 17.58)]);
 }
+
+/// The ready configs' shape (16 x 4096, dropout 0.05) with the MLP in row tiles, measured by
+/// `scripts/device/measure_configs.sh` on the H100 (benches/issue20/configs_*.jsonl).
+#[test]
+fn tiled_ready_config_shapes_are_within_the_band_of_their_measured_peaks() {
+    let run = RunShape { lora_dropout: true, mlp_tiles: true, ..offload_run() };
+    for (name, peak) in
+        [("llama3.1-8b", 12.11), ("qwen3-8b", 12.73), ("qwen3-14b", 17.99), ("gemma2-9b", 14.53)]
+    {
+        within_band(name, &bench_model(name), &run, &[(4096, 16, peak)]);
+    }
+}
