@@ -14,7 +14,7 @@
 #   fixtures behind).
 # Environment: LR (default 2e-4, the usual QLoRA rate), SEED2 (default 7: a second lora-ft epoch
 # with another seed, for lora-ft's own run-to-run spread of the eval loss; 0 = none),
-# SETS (default "customer-service support-long"; one set a command keeps a 7-8B model within the
+# SETS (default, when unset, "customer-service support-long"; one set a command keeps a 7-8B model within the
 # 10-minute limit), BENCH_RANDOM=0 (skip the 2048x8 random-token run), SKIP_TRL=1, ROWS=N (the
 # first N rows only), BUDGET_S (default 580).
 # BENCH_DEVICE=cpu: a dry run of this whole command on a machine with no GPU, on the tiny ChatML
@@ -30,7 +30,7 @@ export PYTHONUNBUFFERED=1
 arch=${1:-mistral-7b-v0.3}
 lr=${LR:-2e-4}
 seed2=${SEED2:-7}
-sets=${SETS:-customer-service support-long}
+sets=${SETS-customer-service support-long}
 budget=${BUDGET_S:-580}
 dir=/tmp/$arch
 case $arch in
