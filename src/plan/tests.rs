@@ -365,3 +365,23 @@ fn tiled_ready_config_shapes_are_within_the_band_of_their_measured_peaks() {
         within_band(name, &bench_model(name), &run, &[(4096, 16, peak)]);
     }
 }
+
+/// `lora-ft estimate`'s longest rows: capped at the model's positions where memory would take
+/// more (saying how much), the largest within the budget otherwise, and none on a card too small.
+#[test]
+fn longest_rows_are_capped_by_positions_and_by_memory() {
+    let (m, run) = (bench_model("mistral-7b"), RunShape { mlp_tiles: true, ..offload_run() });
+    let text =
+        longest_rows(&m, &run, &[("24 GB", (0.90 * 24.0 * GIB) as u64), ("8 GB", (0.90 * 8.0 * GIB) as u64)]);
+    println!("{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].contains("32768 positions"), "{text}");
+    assert!(lines[1].contains(" 32768 tokens") && lines[1].contains("memory alone would take"), "{text}");
+    // 8 GB: memory binds below the positions, and the row it names fits where 64 more do not
+    let seq: usize =
+        lines[2].split("budget").nth(1).unwrap().split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!(seq < 32768 && !lines[2].contains("memory alone"), "{text}");
+    assert!(estimate(&m, &run, (seq, 1)).peak() <= (0.90 * 8.0 * GIB) as u64);
+    assert!(estimate(&m, &run, (seq + 64, 1)).peak() > (0.90 * 8.0 * GIB) as u64);
+    assert!(longest_rows(&m, &run, &[("1 GB", 1 << 30)]).contains("none fits"));
+}
