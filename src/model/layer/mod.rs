@@ -16,7 +16,9 @@ use super::ops::{gated, gated_backward, rms_norm, rms_norm_backward, Rope};
 use super::packing::PackedRows;
 use crate::profile::section;
 
+mod projections;
 mod tiles;
+use projections::{backward_shared_input, project_into};
 pub use tiles::MLP_TILE_VALUES;
 
 #[derive(Debug, Clone)]
@@ -476,47 +478,4 @@ impl DecoderLayer {
         drop((n1, dq, dk, dv, qkv));
         d_h1 + rms_norm_backward(&x, &self.input_layernorm, self.rms_norm_eps, &dn1)?
     }
-}
-
-/// proj(x) into `out`: member i of `group`'s low-rank output and the base GEMM, or the
-/// projection's own path (with its dropout mask drawn from `seed`).
-fn project_into(
-    proj: &LoraLinear,
-    x: &Tensor,
-    seed: Option<DropoutSeed>,
-    group: Option<(&LoraGroup, usize)>,
-    out: &mut ProductSum,
-) -> Result<()> {
-    match group {
-        Some((g, i)) => {
-            g.add_output(i, out)?;
-            proj.base_forward_into(x, out)
-        }
-        None => proj.forward_into(x, seed, out),
-    }
-}
-
-/// The input gradient of projections that all read x, given each one's output gradient, summed
-/// in one buffer; and their LoRA gradients (compute dtype), in order.
-fn backward_shared_input(
-    x: &Tensor,
-    uses: &[(&LoraLinear, Option<DropoutSeed>, &Tensor)],
-    group: Option<&LoraGroup>,
-) -> Result<(Tensor, Vec<Option<LoraGrad>>)> {
-    let mut dx = ProductSum::new();
-    let grads = match group {
-        Some(g) => {
-            let dys: Vec<&Tensor> = uses.iter().map(|&(_, _, dy)| dy).collect();
-            let grads = g.backward(x, &dys, &mut dx)?.into_iter().map(Some).collect();
-            for &(proj, _, dy) in uses {
-                proj.base_backward_into(dy, &mut dx)?;
-            }
-            grads
-        }
-        None => uses
-            .iter()
-            .map(|&(proj, seed, dy)| proj.backward_into(x, dy, seed, &mut dx))
-            .collect::<Result<Vec<_>>>()?,
-    };
-    Ok((dx.finish()?, grads))
 }

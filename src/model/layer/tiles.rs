@@ -9,7 +9,8 @@
 
 use candle_core::{DType, Result, Tensor};
 
-use super::{backward_shared_input, project_into, seed, DecoderLayer, LayerInput, DOWN, GATE, UP};
+use super::projections::{backward_shared_input, project_into};
+use super::{seed, DecoderLayer, LayerInput, DOWN, GATE, UP};
 use crate::model::lora::group::LoraGroup;
 use crate::model::lora::linear::{DropoutSeed, LoraGrad, LoraLinear};
 use crate::model::ops::product_sum::ProductSum;
