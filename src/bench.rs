@@ -93,11 +93,6 @@ pub struct TrainRow {
     pub profile: Option<Vec<(String, f64)>>,
 }
 
-/// The recipe of ../shared/anchors/peft_qlora_baseline.py: LoRA r=16 (alpha 32, no dropout) on
-/// all seven projections, torch-flavoured Adafactor at lr 2e-4, clipping at 1.0, loss scaling in
-/// f16, random token ids as inputs and labels, 2 warm-up steps then `steps` timed ones.
-/// `lora_dropout` > 0 measures the cost of LoRA dropout (the anchor has none).
-#[allow(clippy::too_many_arguments)]
 /// What `bench train` sets beyond the model and the shapes.
 pub struct TrainOptions {
     /// Timed steps per shape.
@@ -109,6 +104,10 @@ pub struct TrainOptions {
     pub mlp_tiles: bool,
 }
 
+/// The recipe of ../shared/anchors/peft_qlora_baseline.py: LoRA r=16 (alpha 32, no dropout) on
+/// all seven projections, torch-flavoured Adafactor at lr 2e-4, clipping at 1.0, loss scaling in
+/// f16, random token ids as inputs and labels, 2 warm-up steps then `steps` timed ones.
+/// `lora_dropout` > 0 measures the cost of LoRA dropout (the anchor has none).
 pub fn train(
     model: &str,
     quantization: Quantization,

@@ -4,7 +4,7 @@
 //! ops/loss.rs it stands for.
 
 use crate::model::arch::Architecture;
-use crate::model::layer::MLP_TILE_VALUES;
+use crate::model::layer::{tile_rows, MLP_TILE_VALUES};
 use crate::model::ops::attention::QUERY_CHUNK;
 use crate::model::ModelConfig;
 
@@ -144,8 +144,8 @@ const CUDNN_ACCUMULATOR_BYTES: u64 = 12;
 
 /// Rows per MLP tile at `t` tokens (layer/tiles.rs `mlp_tile_rows`), `None` untiled.
 pub(super) fn mlp_tile_rows(d: &Dims, run: &RunShape, t: u64) -> Option<u64> {
-    let max_rows = (MLP_TILE_VALUES as u64 / d.i.max(1)).max(1);
-    (run.mlp_tiles && t > max_rows).then(|| t.div_ceil(t.div_ceil(max_rows)))
+    let rows = tile_rows(t as usize, d.i as usize, MLP_TILE_VALUES)?;
+    run.mlp_tiles.then_some(rows as u64)
 }
 
 /// The composed attention's backward at its last query chunk (the one that sees every key), on

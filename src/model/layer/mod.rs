@@ -19,7 +19,7 @@ use crate::profile::section;
 mod projections;
 mod tiles;
 use projections::{backward_shared_input, project_into};
-pub use tiles::MLP_TILE_VALUES;
+pub use tiles::{tile_rows, MLP_TILE_VALUES};
 
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {

@@ -26,9 +26,7 @@ impl DecoderLayer {
     /// Rows per tile where `rows` rows are more than one tile of `input.mlp_tile_values` holds
     /// (then the tiles are as even as can be); `None` where one pass over all rows fits.
     pub fn mlp_tile_rows(&self, rows: usize, input: &LayerInput) -> Option<usize> {
-        let intermediate = self.proj[GATE].base.dims().0.max(1);
-        let max_rows = (input.mlp_tile_values / intermediate).max(1);
-        (rows > max_rows).then(|| rows.div_ceil(rows.div_ceil(max_rows)))
+        tile_rows(rows, self.proj[GATE].base.dims().0, input.mlp_tile_values)
     }
 
     /// out = h1 + down(act) (h1 + norm(down(act)) with an output norm), a tile at a time.
@@ -109,6 +107,14 @@ impl DecoderLayer {
         }
         Tensor::cat(&d_h1, 0)
     }
+}
+
+/// Rows per tile of an MLP `intermediate` wide when `rows` rows are more than one tile of
+/// `tile_values` values holds (the tiles as even as can be), `None` where they fit one (the
+/// planner counts the same tiles).
+pub fn tile_rows(rows: usize, intermediate: usize, tile_values: usize) -> Option<usize> {
+    let max_rows = (tile_values / intermediate.max(1)).max(1);
+    (rows > max_rows).then(|| rows.div_ceil(rows.div_ceil(max_rows)))
 }
 
 /// sum += grad, in f32.
