@@ -83,6 +83,8 @@ pub struct TrainRow {
     /// backward; N = all parameters) at `tok_s`, over `PEAK_FLOPS`.
     pub mfu: Option<f64>,
     pub error: Option<String>,
+    /// Layers whose activations the step kept instead of recomputing (`--checkpointing`).
+    pub kept_layers: Option<usize>,
     /// First shape only: seconds from process start to the end of the first training step
     /// (CUDA context, load and quantization, adapters, kernel JIT, the step itself).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -102,6 +104,9 @@ pub struct TrainOptions {
     pub host_offload: bool,
     /// `train.mlp_tiles`.
     pub mlp_tiles: bool,
+    /// `train.checkpointing`, planned within `max_vram_fraction` of the card or of `gpu_mem` GiB.
+    pub checkpointing: crate::config::Checkpointing,
+    pub gpu_mem: Option<f64>,
 }
 
 /// The recipe of ../shared/anchors/peft_qlora_baseline.py: LoRA r=16 (alpha 32, no dropout) on
@@ -118,7 +123,7 @@ pub fn train(
     mut report: impl FnMut(&TrainRow),
 ) -> anyhow::Result<Vec<TrainRow>> {
     use crate::model::{LoraSpec, PROJECTIONS};
-    let &TrainOptions { steps, lora_dropout, host_offload, mlp_tiles } = options;
+    let &TrainOptions { steps, lora_dropout, host_offload, mlp_tiles, checkpointing, gpu_mem } = options;
     anyhow::ensure!(
         (0.0..1.0).contains(&lora_dropout),
         "--lora-dropout must be in [0, 1), got {lora_dropout}"
@@ -132,6 +137,26 @@ pub fn train(
     )?;
     crate::train::set_host_offload(&mut lm, host_offload)?;
     crate::train::set_mlp_tiles(&mut lm, mlp_tiles);
+    let run = crate::plan::RunShape {
+        dtype_bytes: dtype.size_in_bytes(),
+        nf4: match quantization {
+            Quantization::Nf4 { double_quant } => Some(double_quant),
+            _ => None,
+        },
+        lora_r: 16,
+        target_modules: PROJECTIONS.iter().map(|p| p.to_string()).collect(),
+        first_moment: false,
+        embeddings_on_host: true,
+        loss_chunk_rows: lm.loss_chunk_rows,
+        accumulates_gradients: false,
+        lora_dropout: lora_dropout > 0.0,
+        host_offload,
+        fused_attention: dtype != DType::F32,
+        mlp_tiles,
+        kept_layers: 0,
+    };
+    let budget = crate::memory::VramBudget::of(device, None, gpu_mem).map(|b| b.bytes());
+    crate::train::set_checkpointing(&mut lm, checkpointing, run, budget);
     let optim = crate::config::AdafactorSection {
         flavor: crate::config::AdafactorFlavor::Torch,
         ..Default::default()
@@ -153,6 +178,7 @@ pub fn train(
                 loss: None,
                 mfu: None,
                 error: Some(oom_or(e)),
+                kept_layers: None,
                 first_step_s: None,
                 profile: None,
             },
@@ -180,6 +206,7 @@ fn time_shape(
     first: bool,
 ) -> anyhow::Result<TrainRow> {
     let device = trainer.model.device().clone();
+    let layers = trainer.model.layers.len();
     let batch = [crate::data::Batch::random(vocab, (seq, bs), (seq * 1000 + bs) as u64)];
     reset_peak(&device);
     let mut first_step_s = None;
@@ -215,6 +242,7 @@ fn time_shape(
         loss: Some(loss),
         mfu: Some(tok_s * flops_per_token / PEAK_FLOPS),
         error: None,
+        kept_layers: Some(layers - trainer.model.kept_layers.first_kept(layers, (seq, bs))),
         first_step_s,
         profile,
     })

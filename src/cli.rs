@@ -27,6 +27,10 @@ pub enum Command {
         /// replaying the run in another trainer (scripts/convergence/).
         #[arg(long, value_name = "DIR")]
         trace: Option<PathBuf>,
+        /// Overrides the config's train.gpu_mem: plan for a card of this size (24GiB, 48GB, 80)
+        /// instead of the one present.
+        #[arg(long)]
+        gpu_mem: Option<String>,
         #[command(flatten)]
         launch: LaunchArgs,
     },
@@ -173,6 +177,13 @@ pub enum BenchCommand {
         /// Run each layer's MLP over all rows at once (train.mlp_tiles = false).
         #[arg(long)]
         no_mlp_tiles: bool,
+        /// train.checkpointing: auto (the planner keeps as many layers' activations as the
+        /// budget holds), full (recompute every layer) or none.
+        #[arg(long, default_value = "auto", value_parser = ["auto", "full", "none"])]
+        checkpointing: String,
+        /// Plan for a card of this size (24GiB, 48GB, 80) instead of the one present.
+        #[arg(long)]
+        gpu_mem: Option<String>,
     },
     /// Causal attention alone (the FlashAttention-style kernels on CUDA), forward and backward,
     /// on random inputs: milliseconds and TFLOP/s per shape, one JSON line each.
@@ -249,6 +260,15 @@ pub fn parse_shapes(text: &str) -> anyhow::Result<Vec<(usize, usize)>> {
             Ok((seq, bs))
         })
         .collect()
+}
+
+pub fn parse_checkpointing(name: &str) -> lora_ft::config::Checkpointing {
+    use lora_ft::config::Checkpointing;
+    match name {
+        "full" => Checkpointing::Full,
+        "none" => Checkpointing::None,
+        _ => Checkpointing::Auto,
+    }
 }
 
 pub fn parse_dtype(name: &str) -> candle_core::DType {

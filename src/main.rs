@@ -1,6 +1,7 @@
 //! `lora-ft`: the command line (its shape in `cli.rs`).
 
 mod cli;
+mod plan_commands;
 
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -85,7 +86,9 @@ where
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Train { config, device, trace, launch } => train(&config, device, trace.as_deref(), &launch),
+        Command::Train { config, device, trace, gpu_mem, launch } => {
+            train(&config, (device, gpu_mem), trace.as_deref(), &launch)
+        }
         Command::Export { checkpoint, out_dir } => {
             lora_ft::export::export_checkpoint(&checkpoint, &out_dir)?;
             println!("exported {} to {}", checkpoint.display(), out_dir.display());
@@ -99,7 +102,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Chat(args) => chat(&args),
         Command::Bench {
             command:
-                BenchCommand::Train { model: m, shapes, steps, lora_dropout, no_host_offload, no_mlp_tiles },
+                BenchCommand::Train {
+                    model: m,
+                    shapes,
+                    steps,
+                    lora_dropout,
+                    no_host_offload,
+                    no_mlp_tiles,
+                    checkpointing,
+                    gpu_mem,
+                },
         } => {
             let (device, shapes) = (parse_device(&m.device)?, parse_shapes(&shapes)?);
             let (q, dtype) = (parse_quantization(&m.quantization), parse_dtype(&m.dtype));
@@ -108,6 +120,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 lora_dropout,
                 host_offload: !no_host_offload,
                 mlp_tiles: !no_mlp_tiles,
+                checkpointing: parse_checkpointing(&checkpointing),
+                gpu_mem: gpu_mem
+                    .as_deref()
+                    .map(parse_gib)
+                    .transpose()?
+                    .map(|b| b as f64 / (1u64 << 30) as f64),
             };
             lora_ft::bench::train(&m.model, q, dtype, &device, &shapes, &options, |row| {
                 println!("{}", serde_json::to_string(row).unwrap_or_default())
@@ -144,27 +162,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Estimate { config, gpu_mem, attention } => {
-            let cfg = Config::from_file(&config)?;
-            let config_json = lora_ft::hub::config_json(&cfg.model.expanded_source(), &cfg.model.revision)?;
-            let model = lora_ft::model::ModelConfig::from_file(&config_json)?;
-            let total = parse_gib(&gpu_mem)?;
-            let budget = lora_ft::memory::VramBudget::new(total, cfg.train.max_vram_fraction).bytes();
-            let mut run = lora_ft::plan::run_shape(&cfg);
-            run.fused_attention &= attention == "fused";
-            let shape = (cfg.data.max_seq_len, estimated_batch(&cfg, &model, &run, budget));
-            print!("{}", lora_ft::plan::report(&model, &run, shape, budget));
-            let cards: Vec<(&str, u64)> = [("24 GB", 24u64), ("48 GB", 48), ("80 GB", 80)]
-                .into_iter()
-                .map(|(card, gib)| {
-                    let budget = lora_ft::memory::VramBudget::new(gib << 30, cfg.train.max_vram_fraction);
-                    (card, budget.bytes())
-                })
-                .collect();
-            print!("\n{}", lora_ft::plan::longest_rows(&model, &run, &cards));
-            Ok(())
+            plan_commands::estimate(&config, &gpu_mem, &attention)
         }
         Command::Init { model, revision, gpu_mem, data, out, force } => {
-            init(&model, &revision, &gpu_mem, &data, out, force)
+            plan_commands::init(&model, &revision, &gpu_mem, &data, out, force)
         }
         Command::Plot { run_dir, out } => {
             let png = lora_ft::train::plot::plot_run(&run_dir, out.as_deref())?;
@@ -197,93 +198,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// `lora-ft init`: the model's config.json (a GGUF's metadata), the planner's shape for the card,
-/// the commented TOML written to `out` (an existing file only with `force`).
-fn init(
-    model: &str,
-    revision: &str,
-    gpu_mem: &str,
-    data: &Path,
-    out: Option<std::path::PathBuf>,
-    force: bool,
-) -> anyhow::Result<()> {
-    use lora_ft::plan::init::{model_name, write_config, DataFiles, InitRequest};
-    let out = out.unwrap_or_else(|| format!("{}.toml", model_name(model).to_lowercase()).into());
-    if out.exists() && !force {
-        anyhow::bail!("{} exists; pass --force to overwrite it", out.display());
-    }
-    let source = lora_ft::hub::planning_source(model, revision)?;
-    let (data_arg, data) = (data, DataFiles::of(data)?);
-    let name = out.file_stem().map_or("run".into(), |s| s.to_string_lossy().into_owned());
-    let revision_flag = if revision == "main" { String::new() } else { format!(" --revision {revision}") };
-    let data_flag = match data.train.parent() {
-        Some(dir) if dir == Path::new("datasets/customer-service") => String::new(),
-        _ => format!(" --data {}", data_arg.display()),
-    };
-    let command =
-        format!("lora-ft init {model}{revision_flag} --gpu-mem {gpu_mem}{data_flag} --out {}", out.display());
-    let written = write_config(&InitRequest {
-        source: model,
-        revision,
-        model: &source.config,
-        chat_template: source.chat_template.as_deref(),
-        gpu_mem: parse_gib(gpu_mem)?,
-        data: &data,
-        name: &name,
-        command: &command,
-        out: &out,
-    })?;
-    let file = match force {
-        true => std::fs::File::create(&out),
-        false => std::fs::OpenOptions::new().write(true).create_new(true).open(&out),
-    };
-    file.and_then(|mut f| f.write_all(written.toml.as_bytes()))
-        .with_context(|| format!("writing {}", out.display()))?;
-    let gib = |b: u64| b as f64 / lora_ft::memory::GIB;
-    println!(
-        "wrote {}: batch {} x {} tokens, grad_accum {}, predicted peak {:.2} GiB of a {:.2} GiB budget",
-        out.display(),
-        written.batch,
-        written.seq,
-        written.grad_accum,
-        gib(written.peak),
-        gib(written.budget)
-    );
-    Ok(())
-}
-
-/// The config's batch size; for "auto", the planner's largest within `budget`, where training
-/// starts probing (said on a line of its own).
-fn estimated_batch(
-    cfg: &Config,
-    model: &lora_ft::model::ModelConfig,
-    run: &lora_ft::plan::RunShape,
-    budget: u64,
-) -> usize {
-    match cfg.train.batch_size {
-        BatchSize::Fixed(batch) => batch,
-        BatchSize::Auto => {
-            let seq = cfg.data.max_seq_len;
-            let batch = lora_ft::plan::largest_batch(model, run, seq, budget);
-            println!(
-                "batch_size = \"auto\": training probes the GPU from batch {batch} x {seq}, the planner's \
-                 largest within the budget{}\n",
-                if batch == 0 { " (none: it tries batch 1)" } else { "" }
-            );
-            batch.max(1)
-        }
-    }
-}
-
 fn train(
     config: &Path,
-    device: Option<String>,
+    (device, gpu_mem): (Option<String>, Option<String>),
     trace: Option<&Path>,
     launch: &LaunchArgs,
 ) -> anyhow::Result<()> {
     let mut cfg = Config::from_file(config)?;
     if let Some(device) = device {
         cfg.train.device = device;
+    }
+    if let Some(text) = &gpu_mem {
+        cfg.train.gpu_mem = Some(parse_gib(text)? as f64 / (1u64 << 30) as f64);
     }
     let world = WorldInfo::from_env()?;
     if let Some(gpus) = launch.gpus.filter(|&n| n > 1 || launch.nnodes > 1) {
@@ -376,6 +302,9 @@ fn launch_ranks(
     let plan = launch_plan(launch, gpus)?;
     let mut args: Vec<std::ffi::OsString> =
         vec!["train".into(), config.into(), "--device".into(), device.into()];
+    if let Some(gib) = cfg.train.gpu_mem {
+        args.extend(["--gpu-mem".into(), format!("{gib}").into()]);
+    }
     if let Some(dir) = trace {
         args.extend(["--trace".into(), dir.into()]);
     }

@@ -101,9 +101,11 @@ impl VramBudget {
         Self { fraction: fraction.unwrap_or(default), total }
     }
 
-    /// The budget of `device`; `None` on the CPU.
-    pub fn of(device: &Device, fraction: Option<f64>) -> Option<Self> {
-        device_memory(device).map(|m| Self::new(m.total as u64, fraction))
+    /// The budget of `device`, or of a card of `card_gib` where that is smaller (`train.gpu_mem`);
+    /// `None` on the CPU.
+    pub fn of(device: &Device, fraction: Option<f64>, card_gib: Option<f64>) -> Option<Self> {
+        let card = |total: u64| card_gib.map_or(total, |g| total.min((g * GIB) as u64));
+        device_memory(device).map(|m| Self::new(card(m.total as u64), fraction))
     }
 
     pub fn bytes(&self) -> u64 {

@@ -64,12 +64,33 @@ def targets(theirs, ours):
     return out
 
 
+def issue20_targets(theirs, ours, budget_gib):
+    """Issue 20's targets with selective checkpointing: every shape >= 2x the reference's tokens/s,
+    512 x 8 >= 3x, every peak within the budget."""
+    out, slow = [], []
+    for key in sorted(ours):
+        t, o = theirs.get(key, {}), ours[key]
+        if o.get("tok_s") and t.get("tok_s"):
+            v = o["tok_s"] / t["tok_s"]
+            floor = 3.0 if key == (512, 8) else 2.0
+            if v < floor:
+                slow.append(f"{key[0]} × {key[1]} {v:.2f}× (≥ {floor})")
+    out.append("every shape ≥ 2×, 512 × 8 ≥ 3× " + ("✓" if not slow else "✗: " + ", ".join(slow)))
+    if budget_gib:
+        over = [f"{k[0]} × {k[1]} {o['peak_alloc_gib']:.2f}" for k, o in sorted(ours.items())
+                if o.get("peak_alloc_gib") and o["peak_alloc_gib"] > budget_gib]
+        out.append(f"every peak ≤ {budget_gib:.2f} GiB " + ("✓" if not over else "✗: " + ", ".join(over)))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ref")
     ap.add_argument("ours")
     ap.add_argument("first_step_ref", nargs="?", default="")
     ap.add_argument("--config", default="", help="the model folder or its config.json (FLOPs per token)")
+    ap.add_argument("--budget-gib", type=float, default=0.0,
+                    help="lora-ft's memory budget (--gpu-mem x max_vram_fraction): issue 20's targets")
     args = ap.parse_args()
     ref = json.load(open(args.ref))
     theirs = {(r["seq"], r["bs"]): r for r in ref["results"]}
@@ -90,6 +111,8 @@ def main():
     if ref.get("steps"):
         head += f", {ref['steps']} timed steps"
     print(head + "\n")
+    kept = any(o.get("kept_layers") is not None for o in ours.values())
+    layers = (cfg or {}).get("num_hidden_layers")
     if cfg:
         peak = bench_models.PEAK_FLOPS / 1e12
         print(f"MFU = (4·N + 6·N_lora + 3·A) × tok/s / {peak:.0f} TFLOP/s: the FLOPs training needs "
@@ -99,9 +122,12 @@ def main():
               "(4·heads·head_dim·keys seen, causal, windows applied). HFU = (6·N + 8·N_lora + 4·A) × tok/s / "
               f"{peak:.0f} TFLOP/s: the same with checkpointing's recomputed forward (the earlier tables' MFU "
               "was 6·N / 790 TFLOP/s).\n")
+        if kept:
+            print("kept: the layers lora-ft kept whole from the forward to the backward (selective checkpointing); "
+                  "its HFU leaves their recompute out: (6·N + 8·N_lora + 4·A) − (kept / layers)·(2·N + 2·N_lora + A).\n")
         print("| seq x batch | PEFT tok/s | lora-ft tok/s | speed ratio | PEFT MFU | lora-ft MFU | PEFT HFU "
-              "| lora-ft HFU | PEFT peak GiB | lora-ft peak GiB | memory ratio |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+              "| lora-ft HFU | PEFT peak GiB | lora-ft peak GiB | memory ratio |" + (" kept |" if kept else ""))
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if kept else ""))
     else:
         print("| seq x batch | PEFT tok/s | lora-ft tok/s | speed ratio | PEFT MFU | lora-ft MFU "
               "| PEFT peak GiB | lora-ft peak GiB | memory ratio |")
@@ -114,12 +140,18 @@ def main():
         if cfg:
             f = bench_models.flops_per_token(cfg, key[0])
             use = lambda r, k: r.get("tok_s") and r["tok_s"] * f[k] / bench_models.PEAK_FLOPS  # noqa: E731
-            row += f"{pct(use(t, 'model'))} | {pct(use(o, 'model'))} | {pct(use(t, 'hardware'))} | {pct(use(o, 'hardware'))} | "
+            ours_hw = f["hardware"]
+            if o.get("kept_layers") and layers:
+                ours_hw -= min(o["kept_layers"], layers) / layers * (f["hardware"] - f["model"])
+            hw = o.get("tok_s") and o["tok_s"] * ours_hw / bench_models.PEAK_FLOPS
+            row += f"{pct(use(t, 'model'))} | {pct(use(o, 'model'))} | {pct(use(t, 'hardware'))} | {pct(hw)} | "
         else:
             # the same FLOPs per token on both sides: the reference's MFU scales with its tokens/s
             ref_mfu = speed and o.get("mfu") and o["mfu"] / speed
             row += f"{pct(ref_mfu)} | {pct(o.get('mfu'))} | "
         row += f"{fmt(cell(t, 'peak_alloc_gib'))} | {fmt(cell(o, 'peak_alloc_gib'))} | {fmt(mem) if mem else '-'} |"
+        if kept and cfg:
+            row += f" {o.get('kept_layers', '-')} |"
         print(row)
     for e in errors[:3]:
         print(f"\nlora-ft: {e}")
@@ -127,6 +159,8 @@ def main():
         checks = targets(theirs, ours)
         if checks:
             print("\nIssue 18's targets: " + "; ".join(checks))
+        if kept:
+            print("\nIssue 20's targets: " + "; ".join(issue20_targets(theirs, ours, args.budget_gib)))
     ours_first = next((r["first_step_s"] for r in ours.values() if r.get("first_step_s")), None)
     if args.first_step_ref and os.path.exists(args.first_step_ref) and ours_first:
         lines = [json.loads(line) for line in open(args.first_step_ref) if line.startswith("{")]

@@ -13,7 +13,9 @@
 # Expected wall time per issue 18 model on an H100, from issue 4's rates (PEFT ~3.4-4.0e13,
 # lora-ft ~8.5e13 N·tokens/s) and the folder written at >= 1 GB/s: 2.2 min (Qwen2.5-7B) to 3.2 min
 # (Qwen3-14B: 42 s to write 29.5 GB, PEFT 91 s, lora-ft 44 s); the 10-minute limit leaves ~3x.
-# Environment: STEPS (timed steps), FIRST_STEP=0|1, PEFT_ATTN, BUDGET_S (default 570: the device
+# Environment: STEPS (timed steps), FIRST_STEP=0|1, PEFT_ATTN, GPU_MEM (lora-ft plans its selective
+# checkpointing for a card of GPU_MEM GiB, --gpu-mem; the table checks issue 20's targets against
+# 0.90 of it), BUDGET_S (default 570: the device
 # command's 600 s less a margin): the reference gets what is left after the model is written less
 # lora-ft's share, so a slow reference is cut (its JSON keeps the shapes it finished), never lora-ft.
 # BENCH_DEVICE=cpu: a dry run of this whole command on a machine without a GPU, on the toy-sized
@@ -65,9 +67,13 @@ else
     --attn $attn --steps $steps --out $OUT/peft_$arch.json 2>&1 | tee $OUT/peft_$arch.log | grep '^{' || true
 fi
 ours_s=$((budget - SECONDS)); [ $ours_s -gt 30 ] || ours_s=30
+budget_args=()
+if [ -n "${GPU_MEM:-}" ]; then
+  ours+=(--gpu-mem "$GPU_MEM"); budget_args=(--budget-gib "$(python3 -c "print(0.90 * $GPU_MEM)")")
+fi
 timeout $ours_s lora-ft bench train --model $dir --shapes $shapes "${ours[@]}" --steps $steps 2>&1 \
   | grep -v " INFO " | tee $OUT/lora_ft_$arch.jsonl || true
 echo "{\"both_stacks_done_at_s\": $SECONDS}"
 [ -e $OUT/peft_$arch.json ] || echo "{\"results\": [], \"arch\": \"$arch\", \"error\": \"no reference JSON\"}" > $OUT/peft_$arch.json
 python3 scripts/bench/compare_train.py $OUT/peft_$arch.json $OUT/lora_ft_$arch.jsonl $OUT/first_step_ref.json \
-  --config $dir | tee $OUT/table_$arch.md
+  --config $dir "${budget_args[@]}" | tee $OUT/table_$arch.md

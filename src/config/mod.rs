@@ -166,6 +166,15 @@ pub struct TrainSection {
     /// context, cuBLAS workspaces and pool fragmentation). A step whose peak goes over it stops
     /// the run with the numbers and what to lower. Ignored on the CPU.
     pub max_vram_fraction: Option<f64>,
+    /// Plan for a card of this many GiB instead of the one present (e.g. 24 on an 80 GB card, to
+    /// see what a smaller card's users get): the budget is `max_vram_fraction` of the smaller.
+    /// `lora-ft train --gpu-mem` overrides it.
+    pub gpu_mem: Option<f64>,
+    /// What a step keeps for its backward. `"auto"`: on a GPU, every activation of as many of
+    /// the last layers as the memory budget holds (the planner picks the count per step shape),
+    /// and only the input of the others, which the backward recomputes; `"full"` recomputes
+    /// every layer (the least memory); `"none"` recomputes none. The gradients are the same.
+    pub checkpointing: Checkpointing,
     /// On a GPU, the checkpoints and an untied lm_head wait in page-locked host memory during a
     /// step, copied on a second stream while the GPU computes (host RAM: one layer input per
     /// layer, plus lm_head). `false` keeps everything on the GPU.
@@ -202,6 +211,14 @@ pub struct AdafactorSection {
     pub relative_step: bool,
     pub scale_parameter: bool,
     pub warmup_init: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Checkpointing {
+    Auto,
+    Full,
+    None,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -293,6 +310,8 @@ impl Default for TrainSection {
             compute_dtype: ComputeDtype::F16,
             device: "auto".into(),
             max_vram_fraction: None,
+            gpu_mem: None,
+            checkpointing: Checkpointing::Auto,
             host_offload: true,
             mlp_tiles: true,
             eval_every: 0,
@@ -394,6 +413,9 @@ impl Config {
         )?;
         if let Some(f) = self.train.max_vram_fraction {
             check(f > 0.0 && f <= 1.0, "train.max_vram_fraction", "must be in (0, 1]")?;
+        }
+        if let Some(g) = self.train.gpu_mem {
+            check(g > 0.0 && g < 1e6, "train.gpu_mem", "must be a positive size in GiB, e.g. 24")?;
         }
         for m in &l.target_modules {
             if !ALL_TARGET_MODULES.contains(&m.as_str()) {

@@ -139,6 +139,29 @@ fn fused_attention_backward(f: &Family, d: &Dims, run: &RunShape, t: u64) -> u64
     t * (run.dtype_bytes as u64 * values + CUDNN_ACCUMULATOR_BYTES * d.q)
 }
 
+/// Bytes of one kept layer's activations (layer/mod.rs `forward_saving`) at `t` tokens: per
+/// token the input x, h1, q, k, v and the context (the fused kernels' output, which their
+/// backward reads, in the same memory), with a fused kernel one f32 statistic per head; gate
+/// and up per MLP row (untiled: every row); with q/k norms q and k before them; with output
+/// norms o's and down's outputs; the LoRA groups' x·Aᵀ (r per projection, grouped without
+/// dropout). n1, n2 and act are left out: the backward recomputes them.
+pub(super) fn kept_layer_bytes(m: &ModelConfig, f: &Family, run: &RunShape, t: u64) -> u64 {
+    let d = Dims::of(m);
+    let fused = fused(f, &d, run);
+    let mut values = 2 * d.h + 2 * d.q + 2 * d.kv + 2 * d.i;
+    if f.qk_norm {
+        values += d.q + d.kv;
+    }
+    if f.post_norms {
+        values += 2 * d.h;
+    }
+    if !run.lora_dropout {
+        values += run.target_modules.len() as u64 * run.lora_r as u64;
+    }
+    let stats = if fused { 4 * d.heads } else { 0 };
+    t * (run.dtype_bytes as u64 * values + stats)
+}
+
 /// Bytes of cuDNN's f32 accumulators per query value in the attention's backward.
 const CUDNN_ACCUMULATOR_BYTES: u64 = 12;
 

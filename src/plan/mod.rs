@@ -51,6 +51,10 @@ pub struct RunShape {
     pub fused_attention: bool,
     /// The gated MLP in row tiles of `MLP_TILE_VALUES` (`train.mlp_tiles`, layer/tiles.rs).
     pub mlp_tiles: bool,
+    /// The last layers whose activations stay from the forward to the backward instead of being
+    /// recomputed (selective checkpointing, model/activations/kept.rs); 0: every layer
+    /// checkpointed. `kept_layers` picks it for a budget.
+    pub kept_layers: usize,
 }
 
 /// Predicted bytes of each part of the peak, for `tokens` = batch × sequence length per step.
@@ -62,9 +66,15 @@ pub struct Estimate {
     pub base_weights: u64,
     /// LoRA A and B (f32) and Adafactor's state.
     pub lora_and_optimizer: u64,
-    /// The layer inputs on the device when the backward starts: all of them, or with host
-    /// offload the few still leaving or already fetched.
+    /// The inputs of the recomputed layers on the device when the backward starts: all of them,
+    /// or with host offload the few still leaving or already fetched.
     pub checkpoints: u64,
+    /// The kept layers' activations (`RunShape::kept_layers`), all alive when the forward ends.
+    pub kept_activations: u64,
+    /// Layers kept.
+    pub kept_layers: usize,
+    /// A kept layer's backward: its activations and its untiled MLP's gradients.
+    pub kept_layer_backward: u64,
     /// One backward layer: its recomputed activations and the gated MLP backward's gradients, or
     /// the composed attention's query chunk where that is larger.
     pub layer_recompute: u64,
@@ -79,20 +89,37 @@ pub struct Estimate {
     /// One layer input.
     #[serde(skip)]
     checkpoint_bytes: u64,
+    /// One kept layer's activations.
+    #[serde(skip)]
+    kept_layer_bytes: u64,
+    /// Whether some layers are recomputed (not all kept).
+    #[serde(skip)]
+    recomputes: bool,
 }
 
 /// Layer inputs on the device with host offload: the last two pushed and the one fetched.
 const RESIDENT_CHECKPOINTS: u64 = 3;
 
 impl Estimate {
-    /// The peak: the frozen parts and the larger of two moments — the backward's start (the
-    /// checkpoints with the first layer's recompute, or the loss before it) and its end (every
-    /// gradient with layer 0's recompute).
+    /// The peak: the frozen parts and the largest of the step's moments — the loss at the
+    /// forward's end (the checkpoints and every kept layer's activations), the first kept
+    /// layer's backward, the first recomputed layer's, and the backward's end (every gradient
+    /// with layer 0's).
     pub fn peak(&self) -> u64 {
         let fixed = self.base_weights + self.lora_and_optimizer + self.workspace;
-        let start = self.checkpoints + self.layer_recompute.max(self.loss_chunk);
-        let end = self.gradients + self.layer_recompute + self.checkpoints.min(self.resident_checkpoints());
-        fixed + start.max(end)
+        let kept = self.checkpoints + self.kept_activations;
+        let mut start = kept + self.loss_chunk;
+        if self.kept_layers > 0 {
+            start = start.max(kept - self.kept_layer_bytes + self.kept_layer_backward);
+        }
+        let end = match self.recomputes {
+            true => {
+                start = start.max(self.checkpoints + self.layer_recompute);
+                self.layer_recompute + self.checkpoints.min(self.resident_checkpoints())
+            }
+            false => self.kept_layer_backward,
+        };
+        fixed + start.max(self.gradients + end)
     }
 
     /// Bytes of the checkpoints that stay on the device with host offload (checkpoints.rs: two
@@ -156,8 +183,11 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
         .sum();
 
     let largest_weight = dims.iter().map(|&(o, n)| (o * n) as u64).max().unwrap_or(0);
+    let kept = (run.kept_layers as u64).min(layers);
     let checkpoint_bytes = t * h * b;
-    let all_checkpoints = layers * checkpoint_bytes;
+    let all_checkpoints = (layers - kept) * checkpoint_bytes;
+    let kept_layer_bytes = activations::kept_layer_bytes(m, &f, run, t);
+    let untiled = RunShape { mlp_tiles: false, ..run.clone() };
     Estimate {
         tokens,
         base_weights,
@@ -167,6 +197,9 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
         } else {
             all_checkpoints
         },
+        kept_activations: kept * kept_layer_bytes,
+        kept_layers: kept as usize,
+        kept_layer_backward: activations::layer_peak(m, &f, &untiled, (seq, batch)),
         layer_recompute: activations::layer_peak(m, &f, run, (seq, batch)),
         loss_chunk: if streamed {
             streamed_loss_bytes(m, t, b)
@@ -176,7 +209,21 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
         gradients: layers * lora_params_per_layer(m, run) * b,
         workspace: FIXED_WORKSPACE + dequantized_slice(largest_weight, tokens, i) * b,
         checkpoint_bytes,
+        kept_layer_bytes,
+        recomputes: kept < layers,
     }
+}
+
+/// The most last layers that can keep their activations at `(seq, batch)` with the predicted
+/// peak within `budget` bytes (`train.checkpointing = "auto"`); 0 where only full checkpointing
+/// fits, or nothing does.
+pub fn kept_layers(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize), budget: u64) -> usize {
+    (0..=m.num_hidden_layers)
+        .rev()
+        .find(|&kept| {
+            estimate(m, &RunShape { kept_layers: kept, ..run.clone() }, (seq, batch)).peak() <= budget
+        })
+        .unwrap_or(0)
 }
 
 /// Values of the frozen tensors beside the projections: every norm (Gemma's four a layer, the
@@ -261,6 +308,10 @@ pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
         host_offload: cfg.train.host_offload,
         fused_attention: cfg.train.compute_dtype != ComputeDtype::F32,
         mlp_tiles: cfg.train.mlp_tiles,
+        kept_layers: match cfg.train.checkpointing {
+            crate::config::Checkpointing::None => usize::MAX,
+            _ => 0,
+        },
     }
 }
 
@@ -321,15 +372,27 @@ pub fn check_fits(
 }
 
 /// `lora-ft estimate`'s report: the parts of the peak at the config's batch and sequence
-/// length, then the largest batch within `budget` bytes at each sequence length.
-pub fn report(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize), budget: u64) -> String {
+/// length, then the largest batch within `budget` bytes at each sequence length. With `auto`
+/// (`train.checkpointing = "auto"`), the parts are those of the layers the planner keeps within
+/// the budget, and each largest batch is the one that fits with every layer recomputed.
+pub fn report(
+    m: &ModelConfig,
+    run: &RunShape,
+    (seq, batch): (usize, usize),
+    budget: u64,
+    auto: bool,
+) -> String {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let e = estimate(m, run, (seq, batch));
+    let kept = if auto { kept_layers(m, run, (seq, batch), budget) } else { run.kept_layers };
+    let planned = RunShape { kept_layers: kept, ..run.clone() };
+    let e = estimate(m, &planned, (seq, batch));
     let mut out = format!("predicted peak GPU memory at batch {batch} x {seq} tokens:\n");
+    let kept_line = format!("kept activations ({} of {} layers)", e.kept_layers, m.num_hidden_layers);
     for (what, bytes) in [
         ("base weights", e.base_weights),
         ("LoRA + optimizer state", e.lora_and_optimizer),
         ("checkpointed activations", e.checkpoints),
+        (kept_line.as_str(), e.kept_activations),
         ("one layer's recompute + backward", e.layer_recompute),
         ("loss chunk (not at the same time)", e.loss_chunk),
         ("gradients (at the backward's end)", e.gradients),
@@ -337,8 +400,16 @@ pub fn report(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize), bud
     ] {
         out += &format!("  {what:<36} {:>8.2} GiB\n", gib(bytes));
     }
-    out += &format!("  {:<36} {:>8.2} GiB   (budget {:.2} GiB)\n\n", "peak", gib(e.peak()), gib(budget));
-    out += "largest batch within the budget:\n";
+    out += &format!("  {:<36} {:>8.2} GiB   (budget {:.2} GiB)\n", "peak", gib(e.peak()), gib(budget));
+    out += &match (auto, e.kept_layers) {
+        (true, 0) => "checkpointing auto: every layer is recomputed in the backward (no room to keep one)\n".into(),
+        (true, k) => format!(
+            "checkpointing auto: the last {k} layers keep their activations (no recompute), {} are recomputed\n",
+            m.num_hidden_layers.saturating_sub(k)
+        ),
+        (false, _) => String::new(),
+    };
+    out += "\nlargest batch within the budget:\n";
     let mut seqs = vec![512, 1024, 2048, 4096, seq];
     seqs.sort_unstable();
     seqs.dedup();

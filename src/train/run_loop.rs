@@ -67,7 +67,8 @@ pub(super) fn train_loop(
         Some(samples) => samples.answer(&trainer.model, start, &*trainer.collective)?,
         None => Vec::new(),
     };
-    let budget = crate::memory::VramBudget::of(trainer.model.device(), cfg.train.max_vram_fraction);
+    let budget =
+        crate::memory::VramBudget::of(trainer.model.device(), cfg.train.max_vram_fraction, cfg.train.gpu_mem);
     for step in start..total {
         let t0 = Instant::now();
         let micro: Vec<Batch> = (0..cfg.train.grad_accum).map(|_| stream.next_batch()).collect();
@@ -272,7 +273,11 @@ pub fn oom_report(
     let seq = cfg.data.max_seq_len;
     let run = crate::plan::run_shape(cfg);
     let predicted = crate::plan::estimate(model.config(), &run, (seq, batch)).peak();
-    let advice = match crate::memory::VramBudget::of(model.device(), cfg.train.max_vram_fraction) {
+    let advice = match crate::memory::VramBudget::of(
+        model.device(),
+        cfg.train.max_vram_fraction,
+        cfg.train.gpu_mem,
+    ) {
         Some(budget) => {
             let fits = crate::plan::largest_batch(model.config(), &run, seq, budget.bytes());
             format!("the planner predicts {:.2} GiB for batch {batch} x {seq}; train.batch_size = {fits} fits within {:.2} GiB (lora-ft estimate CONFIG shows the parts)", gib(predicted), gib(budget.bytes()))

@@ -13,7 +13,7 @@ use super::run_loop::{stop_on_signals, train_loop, RunContext};
 use super::step::{BatchStream, Trainer};
 use super::trace::Trace;
 use super::{auto_batch, TrainSummary};
-use crate::config::{BatchSize, ComputeDtype, Config, TrainSection};
+use crate::config::{BatchSize, Checkpointing, ComputeDtype, Config, TrainSection};
 use crate::data::{BatchLoader, ChatTokenizer, TokenizedDataset};
 use crate::distributed::{Collective, ReduceOp};
 use crate::durable;
@@ -97,15 +97,50 @@ fn load_model(
     model.add_lora(&lora_spec(cfg), cfg.train.seed)?;
     set_host_offload(&mut model, cfg.train.host_offload)?;
     set_mlp_tiles(&mut model, cfg.train.mlp_tiles);
+    let run = crate::plan::run_shape(cfg);
+    set_checkpointing(&mut model, cfg.train.checkpointing, run, budget.map(|b| b.bytes()));
+    if let Some(b) = budget.filter(|_| cfg.train.checkpointing == Checkpointing::Auto) {
+        let (layers, seq) = (model.layers.len(), cfg.data.max_seq_len);
+        let batch = match cfg.train.batch_size {
+            BatchSize::Fixed(n) => n,
+            BatchSize::Auto => 1,
+        };
+        let kept = layers - model.kept_layers.first_kept(layers, (seq, batch));
+        tracing::info!(
+            "checkpointing auto: at batch {batch} x {seq} the last {kept} of {layers} layers keep their \
+             activations within the budget of {:.2} GiB, the others are recomputed",
+            b.bytes() as f64 / crate::memory::GIB
+        );
+    }
     Ok((model, files, base_model))
 }
 
-/// Checkpoints and lm_head in host memory during steps (CUDA), or everything on the device.
+/// What each step keeps for its backward (`train.checkpointing`): for `Auto`, as many of the
+/// last layers' activations as the planner predicts within `budget` bytes at the step's shape
+/// (none without a budget: on the CPU); `run` is the run's shape with `kept_layers` unset.
+pub fn set_checkpointing(
+    model: &mut CausalLm,
+    mode: Checkpointing,
+    run: crate::plan::RunShape,
+    budget: Option<u64>,
+) {
+    use crate::model::activations::KeptLayers;
+    model.kept_layers = match (mode, budget) {
+        (Checkpointing::Full, _) | (Checkpointing::Auto, None) => KeptLayers::none(),
+        (Checkpointing::None, _) => KeptLayers::all(),
+        (Checkpointing::Auto, Some(budget)) => {
+            let m = model.config().clone();
+            KeptLayers::by(move |shape| crate::plan::kept_layers(&m, &run, shape, budget))
+        }
+    };
+}
+
 /// The gated MLP in row tiles (`train.mlp_tiles`), or over all rows at once.
 pub fn set_mlp_tiles(model: &mut CausalLm, on: bool) {
     model.mlp_tile_values = if on { crate::model::layer::MLP_TILE_VALUES } else { usize::MAX };
 }
 
+/// Checkpoints and lm_head in host memory during steps (CUDA), or everything on the device.
 pub fn set_host_offload(model: &mut CausalLm, on: bool) -> anyhow::Result<()> {
     model.offload_checkpoints = on && model.device().is_cuda();
     if on && model.stream_lm_head()? {
@@ -170,7 +205,7 @@ pub(super) fn train(
     collective: Arc<dyn Collective>,
 ) -> anyhow::Result<TrainSummary> {
     let (rank, world_size) = (collective.rank(), collective.world_size());
-    let budget = crate::memory::VramBudget::of(&device, cfg.train.max_vram_fraction);
+    let budget = crate::memory::VramBudget::of(&device, cfg.train.max_vram_fraction, cfg.train.gpu_mem);
     if cfg.train.batch_size == BatchSize::Auto && budget.is_none() {
         anyhow::bail!(auto_batch::refused_on(&device));
     }

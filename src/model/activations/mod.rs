@@ -1,9 +1,12 @@
 //! Where a training step's activations wait between the forward and the backward: each decoder
 //! layer's input (the checkpoint), on the device or in page-locked host memory, copied on a
-//! second stream (`offload.rs`) while the layers compute.
+//! second stream (`offload.rs`) while the layers compute; or, for the layers the planner keeps
+//! (`kept.rs`), everything their backward reads.
 
 pub mod checkpoints;
+pub mod kept;
 #[cfg(feature = "cuda")]
 pub mod offload;
 
 pub use checkpoints::Checkpoints;
+pub use kept::KeptLayers;

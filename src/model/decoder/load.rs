@@ -158,6 +158,7 @@ impl CausalLm {
             loss_chunk_rows: LOSS_CHUNK_ROWS,
             offload_checkpoints: device.is_cuda(),
             mlp_tile_values: crate::model::layer::MLP_TILE_VALUES,
+            kept_layers: crate::model::activations::KeptLayers::none(),
             #[cfg(feature = "cuda")]
             host_stash: std::sync::OnceLock::new(),
         })

@@ -1,6 +1,7 @@
 //! The causal LM: embeddings → decoder layers → final norm → lm_head, with per-layer gradient
 //! checkpointing: the training forward keeps only each layer's input, and the backward recomputes
-//! one layer at a time (llm.c style), producing gradients for the LoRA weights only.
+//! one layer at a time (llm.c style), producing gradients for the LoRA weights only — except the
+//! last layers the planner keeps whole (`KeptLayers`), whose backward reads their forward's.
 
 mod load;
 
@@ -11,8 +12,9 @@ use rand::SeedableRng;
 #[cfg(feature = "cuda")]
 use super::activations::checkpoints::host::HostStash;
 use super::activations::checkpoints::Checkpoints;
+use super::activations::KeptLayers;
 use super::arch::{Architecture, ModelConfig};
-use super::layer::{DecoderLayer, KvCache, LayerInput};
+use super::layer::{DecoderLayer, KvCache, LayerInput, LayerSaved};
 use super::lora::linear::LoraAdapter;
 use super::lora::{module_path, LoraSpec, PROJECTIONS};
 use super::ops::attention::{causal_mask, ScoreRule};
@@ -44,6 +46,9 @@ pub struct CausalLm {
     pub offload_checkpoints: bool,
     /// Values of one row tile of the gated MLP (layer/tiles.rs; `MLP_TILE_VALUES`).
     pub mlp_tile_values: usize,
+    /// The last layers whose activations stay from the forward to the backward at a step's
+    /// shape (selective checkpointing); the others are recomputed. Default: none.
+    pub kept_layers: KeptLayers,
     #[cfg(feature = "cuda")]
     host_stash: std::sync::OnceLock<Option<HostStash>>,
 }
@@ -237,23 +242,32 @@ impl CausalLm {
     }
 
     /// Runs the decoder, handing each layer's input to `checkpoints` (when kept for a backward).
-    /// Returns the last output.
+    /// Returns the last output, and the activations of the layers from `first_kept` on
+    /// (those push no checkpoint).
     fn forward_checkpointed(
         &self,
         x: Tensor,
         masks: (&[Option<Tensor>], Option<&PackedRows>),
         seed: Option<u64>,
-        mut checkpoints: Option<&mut Checkpoints>,
-    ) -> candle_core::Result<Tensor> {
+        (mut checkpoints, first_kept): (Option<&mut Checkpoints>, usize),
+    ) -> candle_core::Result<(Tensor, Vec<LayerSaved>)> {
         let mut x = x;
+        let mut kept = Vec::with_capacity(self.layers.len().saturating_sub(first_kept));
         for (l, layer) in self.layers.iter().enumerate() {
-            let next = layer.forward(&x, &self.layer_input(masks, 0, seed, l), None)?;
+            let input = self.layer_input(masks, 0, seed, l);
+            if l >= first_kept {
+                let (next, saved) = layer.forward_saving(&x, &input)?;
+                kept.push(saved);
+                x = next;
+                continue;
+            }
+            let next = layer.forward(&x, &input, None)?;
             let input = std::mem::replace(&mut x, next);
             if let Some(c) = checkpoints.as_deref_mut() {
                 c.push(input)?;
             }
         }
-        Ok(x)
+        Ok((x, kept))
     }
 
     /// Where this step's checkpoints wait: host memory on CUDA with offload on (the copy stream
@@ -277,7 +291,12 @@ impl CausalLm {
     pub fn loss(&self, input_ids: &Tensor, labels: &[i64]) -> candle_core::Result<(f64, usize)> {
         let (b, t) = input_ids.dims2()?;
         let masks = self.attention_masks(t, 0, None)?;
-        let last = self.forward_checkpointed(self.embed(input_ids)?, (&masks, None), None, None)?;
+        let (last, _) = self.forward_checkpointed(
+            self.embed(input_ids)?,
+            (&masks, None),
+            None,
+            (None, self.layers.len()),
+        )?;
         let last = last.reshape((b * t, self.arch.hidden_size))?;
         let h = rms_norm(&last, &self.norm, self.arch.rms_norm_eps)?;
         let targets = shift_labels(labels, b, t);
@@ -318,8 +337,13 @@ impl CausalLm {
         let masks = self.attention_masks(t, 0, packed.as_ref())?;
         let masks = (masks.as_slice(), packed.as_ref());
         let mut checkpoints = self.checkpoints();
-        let last =
-            self.forward_checkpointed(self.embed(input_ids)?, masks, dropout_seed, Some(&mut checkpoints))?;
+        let first_kept = self.kept_layers.first_kept(self.layers.len(), (t, b));
+        let (last, mut kept) = self.forward_checkpointed(
+            self.embed(input_ids)?,
+            masks,
+            dropout_seed,
+            (Some(&mut checkpoints), first_kept),
+        )?;
         let last = last.reshape((b * t, hidden))?;
         let h = rms_norm(&last, &self.norm, self.arch.rms_norm_eps)?;
         let targets = shift_labels(labels, b, t);
@@ -333,8 +357,10 @@ impl CausalLm {
         let mut per_layer = Vec::with_capacity(self.layers.len());
         for (l, layer) in self.layers.iter().enumerate().rev() {
             let input = self.layer_input(masks, 0, dropout_seed, l);
-            let x = checkpoints.pop()?;
-            let saved = layer.recompute(&x, &input)?;
+            let saved = match l >= first_kept {
+                true => kept.pop().expect("one kept per layer from first_kept"),
+                false => layer.recompute(&checkpoints.pop()?, &input)?,
+            };
             let (d_in, grads) = layer.backward(saved, &dx, &input)?;
             dx = d_in;
             per_layer.push(grads);

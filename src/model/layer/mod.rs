@@ -16,6 +16,7 @@ use super::ops::{gated, gated_backward, rms_norm, rms_norm_backward, Rope};
 use super::packing::PackedRows;
 use crate::profile::section;
 
+mod norms;
 mod projections;
 mod tiles;
 use projections::{backward_shared_input, project_into};
@@ -117,7 +118,9 @@ pub struct LayerSaved {
 /// per-projection path).
 struct AttnSaved {
     x: Tensor,
-    n1: Tensor,
+    /// `None` where the layer's activations are kept from the forward: the backward norms x
+    /// again (one cheap kernel) instead of holding n1 through the step.
+    n1: Option<Tensor>,
     /// q and k before their per-head norms (the norms' backward reads them), where there are.
     q_raw: Option<Tensor>,
     k_raw: Option<Tensor>,
@@ -136,7 +139,8 @@ struct AttnSaved {
 /// where there is an output norm).
 struct MlpSaved {
     h1: Tensor,
-    n2: Tensor,
+    /// `None` where kept from the forward: normed again from h1 when the backward reads it.
+    n2: Option<Tensor>,
     /// The MLP's own activations; `None` where the rows are many enough that the backward
     /// recomputes them one row tile at a time (tiles.rs) instead.
     inner: Option<MlpInner>,
@@ -146,7 +150,8 @@ struct MlpSaved {
 struct MlpInner {
     gate: Tensor,
     up: Tensor,
-    act: Tensor,
+    /// `None` where kept from the forward: recomputed from gate and up (one elementwise kernel).
+    act: Option<Tensor>,
     gate_up: Option<LoraGroup>,
     down: Option<LoraGroup>,
     /// down's output, where its norm's backward reads it (then the recompute cannot skip it).
@@ -160,7 +165,9 @@ enum Pass {
     Forward,
     /// What the backward reads alone.
     Recompute,
-    /// Both.
+    /// Both: a layer whose activations are kept from the forward to the backward (selective
+    /// checkpointing) instead of recomputed. It keeps the GEMMs' outputs and leaves out what
+    /// one cheap kernel gives back (n1, n2, act); its MLP runs untiled.
     ForwardSaving,
 }
 
@@ -184,7 +191,7 @@ impl DecoderLayer {
         saved.ok_or_else(|| candle_core::Error::Msg("the recompute keeps the activations".into()))
     }
 
-    /// The output and what `backward` reads.
+    /// The output and what `backward` reads, as a layer kept from the forward holds it.
     pub fn forward_saving(&self, x: &Tensor, input: &LayerInput) -> Result<(Tensor, LayerSaved)> {
         match self.run(x, input, None, Pass::ForwardSaving)? {
             (Some(out), Some(saved)) => Ok((out, saved)),
@@ -250,9 +257,11 @@ impl DecoderLayer {
         )?;
         let h1 = h1.ok_or_else(|| candle_core::Error::Msg("h1 is always computed".into()))?;
         let n2 = rms_norm(&h1, &self.post_attention_layernorm, self.rms_norm_eps)?;
+        // a kept layer leaves out what one cheap kernel gives back in the backward
+        let lean = pass == Pass::ForwardSaving;
         let attn = (pass != Pass::Forward).then(|| AttnSaved {
             x: x2,
-            n1,
+            n1: (!lean).then_some(n1),
             q_raw,
             k_raw,
             q,
@@ -271,7 +280,7 @@ impl DecoderLayer {
                 Pass::Forward => Some(self.mlp_forward_tiled(&h1, &n2, input)?.reshape((b, t, hidden))?),
                 _ => None,
             };
-            let saved = attn.map(|attn| LayerSaved { attn, mlp: MlpSaved { h1, n2, inner: None } });
+            let saved = attn.map(|attn| LayerSaved { attn, mlp: MlpSaved { h1, n2: Some(n2), inner: None } });
             return Ok((out, saved));
         }
         let mlp_in = self.lora_group(&[GATE, UP], &n2, input)?;
@@ -289,27 +298,11 @@ impl DecoderLayer {
         };
         let out = out.map(|o| o.reshape((b, t, hidden))).transpose()?;
         let saved = attn.map(|attn| {
+            let act = (!lean).then_some(act);
             let inner = MlpInner { gate, up, act, gate_up: mlp_in, down: mlp_out, down_out };
-            LayerSaved { attn, mlp: MlpSaved { h1, n2, inner: Some(inner) } }
+            LayerSaved { attn, mlp: MlpSaved { h1, n2: (!lean).then_some(n2), inner: Some(inner) } }
         });
         Ok((out, saved))
-    }
-
-    /// y `[n, heads·d]` with RMSNorm (`weight` `[d]`) over each head, and y itself where a
-    /// backward will read it; y unchanged without a norm.
-    fn head_norm(&self, y: Tensor, weight: Option<&Tensor>, pass: Pass) -> Result<(Tensor, Option<Tensor>)> {
-        let Some(w) = weight else { return Ok((y, None)) };
-        let (n, width) = y.dims2()?;
-        let normed = rms_norm(&y.reshape((n * width / self.head_dim, self.head_dim))?, w, self.rms_norm_eps)?;
-        Ok((normed.reshape((n, width))?, (pass != Pass::Forward).then_some(y)))
-    }
-
-    /// The gradient of y given that of `head_norm(y)` (`dy` `[n, heads·d]`).
-    fn head_norm_backward(&self, raw: Option<Tensor>, weight: Option<&Tensor>, dy: Tensor) -> Result<Tensor> {
-        let (Some(y), Some(w)) = (raw, weight) else { return Ok(dy) };
-        let (n, width) = y.dims2()?;
-        let rows = (n * width / self.head_dim, self.head_dim);
-        rms_norm_backward(&y.reshape(rows)?, w, self.rms_norm_eps, &dy.reshape(rows)?)?.reshape((n, width))
     }
 
     /// residual + proj(x), or residual + norm(proj(x)) with an output norm: the sum where
@@ -331,14 +324,6 @@ impl DecoderLayer {
         let y = self.project(p, x, input, group.map(|g| (g, 0)))?;
         let sum = want_sum.then(|| residual + rms_norm(&y, w, self.rms_norm_eps)?).transpose()?;
         Ok((sum, keep_y.then_some(y)))
-    }
-
-    /// The gradient of a sublayer's output before its output norm, given the residual stream's.
-    fn out_norm_backward(&self, y: Option<&Tensor>, out_norm: Option<&Tensor>, d: &Tensor) -> Result<Tensor> {
-        match (y, out_norm) {
-            (Some(y), Some(w)) => rms_norm_backward(y, w, self.rms_norm_eps, d),
-            _ => Ok(d.clone()),
-        }
     }
 
     /// The shared LoRA pass of projections `projs`, all reading x (`None`: per-projection path).
@@ -432,7 +417,12 @@ impl DecoderLayer {
     ) -> Result<Tensor> {
         let MlpSaved { h1, n2, inner } = saved;
         let Some(MlpInner { gate, up, act, gate_up, down, down_out }) = inner else {
+            let n2 = n2.ok_or_else(|| candle_core::Error::Msg("the tiled MLP keeps n2".into()))?;
             return self.mlp_backward_tiled(&h1, &n2, &d_out, input, grads);
+        };
+        let act = match act {
+            Some(act) => act,
+            None => gated(&gate, &up, self.activation)?,
         };
         let d_down = self.out_norm_backward(down_out.as_ref(), self.mlp_out_norm.as_ref(), &d_out)?;
         drop(down_out);
@@ -440,6 +430,10 @@ impl DecoderLayer {
         drop((act, down, d_down));
         let (d_gate, d_up) = gated_backward(&gate, &up, &d_act, self.activation)?;
         drop((gate, up, d_act));
+        let n2 = match n2 {
+            Some(n2) => n2,
+            None => rms_norm(&h1, &self.post_attention_layernorm, self.rms_norm_eps)?,
+        };
         let dn2 =
             self.backward_shared_input(&n2, &[(GATE, &d_gate), (UP, &d_up)], input, gate_up.as_ref(), grads)?;
         drop((n2, d_gate, d_up, gate_up));
@@ -473,6 +467,10 @@ impl DecoderLayer {
         let dk = flat(input.rope_backward(&dk)?, self.n_kv_heads)?;
         let dk = self.head_norm_backward(k_raw, self.k_norm.as_ref(), dk)?;
         let dv = flat(dv, self.n_kv_heads)?;
+        let n1 = match n1 {
+            Some(n1) => n1,
+            None => rms_norm(&x, &self.input_layernorm, self.rms_norm_eps)?,
+        };
         let dn1 =
             self.backward_shared_input(&n1, &[(Q, &dq), (K, &dk), (V, &dv)], input, qkv.as_ref(), grads)?;
         drop((n1, dq, dk, dv, qkv));

@@ -1,0 +1,113 @@
+//! The planning commands: `lora-ft init` (a config for a model and a card) and `lora-ft estimate`
+//! (what a config's steps will take), both from config.json alone.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+use lora_ft::config::{BatchSize, Config};
+
+use crate::cli::parse_gib;
+
+/// `lora-ft estimate`: the planner's parts of the peak at the config's shape (with
+/// `train.checkpointing = "auto"`, the layers it keeps), the largest batch per sequence length and
+/// the longest row per card, from config.json alone.
+pub fn estimate(config: &Path, gpu_mem: &str, attention: &str) -> anyhow::Result<()> {
+    let cfg = Config::from_file(config)?;
+    let config_json = lora_ft::hub::config_json(&cfg.model.expanded_source(), &cfg.model.revision)?;
+    let model = lora_ft::model::ModelConfig::from_file(&config_json)?;
+    let total = parse_gib(gpu_mem)?;
+    let budget = lora_ft::memory::VramBudget::new(total, cfg.train.max_vram_fraction).bytes();
+    let mut run = lora_ft::plan::run_shape(&cfg);
+    run.fused_attention &= attention == "fused";
+    let shape = (cfg.data.max_seq_len, estimated_batch(&cfg, &model, &run, budget));
+    let auto = cfg.train.checkpointing == lora_ft::config::Checkpointing::Auto;
+    print!("{}", lora_ft::plan::report(&model, &run, shape, budget, auto));
+    let cards: Vec<(&str, u64)> = [("24 GB", 24u64), ("48 GB", 48), ("80 GB", 80)]
+        .into_iter()
+        .map(|(card, gib)| {
+            let budget = lora_ft::memory::VramBudget::new(gib << 30, cfg.train.max_vram_fraction);
+            (card, budget.bytes())
+        })
+        .collect();
+    print!("\n{}", lora_ft::plan::longest_rows(&model, &run, &cards));
+    Ok(())
+}
+
+/// `lora-ft init`: the model's config.json (a GGUF's metadata), the planner's shape for the card,
+/// the commented TOML written to `out` (an existing file only with `force`).
+pub fn init(
+    model: &str,
+    revision: &str,
+    gpu_mem: &str,
+    data: &Path,
+    out: Option<std::path::PathBuf>,
+    force: bool,
+) -> anyhow::Result<()> {
+    use lora_ft::plan::init::{model_name, write_config, DataFiles, InitRequest};
+    let out = out.unwrap_or_else(|| format!("{}.toml", model_name(model).to_lowercase()).into());
+    if out.exists() && !force {
+        anyhow::bail!("{} exists; pass --force to overwrite it", out.display());
+    }
+    let source = lora_ft::hub::planning_source(model, revision)?;
+    let (data_arg, data) = (data, DataFiles::of(data)?);
+    let name = out.file_stem().map_or("run".into(), |s| s.to_string_lossy().into_owned());
+    let revision_flag = if revision == "main" { String::new() } else { format!(" --revision {revision}") };
+    let data_flag = match data.train.parent() {
+        Some(dir) if dir == Path::new("datasets/customer-service") => String::new(),
+        _ => format!(" --data {}", data_arg.display()),
+    };
+    let command =
+        format!("lora-ft init {model}{revision_flag} --gpu-mem {gpu_mem}{data_flag} --out {}", out.display());
+    let written = write_config(&InitRequest {
+        source: model,
+        revision,
+        model: &source.config,
+        chat_template: source.chat_template.as_deref(),
+        gpu_mem: parse_gib(gpu_mem)?,
+        data: &data,
+        name: &name,
+        command: &command,
+        out: &out,
+    })?;
+    let file = match force {
+        true => std::fs::File::create(&out),
+        false => std::fs::OpenOptions::new().write(true).create_new(true).open(&out),
+    };
+    file.and_then(|mut f| f.write_all(written.toml.as_bytes()))
+        .with_context(|| format!("writing {}", out.display()))?;
+    let gib = |b: u64| b as f64 / lora_ft::memory::GIB;
+    println!(
+        "wrote {}: batch {} x {} tokens, grad_accum {}, predicted peak {:.2} GiB of a {:.2} GiB budget",
+        out.display(),
+        written.batch,
+        written.seq,
+        written.grad_accum,
+        gib(written.peak),
+        gib(written.budget)
+    );
+    Ok(())
+}
+
+/// The config's batch size; for "auto", the planner's largest within `budget`, where training
+/// starts probing (said on a line of its own).
+fn estimated_batch(
+    cfg: &Config,
+    model: &lora_ft::model::ModelConfig,
+    run: &lora_ft::plan::RunShape,
+    budget: u64,
+) -> usize {
+    match cfg.train.batch_size {
+        BatchSize::Fixed(batch) => batch,
+        BatchSize::Auto => {
+            let seq = cfg.data.max_seq_len;
+            let batch = lora_ft::plan::largest_batch(model, run, seq, budget);
+            println!(
+                "batch_size = \"auto\": training probes the GPU from batch {batch} x {seq}, the planner's \
+                 largest within the budget{}\n",
+                if batch == 0 { " (none: it tries batch 1)" } else { "" }
+            );
+            batch.max(1)
+        }
+    }
+}
