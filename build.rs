@@ -1,8 +1,11 @@
-//! With `--features cuda`, compiles src/cuda/*.cu to PTX with nvcc (found through
-//! `$NVCC`, `$CUDA_ROOT/bin` or `PATH`). The PTX targets `compute_$CUDA_COMPUTE_CAP` (default 80:
-//! Ampere and newer, including the 24 GB RTX 3090/4090 cards); the driver JIT-compiles it once
-//! and caches it. The NF4 kernels get `--use_fast_math`, as bitsandbytes' build does, which NF4
-//! bit-exactness needs.
+//! With `--features cuda`, compiles each src/cuda/*.cu with nvcc (found through `$NVCC`,
+//! `$CUDA_ROOT/bin` or `PATH`) to one fatbin (`$OUT_DIR/<name>.fatbin`, loaded by
+//! src/cuda/module.rs): machine code for sm_80, sm_86, sm_89, sm_90, sm_100 and sm_120 (the
+//! GPUs users train on: A100, RTX 3090/A6000, RTX 4090/L40, H100/H200, B200, RTX 5090; a GPU of a
+//! listed major runs the code of the nearest listed minor below it), and compute_80 PTX that the
+//! driver compiles only for a GPU none of those fit. `LORA_FT_CUDA_ARCHS=90` (a comma-separated
+//! list) builds fewer, for a quicker development build. The NF4 kernels get `--use_fast_math`,
+//! as bitsandbytes' build does, which NF4 bit-exactness needs.
 //!
 //! With the cuDNN and cudnn-frontend headers (`CUDNN_INCLUDE`: a `:`-separated list of include
 //! folders, as scripts/cuda-toolchain.sh exports it) it also compiles src/cuda/cudnn_sdpa.cpp and
@@ -11,7 +14,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The kernels of src/cuda/, each compiled to `$OUT_DIR/<name>.ptx`.
+/// Architectures with machine code in every fatbin (`LORA_FT_CUDA_ARCHS` overrides).
+const ARCHS: &str = "80,86,89,90,100,120";
+
+/// The kernels of src/cuda/, each compiled to `$OUT_DIR/<name>.fatbin`.
 const KERNELS: [&str; 8] = [
     "nf4",
     "adafactor",
@@ -34,7 +40,7 @@ fn main() {
     for source in KERNELS.iter().map(|k| format!("src/cuda/{k}.cu")).chain(CUDA_HEADERS.map(String::from)) {
         println!("cargo:rerun-if-changed={source}");
     }
-    println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    println!("cargo:rerun-if-env-changed=LORA_FT_CUDA_ARCHS");
     println!("cargo:rerun-if-env-changed=CUDNN_INCLUDE");
     println!("cargo:rerun-if-changed=src/cuda/cudnn_sdpa.cpp");
     println!("cargo:rustc-check-cfg=cfg(lora_ft_cudnn)");
@@ -42,14 +48,15 @@ fn main() {
         return;
     }
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "80".into());
+    let archs = std::env::var("LORA_FT_CUDA_ARCHS").unwrap_or_else(|_| ARCHS.into());
+    let archs: Vec<&str> = archs.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
     let nvcc = std::env::var("NVCC")
         .ok()
         .or_else(|| std::env::var("CUDA_ROOT").ok().map(|r| format!("{r}/bin/nvcc")));
     let nvcc = nvcc.unwrap_or_else(|| "nvcc".into());
     for kernel in KERNELS {
         let src = format!("src/cuda/{kernel}.cu");
-        compile_ptx(&nvcc, &cap, &src, &out.join(format!("{kernel}.ptx")), kernel == "nf4");
+        compile_fatbin(&nvcc, &archs, &src, &out.join(format!("{kernel}.fatbin")), kernel == "nf4");
     }
     compile_cudnn_shim();
 }
@@ -74,17 +81,21 @@ fn compile_cudnn_shim() {
     println!("cargo:rustc-cfg=lora_ft_cudnn");
 }
 
-/// `fast_math`: only for the NF4 kernels, to match bitsandbytes' build.
-fn compile_ptx(nvcc: &str, cap: &str, src: &str, ptx: &Path, fast_math: bool) {
-    let mut args = vec!["--ptx", "-O3"];
+/// `fast_math`: only for the NF4 kernels, to match bitsandbytes' build. nvcc compiles the
+/// architectures on two threads.
+fn compile_fatbin(nvcc: &str, archs: &[&str], src: &str, fatbin: &Path, fast_math: bool) {
+    let mut args: Vec<String> = vec!["--fatbin".into(), "-O3".into(), "--threads".into(), "2".into()];
     if fast_math {
-        args.push("--use_fast_math");
+        args.push("--use_fast_math".into());
     }
-    let arch = format!("-arch=compute_{cap}");
+    for arch in archs {
+        args.push(format!("-gencode=arch=compute_{arch},code=sm_{arch}"));
+    }
+    args.push("-gencode=arch=compute_80,code=compute_80".into());
     let status = Command::new(nvcc)
         .args(&args)
-        .args([arch.as_str(), "-o"])
-        .arg(ptx)
+        .arg("-o")
+        .arg(fatbin)
         .arg(src)
         .status()
         .unwrap_or_else(|e| panic!("running {nvcc} for {src}: {e} (set NVCC or CUDA_ROOT)"));

@@ -67,7 +67,7 @@ if [ "${1:-}" = "--check" ]; then "$CU/bin/nvcc" --version | tail -2; exit 0; fi
 cat <<EOF
 export CUDA_ROOT="$CU"
 export PATH="$CU/bin:\$PATH"
-export CUDA_COMPUTE_CAP=90
+export CUDA_COMPUTE_CAP=80
 export CUDNN_INCLUDE="$CUDNN/include:$LIBS/nvidia/cu13/include"
 export RUSTFLAGS="-L $STUB -L $LIBS/nvidia/cu13/lib -L $CU/lib"
 EOF

@@ -184,6 +184,19 @@ pub enum BenchCommand {
         /// Plan for a card of this size (24GiB, 48GB, 80) instead of the one present.
         #[arg(long)]
         gpu_mem: Option<String>,
+        /// Before the shapes, time the first step from process start three times, each in a
+        /// child process at the first shape: with the driver's JIT cache off
+        /// (CUDA_CACHE_DISABLE=1: cold), with a new empty cache (a fresh machine), and with that
+        /// cache as the fresh run left it (warm); the first row reports them.
+        #[arg(long)]
+        first_step_cold_warm: bool,
+    },
+    /// How long the device takes to load each kernel module: ours (fatbins) and candle's (PTX
+    /// the driver compiles), one JSON line each, then the totals. Run it with
+    /// CUDA_CACHE_DISABLE=1 to see a fresh machine's compile times.
+    Kernels {
+        #[arg(long, default_value = "cuda")]
+        device: String,
     },
     /// Causal attention alone (the FlashAttention-style kernels on CUDA), forward and backward,
     /// on random inputs: milliseconds and TFLOP/s per shape, one JSON line each.
@@ -370,4 +383,37 @@ pub struct ChatArgs {
     /// handed to the template; tool calls in a reply are printed parsed after it.
     #[arg(long, value_name = "FILE")]
     pub tools: Option<PathBuf>,
+}
+
+/// A CUDA device opened as it is (`cuda` or `cuda:N`), without the background kernel loading
+/// that `parse_device` starts: `bench kernels` times the loads itself.
+pub fn parse_device_plain(spec: &str) -> anyhow::Result<candle_core::Device> {
+    let ordinal = match spec {
+        "cuda" => 0,
+        _ => spec
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .with_context(|| format!("device {spec:?}: bench kernels takes cuda or cuda:N"))?,
+    };
+    candle_core::Device::new_cuda(ordinal).with_context(|| format!("opening {spec} (a CUDA build is needed)"))
+}
+
+/// This `lora-ft bench train` command line for a child that times one step at the first shape:
+/// `--shapes` cut to its first, one timed step, `--first-step-cold-warm` left out.
+pub fn first_step_child_args(shapes: &str) -> Vec<String> {
+    let first = shapes.split(',').next().unwrap_or(shapes).to_string();
+    let mut out = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--first-step-cold-warm" => {}
+            "--shapes" | "--steps" => {
+                args.next();
+            }
+            a if a.starts_with("--shapes=") || a.starts_with("--steps=") => {}
+            _ => out.push(arg),
+        }
+    }
+    out.extend(["--shapes".into(), first, "--steps".into(), "1".into()]);
+    out
 }

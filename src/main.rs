@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::Context;
 use clap::Parser;
 use cli::*;
-use lora_ft::config::{BatchSize, Config};
+use lora_ft::config::Config;
 use lora_ft::data::{ChatTokenizer, Message};
 use lora_ft::distributed::launcher::{LaunchError, LaunchPlan};
 use lora_ft::distributed::{rank_prefix, WorldInfo};
@@ -111,8 +111,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     no_mlp_tiles,
                     checkpointing,
                     gpu_mem,
+                    first_step_cold_warm,
                 },
         } => {
+            // the children first: this process's device and its background loads come after
+            let first_steps = match first_step_cold_warm {
+                true => Some(lora_ft::bench::first_steps(&first_step_child_args(&shapes))?),
+                false => None,
+            };
             let (device, shapes) = (parse_device(&m.device)?, parse_shapes(&shapes)?);
             let (q, dtype) = (parse_quantization(&m.quantization), parse_dtype(&m.dtype));
             let options = lora_ft::bench::TrainOptions {
@@ -126,6 +132,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     .map(parse_gib)
                     .transpose()?
                     .map(|b| b as f64 / (1u64 << 30) as f64),
+                first_steps,
             };
             lora_ft::bench::train(&m.model, q, dtype, &device, &shapes, &options, |row| {
                 println!("{}", serde_json::to_string(row).unwrap_or_default())
@@ -139,6 +146,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             for shape in parse_shapes(&shapes)? {
                 let row =
                     lora_ft::bench::attention(&device, dtype, shape, (heads, kv_heads, head_dim), iters)?;
+                println!("{}", serde_json::to_string(&row)?);
+            }
+            Ok(())
+        }
+        Command::Bench { command: BenchCommand::Kernels { device } } => {
+            for row in lora_ft::bench::kernels(&parse_device_plain(&device)?)? {
                 println!("{}", serde_json::to_string(&row)?);
             }
             Ok(())

@@ -79,8 +79,8 @@ fn no_room_imports_a_room_above_it() {
     let mut violations = Vec::new();
     for path in &files {
         let (room, sub) = room_of(&src, path);
-        if matches!(room.as_str(), "main" | "cli" | "lib") {
-            continue; // the binary and the crate root sit above every room
+        if matches!(room.as_str(), "main" | "cli" | "plan_commands" | "lib") {
+            continue; // the binary's modules and the crate root sit above every room
         }
         let Some(code) = non_test_code(path) else { continue };
         let floor = floor_of(FLOORS, &room)

@@ -162,12 +162,22 @@ def main():
         if kept:
             print("\nIssue 20's targets: " + "; ".join(issue20_targets(theirs, ours, args.budget_gib)))
     ours_first = next((r["first_step_s"] for r in ours.values() if r.get("first_step_s")), None)
+    # --first-step-cold-warm: lora-ft's first step on a cold (CUDA_CACHE_DISABLE=1), fresh (empty
+    # cache) and warm driver JIT cache, each a process of its own
+    firsts = next((r["first_steps"] for r in ours.values() if r.get("first_steps")), None)
+    if firsts:
+        ours_first = firsts["cold_s"]
     if args.first_step_ref and os.path.exists(args.first_step_ref) and ours_first:
         lines = [json.loads(line) for line in open(args.first_step_ref) if line.startswith("{")]
         if lines:
             r = lines[0]
+            cold = " cold (CUDA_CACHE_DISABLE=1)" if firsts else ""
             print(f"\nTime to the first step ({r['seq']} x {r['bs']}, from process start): PEFT {r['first_step_s']:.1f} s "
-                  f"(load {r['load_s']:.1f} s), lora-ft {ours_first:.1f} s, ratio {ours_first / r['first_step_s']:.2f}")
+                  f"(load {r['load_s']:.1f} s), lora-ft{cold} {ours_first:.1f} s, ratio {ours_first / r['first_step_s']:.2f}")
+    if firsts:
+        print(f"\nlora-ft's first step from process start, each run a process of its own: cold (CUDA_CACHE_DISABLE=1) "
+              f"{firsts['cold_s']:.2f} s, fresh machine (an empty CUDA_CACHE_PATH) {firsts['fresh_s']:.2f} s, warm "
+              f"(that cache again) {firsts['warm_s']:.2f} s")
 
 
 if __name__ == "__main__":

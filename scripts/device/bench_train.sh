@@ -13,7 +13,7 @@
 # Expected wall time per issue 18 model on an H100, from issue 4's rates (PEFT ~3.4-4.0e13,
 # lora-ft ~8.5e13 N·tokens/s) and the folder written at >= 1 GB/s: 2.2 min (Qwen2.5-7B) to 3.2 min
 # (Qwen3-14B: 42 s to write 29.5 GB, PEFT 91 s, lora-ft 44 s); the 10-minute limit leaves ~3x.
-# Environment: STEPS (timed steps), FIRST_STEP=0|1, PEFT_ATTN, GPU_MEM (lora-ft plans its selective
+# Environment: STEPS (timed steps), FIRST_STEP=0|1, COLD_WARM=0|1, PEFT_ATTN, GPU_MEM (lora-ft plans its selective
 # checkpointing for a card of GPU_MEM GiB, --gpu-mem; the table checks issue 20's targets against
 # 0.90 of it), BUDGET_S (default 570: the device
 # command's 600 s less a margin): the reference gets what is left after the model is written less
@@ -68,6 +68,8 @@ else
 fi
 ours_s=$((budget - SECONDS)); [ $ours_s -gt 30 ] || ours_s=30
 budget_args=()
+# COLD_WARM=1: lora-ft also times its first step on a cold, fresh and warm driver JIT cache
+[ "${COLD_WARM:-0}" = 1 ] && ours+=(--first-step-cold-warm)
 if [ -n "${GPU_MEM:-}" ]; then
   ours+=(--gpu-mem "$GPU_MEM"); budget_args=(--budget-gib "$(python3 -c "print(0.90 * $GPU_MEM)")")
 fi

@@ -55,7 +55,7 @@ case "$1" in
         name=${entry%%=*}
         case $name in
           lora_ft) pack ${entry#*=} $out/t_lib.xz ;;
-          parity|nf4_golden|auto_batch_gpu) pack ${entry#*=} $out/t_$name.xz ;;
+          parity|nf4_golden|auto_batch_gpu|selective_checkpointing) pack ${entry#*=} $out/t_$name.xz ;;
         esac
       done
     else

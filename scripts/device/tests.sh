@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite on the GPU machine, from what scripts/device/pack.sh packed (moved to .gpu/):
-#   cuda: the CUDA tests (every kernel against the composed CPU ops; parity with transformers on
+#   cuda: the CUDA tests (every kernel against the composed CPU ops; kept layers' gradients equal to full checkpointing's; parity with transformers on
 #         CUDA in f32 and f16; NF4 against bitsandbytes' bytes; the batch probe), and the lib and parity tests on the CPU at RAYON_NUM_THREADS=1
 #   gguf: keeps the carried quarters of the demo model's GGUF in /tmp/smollm2 (a warm machine
 #         keeps /tmp between calls) and imports the model once all four are there
@@ -27,6 +27,8 @@ case "${1:-cuda}" in
   cuda)
     t_lib --test-threads 1 cuda fused offload streamed_loss 2>&1 | grep -E "^test |test result|panicked|rel err" | tail -40
     LORA_FT_TEST_DEVICE=cuda t_parity --test-threads 1 tiny --nocapture 2>&1 | grep -E "worst|test result|panicked|^test "
+    echo "== t_selective_checkpointing (f32, f16, bf16)"
+    LORA_FT_TEST_DEVICE=cuda t_selective_checkpointing --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
     for t in t_nf4_golden t_auto_batch_gpu; do echo "== $t"; $t --test-threads 1 2>&1 | grep -E "^test |test result|panicked"; done
     echo "== CPU, RAYON_NUM_THREADS=1"
     RAYON_NUM_THREADS=1 t_lib --skip cuda --skip fused --skip offload --skip streamed_loss 2>&1 | grep -E "test result|panicked"

@@ -1,4 +1,4 @@
-//! The optimizer's CUDA kernels (`adafactor.cu`, PTX from build.rs): the Adafactor step
+//! The optimizer's CUDA kernels (`adafactor.cu`, a fatbin from build.rs): the Adafactor step
 //! and the gradient norm over all parameters in one launch each. The composed tensor ops in
 //! `adafactor.rs` and `clip.rs` stay the CPU path and the tests' reference.
 //!
@@ -12,8 +12,7 @@ use candle_core::{bail, CudaDevice, DType, Device, Result, Tensor};
 
 use super::suffix;
 
-const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/adafactor.ptx"));
-const MODULE: &str = "lora_ft_adafactor";
+pub static KERNELS: super::module::Kernels = super::module::kernels!("adafactor");
 const THREADS: u32 = 512;
 /// The kernel keeps the sums over the smaller dim in shared memory (`MAX_SMALL` in the .cu).
 const MAX_SMALL: usize = 1024;
@@ -92,7 +91,7 @@ pub fn grad_sumsq(grads: &[Tensor], inv_scale: f32) -> Result<Vec<f32>> {
     let desc = dev.clone_htod(descriptors.as_flattened())?;
     let sums = dev.alloc_zeros::<f32>(grads.len())?;
     let name = format!("grad_sumsq_{}", suffix(grads[0].dtype())?);
-    let func = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
+    let func = KERNELS.function(&dev, &name)?;
     let mut b = func.builder();
     b.arg(&desc).arg(&inv_scale).arg(&sums);
     unsafe { b.launch(one_block_each(grads.len())) }.w()?;
@@ -106,7 +105,7 @@ pub fn step(params: &[FusedParam], h: &Hyper) -> Result<()> {
     let descriptors = params.iter().map(|fp| descriptor(fp, &dev)).collect::<Result<Vec<_>>>()?;
     let desc = dev.clone_htod(descriptors.as_flattened())?;
     let name = format!("adafactor_step_{}", suffix(first.g.dtype())?);
-    let func = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
+    let func = KERNELS.function(&dev, &name)?;
     let mut b = func.builder();
     b.arg(&desc).arg(h);
     unsafe { b.launch(one_block_each(params.len())) }.w()?;

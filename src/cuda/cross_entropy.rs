@@ -9,8 +9,7 @@ use candle_core::{bail, DType, Device, Result, Tensor, WithDType};
 
 use super::{address, blocks, by_dtype, cuda_device, suffix, view, wrap};
 
-const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/cross_entropy.ptx"));
-const MODULE: &str = "lora_ft_cross_entropy";
+pub static KERNELS: super::module::Kernels = super::module::kernels!("cross_entropy");
 const THREADS: u32 = 512;
 /// The online softmax's statistics and the gradient accumulator.
 const STATS: DType = DType::F32;
@@ -45,8 +44,7 @@ fn rows_typed<T: CudaDType + WithDType + DeviceRepr>(
         Some(_) => Some(unsafe { dev.alloc::<T>(rows * vocab)? }),
         None => None,
     };
-    let func =
-        dev.get_or_load_custom_func(&format!("cross_entropy_rows_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    let func = KERNELS.function(&dev, &format!("cross_entropy_rows_{}", suffix(T::DTYPE)?))?;
     {
         let (ls, ts) = (logits.storage_and_layout().0, targets.storage_and_layout().0);
         let (lv, tv) = (view::<T>(&ls, &logits)?, view::<u32>(&ts, &targets)?);
@@ -100,7 +98,7 @@ impl OnlineSoftmax {
         let n = self.max.elem_count();
         let loss = Tensor::zeros(n, STATS, &self.max.device().clone())?;
         let stream = dev.cuda_stream();
-        let func = dev.get_or_load_custom_func("streamed_loss", MODULE, PTX)?;
+        let func = KERNELS.function(&dev, "streamed_loss")?;
         let ptr = |t: &Tensor| address(t, &stream);
         let (m, s, z, out, rows) =
             (ptr(&self.max)?, ptr(&self.sum)?, ptr(&self.z_target)?, ptr(&loss)?, n as i32);
@@ -131,14 +129,14 @@ fn chunk_typed<T: CudaDType + WithDType + DeviceRepr>(
     let ptr = |t: &Tensor| address(t, &stream);
     let (lg, tg, z) = (ptr(logits)?, ptr(tgt)?, ptr(&stats.z_target)?);
     let (start, chunk_i, rows) = (start as i32, chunk as i32, n as i32);
-    let func = dev.get_or_load_custom_func(&format!("target_logit_{sfx}"), MODULE, PTX)?;
+    let func = KERNELS.function(&dev, &format!("target_logit_{sfx}"))?;
     let mut l = func.builder();
     l.arg(&lg).arg(&tg).arg(&z).arg(&start).arg(&chunk_i).arg(&rows);
     unsafe { l.launch(blocks(n.div_ceil(256), 256)) }.w()?;
 
     let (m, s, a, write_exp) =
         (ptr(&stats.max)?, ptr(&stats.sum)?, ptr(&stats.alpha)?, stats.acc.is_some() as i32);
-    let func = dev.get_or_load_custom_func(&format!("online_softmax_chunk_{sfx}"), MODULE, PTX)?;
+    let func = KERNELS.function(&dev, &format!("online_softmax_chunk_{sfx}"))?;
     let mut l = func.builder();
     l.arg(&lg).arg(&m).arg(&s).arg(&a).arg(&chunk_i).arg(&write_exp);
     unsafe { l.launch(blocks(n, THREADS)) }.w()?;
@@ -146,7 +144,7 @@ fn chunk_typed<T: CudaDType + WithDType + DeviceRepr>(
     let Some(acc) = &stats.acc else { return Ok(()) };
     let part = logits.matmul(w)?.contiguous()?; // Σ_v exp(z_v − m_new) · w_v
     let (ac, pt, len, cols) = (ptr(acc)?, ptr(&part)?, part.elem_count() as i64, part.dim(1)? as i32);
-    let func = dev.get_or_load_custom_func(&format!("rescale_add_{sfx}"), MODULE, PTX)?;
+    let func = KERNELS.function(&dev, &format!("rescale_add_{sfx}"))?;
     let mut l = func.builder();
     l.arg(&ac).arg(&pt).arg(&a).arg(&len).arg(&cols);
     unsafe { l.launch(elementwise(part.elem_count())) }.w()?;
@@ -165,7 +163,7 @@ fn finish_typed<T: CudaDType + WithDType + DeviceRepr>(
     let ptr = |t: &Tensor| address(t, &stream);
     let (ac, wt, s, out) = (ptr(acc)?, ptr(w_target)?, ptr(&stats.sum)?, ptr(&d_rows)?);
     let (len, cols, scale) = (acc.elem_count() as i64, acc.dim(1)? as i32, grad_scale as f32);
-    let func = dev.get_or_load_custom_func(&format!("streamed_finish_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    let func = KERNELS.function(&dev, &format!("streamed_finish_{}", suffix(T::DTYPE)?))?;
     let mut l = func.builder();
     l.arg(&ac).arg(&wt).arg(&s).arg(&out).arg(&len).arg(&cols).arg(&scale);
     unsafe { l.launch(elementwise(acc.elem_count())) }.w()?;

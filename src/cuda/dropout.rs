@@ -7,7 +7,7 @@ use half::{bf16, f16};
 
 use super::{blocks, cuda_device, suffix, view, wrap};
 
-const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/dropout.ptx"));
+pub static KERNELS: super::module::Kernels = super::module::kernels!("dropout");
 const THREADS: u32 = 256;
 
 pub fn dropout(x: &Tensor, seed: u64, drop_below: u32, keep_scale: f32) -> Result<Tensor> {
@@ -29,8 +29,7 @@ fn typed<T: CudaDType + WithDType + DeviceRepr>(
     let n = x.elem_count();
     let dev = cuda_device(&x)?;
     let out = unsafe { dev.alloc::<T>(n)? };
-    let func =
-        dev.get_or_load_custom_func(&format!("dropout_{}", suffix(T::DTYPE)?), "lora_ft_dropout", PTX)?;
+    let func = KERNELS.function(&dev, &format!("dropout_{}", suffix(T::DTYPE)?))?;
     {
         let guard = x.storage_and_layout().0;
         let xv = view::<T>(&guard, &x)?;

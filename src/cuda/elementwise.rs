@@ -7,8 +7,7 @@ use candle_core::{bail, Result, Tensor, WithDType};
 
 use crate::cuda::{blocks, by_dtype, cuda_device, suffix, view, wrap};
 
-const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/elementwise.ptx"));
-const MODULE: &str = "lora_ft_elementwise";
+pub static KERNELS: super::module::Kernels = super::module::kernels!("elementwise");
 const THREADS: u32 = 256;
 
 fn rows_cols(x: &Tensor) -> Result<(usize, usize)> {
@@ -47,7 +46,7 @@ fn rms_norm_typed<T: CudaDType + WithDType + DeviceRepr>(x: &Tensor, w: &Tensor,
     let dev = cuda_device(&x)?;
     let y = unsafe { dev.alloc::<T>(rows * cols)? };
     let (short, launch, group) = row_launch(rows, cols, T::DTYPE.size_in_bytes());
-    let func = dev.get_or_load_custom_func(&format!("rms_norm_{short}{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    let func = KERNELS.function(&dev, &format!("rms_norm_{short}{}", suffix(T::DTYPE)?))?;
     {
         let (xs, ws) = (x.storage_and_layout().0, w.storage_and_layout().0);
         let (xv, wv) = (view::<T>(&xs, &x)?, view::<T>(&ws, &w)?);
@@ -85,7 +84,7 @@ fn rms_norm_backward_typed<T: CudaDType + WithDType + DeviceRepr>(
     let dx = unsafe { dev.alloc::<T>(rows * cols)? };
     let (short, launch, group) = row_launch(rows, cols, T::DTYPE.size_in_bytes());
     let name = format!("rms_norm_backward_{short}{}", suffix(T::DTYPE)?);
-    let func = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
+    let func = KERNELS.function(&dev, &name)?;
     {
         let g = [&x, &w, &dy].map(|t| t.storage_and_layout().0);
         let (xv, wv, dyv) = (view::<T>(&g[0], &x)?, view::<T>(&g[1], &w)?, view::<T>(&g[2], &dy)?);
@@ -134,7 +133,7 @@ fn gated_typed<T: CudaDType + WithDType + DeviceRepr>(
     let n = gate.elem_count();
     let dev = cuda_device(&gate)?;
     let a = unsafe { dev.alloc::<T>(n)? };
-    let func = dev.get_or_load_custom_func(&format!("gated_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    let func = KERNELS.function(&dev, &format!("gated_{}", suffix(T::DTYPE)?))?;
     {
         let g = [&gate, &up].map(|t| t.storage_and_layout().0);
         let (gv, uv) = (view::<T>(&g[0], &gate)?, view::<T>(&g[1], &up)?);
@@ -165,7 +164,7 @@ fn gated_backward_typed<T: CudaDType + WithDType + DeviceRepr>(
     let n = gate.elem_count();
     let dev = cuda_device(&gate)?;
     let d_gate_up = unsafe { dev.alloc::<T>(2 * n)? };
-    let func = dev.get_or_load_custom_func(&format!("gated_backward_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    let func = KERNELS.function(&dev, &format!("gated_backward_{}", suffix(T::DTYPE)?))?;
     {
         let g = [&gate, &up, &da].map(|t| t.storage_and_layout().0);
         let (gv, uv, dav) = (view::<T>(&g[0], &gate)?, view::<T>(&g[1], &up)?, view::<T>(&g[2], &da)?);

@@ -20,8 +20,7 @@ use half::{bf16, f16};
 
 use crate::cuda::{blocks, cuda_device, suffix, view, wrap};
 
-const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/flash_attention.ptx"));
-const MODULE: &str = "lora_ft_flash_attention";
+pub static KERNELS: super::module::Kernels = super::module::kernels!("flash_attention");
 const THREADS: u32 = 128;
 /// Query rows per forward block (4 warps × 32).
 const BLOCK_ROWS: usize = 128;
@@ -255,8 +254,7 @@ fn forward_typed<T: CudaDType + WithDType + DeviceRepr>(
     let so = Strides { b: (t * h * hd) as i64, h: hd as i64, row: (h * hd) as i64 };
     let smem = forward_bytes(hd);
     let tail = packed_tail(spans);
-    let func =
-        dev.get_or_load_custom_func(&format!("flash_forward_{}_{hd}{tail}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    let func = KERNELS.function(&dev, &format!("flash_forward_{}_{hd}{tail}", suffix(T::DTYPE)?))?;
     allow_smem(&func, smem)?;
     {
         let (qs, ks, vs) = (q.storage_and_layout().0, k.storage_and_layout().0, v.storage_and_layout().0);
@@ -340,7 +338,7 @@ fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
         };
 
         let rows = b * h * t;
-        let delta_fn = dev.get_or_load_custom_func(&format!("attention_delta_{suffix}"), MODULE, PTX)?;
+        let delta_fn = KERNELS.function(&dev, &format!("attention_delta_{suffix}"))?;
         let hd_i = hd as i32;
         let mut l = delta_fn.builder();
         l.arg(&ov).arg(&dov).arg(&delta).arg(&d).arg(&hd_i).arg(&so).arg(&sdo);
@@ -352,7 +350,7 @@ fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
         };
         let (keys, smem) = (shape.keys(), shape.smem_bytes(hd));
         let name = format!("flash_backward_{suffix}_{hd}_k{keys}{}", packed_tail(spans));
-        let bwd_fn = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
+        let bwd_fn = KERNELS.function(&dev, &name)?;
         allow_smem(&bwd_fn, smem)?;
         let mut l = bwd_fn.builder();
         l.arg(&qv).arg(&kv).arg(&vv).arg(&dov).arg(&lv).arg(&delta).arg(&dk).arg(&dv).arg(&dq_acc);
@@ -365,7 +363,7 @@ fn backward_typed<T: CudaDType + WithDType + DeviceRepr>(
         };
         unsafe { l.launch(cfg) }.w()?;
 
-        let finish_fn = dev.get_or_load_custom_func(&format!("attention_dq_finish_{suffix}"), MODULE, PTX)?;
+        let finish_fn = KERNELS.function(&dev, &format!("attention_dq_finish_{suffix}"))?;
         let mut l = finish_fn.builder();
         l.arg(&dq_acc).arg(&dq).arg(&d).arg(&hd_i).arg(&sdq);
         unsafe { l.launch(blocks((rows * hd / 2).div_ceil(256), 256)) }.w()?;

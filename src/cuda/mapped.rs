@@ -6,8 +6,7 @@ use candle_core::{CpuStorage, DType, Device, Result, Storage, Tensor, WithDType}
 
 use super::{blocks, cuda_device, view, wrap};
 
-const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/embedding.ptx"));
-const MODULE: &str = "lora_ft_embedding";
+pub static KERNELS: super::module::Kernels = super::module::kernels!("embedding");
 
 pub struct MappedTable {
     /// The table's bytes, alive as long as the GPU reads them through `device_ptr`.
@@ -87,7 +86,7 @@ fn gather_typed<T: CudaDType + WithDType + DeviceRepr>(table: &MappedTable, ids:
     let n = ids.elem_count();
     let hidden = table.row_bytes / T::DTYPE.size_in_bytes();
     let out = unsafe { dev.alloc::<T>(n * hidden)? };
-    let func = dev.get_or_load_custom_func("embedding_gather", MODULE, PTX)?;
+    let func = KERNELS.function(&dev, "embedding_gather")?;
     {
         let storage = ids.storage_and_layout().0;
         let idv = view::<u32>(&storage, ids)?;

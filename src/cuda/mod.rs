@@ -15,6 +15,7 @@
 //! | `cross_entropy.cu` | `cross_entropy.rs` | `model::ops::{loss, lm_head}` |
 //! | `dropout.cu` | `dropout.rs` | `model::lora::dropout` |
 //! | `embedding.cu` | `mapped.rs` | `model::ops::{embedding, lm_head}` (tables in mapped host memory) |
+//! | (all of the above) | `module.rs` | every wrapper: fatbins loaded once per device |
 //! | (cuBLAS) | `gemm.rs` | `model::ops::product_sum` (GEMMs summed into one buffer) |
 
 pub mod adafactor;
@@ -25,6 +26,7 @@ pub mod elementwise;
 pub mod flash;
 pub mod gemm;
 pub mod mapped;
+pub mod module;
 pub mod nf4;
 pub mod softmax;
 

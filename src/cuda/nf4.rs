@@ -1,4 +1,4 @@
-//! The NF4 kernels of `nf4.cu` (compiled to PTX by build.rs) as candle custom ops, so the
+//! The NF4 kernels of `nf4.cu` (compiled to a fatbin by build.rs) as candle custom ops, so the
 //! packed weight, its absmax and the dequantized output all stay on the GPU. Bit-exact with the
 //! CPU reference in `nf4`, `dynamic` and `double`, and with bitsandbytes (tests/nf4_golden.rs).
 
@@ -15,8 +15,7 @@ use half::{bf16, f16};
 
 use super::suffix;
 
-const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/nf4.ptx"));
-const MODULE: &str = "lora_ft_nf4";
+pub static KERNELS: super::module::Kernels = super::module::kernels!("nf4");
 const THREADS: u32 = 256; // a multiple of 32: one warp covers one 64-value block
 
 /// Per-block absmax (blocks of 64) of a flat CUDA tensor, f32.
@@ -84,7 +83,7 @@ fn absmax_typed<T: CudaDType + DeviceRepr + WithDType>(
     let (dev, n) = (x.device(), l.shape().elem_count());
     let src = view::<T>(x, l)?;
     let out = unsafe { dev.alloc::<f32>(n.div_ceil(64))? };
-    let func = dev.get_or_load_custom_func(&format!("nf4_absmax_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    let func = KERNELS.function(&dev, &format!("nf4_absmax_{}", suffix(T::DTYPE)?))?;
     let n = n as i64;
     let mut b = func.builder();
     b.arg(&src).arg(&out).arg(&n);
@@ -123,7 +122,7 @@ fn pack_typed<T: CudaDType + DeviceRepr + WithDType>(
     let (dev, n) = (x.device(), l.shape().elem_count());
     let (src, amax) = (view::<T>(x, l)?, view::<f32>(absmax, la)?);
     let out = unsafe { dev.alloc::<u8>(n.div_ceil(2))? };
-    let func = dev.get_or_load_custom_func(&format!("nf4_pack_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+    let func = KERNELS.function(&dev, &format!("nf4_pack_{}", suffix(T::DTYPE)?))?;
     let n = n as i64;
     let mut b = func.builder();
     b.arg(&src).arg(&amax).arg(&out).arg(&n);
@@ -173,7 +172,7 @@ impl CustomOp1 for DqAbsmax2 {
         let src = view::<f32>(absmax, l)?;
         let blocks = n.div_ceil(256);
         let out = unsafe { dev.alloc::<f32>(blocks)? };
-        let func = dev.get_or_load_custom_func("dq_absmax2", MODULE, PTX)?;
+        let func = KERNELS.function(&dev, "dq_absmax2")?;
         let n = n as i64;
         let mut b = func.builder();
         b.arg(&src).arg(&self.offset).arg(&out).arg(&n);
@@ -206,7 +205,7 @@ impl CustomOp2 for DqCodes {
         let (dev, n) = (absmax.device(), l.shape().elem_count());
         let (src, scale) = (view::<f32>(absmax, l)?, view::<f32>(absmax2, l2)?);
         let out = unsafe { dev.alloc::<u8>(n)? };
-        let func = dev.get_or_load_custom_func("dq_codes", MODULE, PTX)?;
+        let func = KERNELS.function(&dev, "dq_codes")?;
         let n_i = n as i64;
         let mut b = func.builder();
         b.arg(&src).arg(&self.offset).arg(&scale).arg(&out).arg(&n_i);
@@ -239,8 +238,7 @@ impl Nf4Dequantize {
         let dev = packed.device();
         let src = view::<u8>(packed, lp)?;
         let out = unsafe { dev.alloc::<T>(self.n)? };
-        let func =
-            dev.get_or_load_custom_func(&format!("nf4_dequantize_{}", suffix(T::DTYPE)?), MODULE, PTX)?;
+        let func = KERNELS.function(&dev, &format!("nf4_dequantize_{}", suffix(T::DTYPE)?))?;
         let (null, n) = (0u64, self.n as i64);
         let mut b = func.builder();
         b.arg(&src);

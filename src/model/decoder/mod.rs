@@ -358,7 +358,9 @@ impl CausalLm {
         for (l, layer) in self.layers.iter().enumerate().rev() {
             let input = self.layer_input(masks, 0, dropout_seed, l);
             let saved = match l >= first_kept {
-                true => kept.pop().expect("one kept per layer from first_kept"),
+                true => {
+                    kept.pop().ok_or_else(|| candle_core::Error::Msg(format!("layer {l} was not kept")))?
+                }
                 false => layer.recompute(&checkpoints.pop()?, &input)?,
             };
             let (d_in, grads) = layer.backward(saved, &dx, &input)?;

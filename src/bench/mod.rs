@@ -10,6 +10,9 @@ use crate::memory::{device_memory, pool_memory, reset_peak, GIB};
 use crate::model::CausalLm;
 use crate::quant::Quantization;
 
+mod start;
+pub use start::{first_steps, kernels, FirstSteps};
+
 /// What loading a model cost.
 #[derive(Debug, Serialize)]
 pub struct LoadReport {
@@ -89,6 +92,10 @@ pub struct TrainRow {
     /// (CUDA context, load and quantization, adapters, kernel JIT, the step itself).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_step_s: Option<f64>,
+    /// First shape only, with `--first-step-cold-warm`: the same on a cold, fresh and warm
+    /// driver JIT cache, each in a child process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_steps: Option<FirstSteps>,
     /// With LORA_FT_PROFILE=1: seconds per step in each section, largest first (sections
     /// synchronize the device, so the step itself is slower than unprofiled).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -107,6 +114,9 @@ pub struct TrainOptions {
     /// `train.checkpointing`, planned within `max_vram_fraction` of the card or of `gpu_mem` GiB.
     pub checkpointing: crate::config::Checkpointing,
     pub gpu_mem: Option<f64>,
+    /// First steps timed in child processes (`--first-step-cold-warm`): reported on the first
+    /// row instead of this process's own, which they delayed.
+    pub first_steps: Option<FirstSteps>,
 }
 
 /// The recipe of ../shared/anchors/peft_qlora_baseline.py: LoRA r=16 (alpha 32, no dropout) on
@@ -123,7 +133,7 @@ pub fn train(
     mut report: impl FnMut(&TrainRow),
 ) -> anyhow::Result<Vec<TrainRow>> {
     use crate::model::{LoraSpec, PROJECTIONS};
-    let &TrainOptions { steps, lora_dropout, host_offload, mlp_tiles, checkpointing, gpu_mem } = options;
+    let TrainOptions { steps, lora_dropout, host_offload, mlp_tiles, checkpointing, gpu_mem, .. } = *options;
     anyhow::ensure!(
         (0.0..1.0).contains(&lora_dropout),
         "--lora-dropout must be in [0, 1), got {lora_dropout}"
@@ -166,7 +176,11 @@ pub fn train(
     let vocab = trainer.model.config().vocab_size as u32;
     let mut rows = Vec::new();
     for &(seq, bs) in shapes {
-        let row = match time_shape(&mut trainer, vocab, (seq, bs), steps, rows.is_empty()) {
+        let first = rows.is_empty();
+        let row = match time_shape(&mut trainer, vocab, (seq, bs), steps, first) {
+            Ok(row) if first && options.first_steps.is_some() => {
+                TrainRow { first_step_s: None, first_steps: options.first_steps.clone(), ..row }
+            }
             Ok(row) => row,
             Err(e) => TrainRow {
                 seq,
@@ -180,6 +194,7 @@ pub fn train(
                 error: Some(oom_or(e)),
                 kept_layers: None,
                 first_step_s: None,
+                first_steps: None,
                 profile: None,
             },
         };
@@ -244,6 +259,7 @@ fn time_shape(
         error: None,
         kept_layers: Some(layers - trainer.model.kept_layers.first_kept(layers, (seq, bs))),
         first_step_s,
+        first_steps: None,
         profile,
     })
 }
