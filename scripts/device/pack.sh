@@ -2,7 +2,8 @@
 # Here, before GPU-machine runs: packs what a run needs into a git-ignored folder to name in the
 # device tool's `carry` (64 MiB a call, the working tree included); on the machine, `mv` it to
 # .gpu, where scripts/device/setup.sh unpacks the *.xz into /tmp/bin and installs the *.whl.
-#   bash scripts/device/pack.sh cuda    # .gpu-cuda: the CUDA binary and the test binaries with CUDA tests
+#   bash scripts/device/pack.sh cuda    # (CARGO_TARGET_DIR: the CUDA build's, default target/cuda)
+#                                       # .gpu-cuda: the CUDA binary and the test binaries with CUDA tests
 #   bash scripts/device/pack.sh bench   # .gpu-bench: the CUDA binary, bitsandbytes, the PEFT anchor
 #   bash scripts/device/pack.sh cpu     # .gpu-cpu: the CPU build's binary and every test binary
 #   bash scripts/device/pack.sh gguf    # .gpu-gguf1, .gpu-gguf2: the demo model's GGUF in four
@@ -46,10 +47,10 @@ PY
 case "$1" in
   cuda|bench)
     eval "$(bash scripts/cuda-toolchain.sh)"
-    export CARGO_TARGET_DIR=target/cuda
+    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
     cargo build --release --features cuda --all-targets -q
     out=.gpu-$1; rm -rf $out; mkdir -p $out
-    pack target/cuda/release/lora-ft $out/lora-ft.xz
+    pack $CARGO_TARGET_DIR/release/lora-ft $out/lora-ft.xz
     if [ "$1" = cuda ]; then
       for entry in $(test_binaries --features cuda); do
         name=${entry%%=*}

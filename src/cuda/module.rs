@@ -50,6 +50,14 @@ impl Kernel {
     }
 }
 
+impl std::ops::Deref for Kernel {
+    type Target = CudaFunction;
+
+    fn deref(&self) -> &CudaFunction {
+        &self.func
+    }
+}
+
 type Slot = Arc<OnceLock<std::result::Result<Arc<CudaModule>, String>>>;
 
 /// Modules loaded per (device ordinal, module name); a module holds its context alive.
