@@ -1,8 +1,8 @@
 //! With `--features cuda`, compiles src/cuda/*.cu to PTX with nvcc (found through
 //! `$NVCC`, `$CUDA_ROOT/bin` or `PATH`). The PTX targets `compute_$CUDA_COMPUTE_CAP` (default 80:
 //! Ampere and newer, including the 24 GB RTX 3090/4090 cards); the driver JIT-compiles it once
-//! and caches it. The NF4 kernels get `--use_fast_math`, as bitsandbytes' build does, which NF4
-//! bit-exactness needs.
+//! and caches it. The NF4 kernels and the 8-bit AdamW step get `--use_fast_math`, as
+//! bitsandbytes' build does, which bit-exactness with its NF4 codes and 8-bit optimizer state needs.
 //!
 //! With the cuDNN and cudnn-frontend headers (`CUDNN_INCLUDE`: a `:`-separated list of include
 //! folders, as scripts/cuda-toolchain.sh exports it) it also compiles src/cuda/cudnn_sdpa.cpp and
@@ -12,9 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The kernels of src/cuda/, each compiled to `$OUT_DIR/<name>.ptx`.
-const KERNELS: [&str; 8] = [
+const KERNELS: [&str; 10] = [
     "nf4",
     "adafactor",
+    "adamw",
+    "adamw8bit",
     "softmax",
     "flash_attention",
     "elementwise",
@@ -49,7 +51,9 @@ fn main() {
     let nvcc = nvcc.unwrap_or_else(|| "nvcc".into());
     for kernel in KERNELS {
         let src = format!("src/cuda/{kernel}.cu");
-        compile_ptx(&nvcc, &cap, &src, &out.join(format!("{kernel}.ptx")), kernel == "nf4");
+        // as bitsandbytes builds its kernels: the NF4 ones and the 8-bit optimizer's
+        let fast_math = matches!(kernel, "nf4" | "adamw8bit");
+        compile_ptx(&nvcc, &cap, &src, &out.join(format!("{kernel}.ptx")), fast_math);
     }
     compile_cudnn_shim();
 }
@@ -74,7 +78,7 @@ fn compile_cudnn_shim() {
     println!("cargo:rustc-cfg=lora_ft_cudnn");
 }
 
-/// `fast_math`: only for the NF4 kernels, to match bitsandbytes' build.
+/// `fast_math`: only for the kernels that match bitsandbytes' (NF4, 8-bit AdamW), as its build.
 fn compile_ptx(nvcc: &str, cap: &str, src: &str, ptx: &Path, fast_math: bool) {
     let mut args = vec!["--ptx", "-O3"];
     if fast_math {
