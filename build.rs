@@ -4,8 +4,9 @@
 //! GPUs users train on: A100, RTX 3090/A6000, RTX 4090/L40, H100/H200, B200, RTX 5090; a GPU of a
 //! listed major runs the code of the nearest listed minor below it), and compute_80 PTX that the
 //! driver compiles only for a GPU none of those fit. `LORA_FT_CUDA_ARCHS=90` (a comma-separated
-//! list) builds fewer, for a quicker development build. The NF4 kernels get `--use_fast_math`,
-//! as bitsandbytes' build does, which NF4 bit-exactness needs.
+//! list) builds fewer, for a quicker development build. The NF4 kernels and the 8-bit AdamW step
+//! get `--use_fast_math`, as bitsandbytes' build does, which bit-exactness with its NF4 codes and
+//! 8-bit optimizer state needs.
 //!
 //! With the cuDNN and cudnn-frontend headers (`CUDNN_INCLUDE`: a `:`-separated list of include
 //! folders, as scripts/cuda-toolchain.sh exports it) it also compiles src/cuda/cudnn_sdpa.cpp and
@@ -18,9 +19,11 @@ use std::process::Command;
 const ARCHS: &str = "80,86,89,90,100,120";
 
 /// The kernels of src/cuda/, each compiled to `$OUT_DIR/<name>.fatbin`.
-const KERNELS: [&str; 8] = [
+const KERNELS: [&str; 10] = [
     "nf4",
     "adafactor",
+    "adamw",
+    "adamw8bit",
     "softmax",
     "flash_attention",
     "elementwise",
@@ -56,7 +59,9 @@ fn main() {
     let nvcc = nvcc.unwrap_or_else(|| "nvcc".into());
     for kernel in KERNELS {
         let src = format!("src/cuda/{kernel}.cu");
-        compile_fatbin(&nvcc, &archs, &src, &out.join(format!("{kernel}.fatbin")), kernel == "nf4");
+        // as bitsandbytes builds its kernels: the NF4 ones and the 8-bit optimizer's
+        let fast_math = matches!(kernel, "nf4" | "adamw8bit");
+        compile_fatbin(&nvcc, &archs, &src, &out.join(format!("{kernel}.fatbin")), fast_math);
     }
     compile_cudnn_shim();
 }
@@ -81,8 +86,8 @@ fn compile_cudnn_shim() {
     println!("cargo:rustc-cfg=lora_ft_cudnn");
 }
 
-/// `fast_math`: only for the NF4 kernels, to match bitsandbytes' build. nvcc compiles the
-/// architectures on two threads.
+/// `fast_math`: only for the kernels that match bitsandbytes' (NF4, 8-bit AdamW), as its build.
+/// nvcc compiles the architectures on two threads.
 fn compile_fatbin(nvcc: &str, archs: &[&str], src: &str, fatbin: &Path, fast_math: bool) {
     let mut args: Vec<String> = vec!["--fatbin".into(), "-O3".into(), "--threads".into(), "2".into()];
     if fast_math {

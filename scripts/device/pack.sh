@@ -6,6 +6,8 @@
 #                                       # .gpu-cuda: the CUDA binary and the test binaries with CUDA tests
 #   bash scripts/device/pack.sh bench   # .gpu-bench: the CUDA binary, bitsandbytes, the PEFT anchor
 #   bash scripts/device/pack.sh cpu     # .gpu-cpu: the CPU build's binary and every test binary
+#   bash scripts/device/pack.sh adamw   # .gpu-adamw: the CUDA lib test binary and bitsandbytes, for
+#                                       # scripts/device/adamw8bit.sh (CARGO_TARGET_DIR is kept if set)
 #   bash scripts/device/pack.sh gguf    # .gpu-gguf1, .gpu-gguf2: the demo model's GGUF in four
 #                                       # quarters (98 MB), two a call; scripts/device/tests.sh joins them
 set -euo pipefail
@@ -65,6 +67,14 @@ case "$1" in
       slim_bitsandbytes $out/bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl
       cp ../shared/anchors/peft_qlora_baseline.py $out/
     fi ;;
+  adamw)
+    eval "$(bash scripts/cuda-toolchain.sh)"
+    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
+    out=.gpu-adamw; rm -rf $out; mkdir -p $out
+    for entry in $(test_binaries --features cuda --lib); do pack ${entry#*=} $out/t_lib.xz; done
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_24_x86_64 -d $out bitsandbytes==0.50.2
+    slim_bitsandbytes $out/bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl ;;
   cpu)
     cargo build --release --all-targets -q
     out=.gpu-cpu; rm -rf $out; mkdir -p $out
@@ -79,6 +89,6 @@ case "$1" in
     quarter=$(( ($(stat -c %s "$gguf") + 3) / 4 ))
     split -b $quarter -d -a 1 "$gguf" /tmp/smollm2.part
     mv /tmp/smollm2.part0 /tmp/smollm2.part1 .gpu-gguf1/; mv /tmp/smollm2.part2 /tmp/smollm2.part3 .gpu-gguf2/ ;;
-  *) echo "usage: $0 cuda|bench|cpu|gguf" >&2; exit 2 ;;
+  *) echo "usage: $0 cuda|bench|cpu|adamw|gguf" >&2; exit 2 ;;
 esac
 du -sh .gpu-* | sort -k2

@@ -155,7 +155,7 @@ pub fn train(
         },
         lora_r: 16,
         target_modules: PROJECTIONS.iter().map(|p| p.to_string()).collect(),
-        first_moment: false,
+        optimizer: crate::plan::OptimizerState::Adafactor { first_moment: false },
         embeddings_on_host: true,
         loss_chunk_rows: lm.loss_chunk_rows,
         accumulates_gradients: false,
@@ -167,10 +167,10 @@ pub fn train(
     };
     let budget = crate::memory::VramBudget::of(device, None, gpu_mem).map(|b| b.bytes());
     crate::train::set_checkpointing(&mut lm, checkpointing, run, budget);
-    let optim = crate::config::AdafactorSection {
+    let optim = crate::config::OptimSection::adafactor(&crate::config::AdafactorSection {
         flavor: crate::config::AdafactorFlavor::Torch,
         ..Default::default()
-    };
+    });
     let schedule = crate::optim::LrSchedule::new(crate::config::Schedule::Constant, 2e-4, 0, usize::MAX);
     let mut trainer = crate::train::Trainer::new(lm, &optim, 0.0, schedule, 1.0, 0)?;
     let vocab = trainer.model.config().vocab_size as u32;

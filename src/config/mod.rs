@@ -9,8 +9,10 @@ use crate::quant::Quantization;
 
 mod batch_size;
 mod data_format;
+mod optim;
 pub use batch_size::BatchSize;
 pub use data_format::DataFormat;
+pub use optim::{AdafactorFlavor, AdafactorSection, AdamwSection, OptimName, OptimSection};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -31,7 +33,7 @@ pub struct Config {
     #[serde(default)]
     pub train: TrainSection,
     #[serde(default)]
-    pub optim: AdafactorSection,
+    pub optim: OptimSection,
     #[serde(default)]
     pub checkpoint: CheckpointSection,
     #[serde(default)]
@@ -190,42 +192,12 @@ pub struct TrainSection {
     pub log_every: usize,
 }
 
-/// Adafactor. `flavor = "torch"` follows `torch.optim.Adafactor`, `"hf"` follows
-/// `transformers.optimization.Adafactor` (relative step, parameter scaling, beta1).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-// `default` lets a section name only the keys it changes; unknown keys are still errors.
-#[serde(deny_unknown_fields, default)]
-pub struct AdafactorSection {
-    pub flavor: AdafactorFlavor,
-    /// Exponent of the second-moment decay schedule: beta2_t = 1 - t^decay_rate.
-    pub decay_rate: f64,
-    /// Regularizer added to squared gradients (hf: eps[0]; torch: eps1, `None` = dtype eps).
-    pub eps1: Option<f64>,
-    /// Lower bound of the parameter RMS used for relative steps (hf: eps[1]; torch: eps2).
-    pub eps2: f64,
-    /// Update clipping threshold (hf: clip_threshold; torch: d).
-    pub clip_threshold: f64,
-    /// First moment; off by default, which is what saves Adam's memory.
-    pub beta1: Option<f64>,
-    /// hf only: lr = min(1e-2, 1/sqrt(t)) scaled by the parameter RMS.
-    pub relative_step: bool,
-    pub scale_parameter: bool,
-    pub warmup_init: bool,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Checkpointing {
     Auto,
     Full,
     None,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AdafactorFlavor {
-    Torch,
-    Hf,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -317,26 +289,6 @@ impl Default for TrainSection {
             eval_every: 0,
             eval_batches: 0,
             log_every: 1,
-        }
-    }
-}
-
-impl Default for AdafactorSection {
-    fn default() -> Self {
-        // transformers' Adafactor with an absolute learning rate (relative_step and
-        // scale_parameter off), HF's advice for fine-tuning. torch.optim.Adafactor always scales
-        // the step by the parameter's RMS, so a zero-initialised lora_B barely moves
-        // (eps2 · lr per step): it is kept as `flavor = "torch"` for like-for-like comparisons.
-        Self {
-            flavor: AdafactorFlavor::Hf,
-            decay_rate: -0.8,
-            eps1: None,
-            eps2: 1e-3,
-            clip_threshold: 1.0,
-            beta1: None,
-            relative_step: false,
-            scale_parameter: false,
-            warmup_init: false,
         }
     }
 }
@@ -438,29 +390,7 @@ impl Config {
         check(t.weight_decay >= 0.0, "train.weight_decay", "must be >= 0")?;
         check(t.max_grad_norm >= 0.0, "train.max_grad_norm", "must be >= 0 (0 turns clipping off)")?;
         check(t.log_every > 0, "train.log_every", "must be at least 1")?;
-        let o = &self.optim;
-        check(o.decay_rate < 0.0, "optim.decay_rate", "must be negative (beta2_t = 1 - t^decay_rate)")?;
-        check(o.clip_threshold > 0.0, "optim.clip_threshold", "must be positive")?;
-        if let Some(b) = o.beta1 {
-            check((0.0..1.0).contains(&b), "optim.beta1", "must be in [0, 1)")?;
-        }
-        check(
-            o.flavor == AdafactorFlavor::Hf || !(o.relative_step || o.scale_parameter || o.warmup_init),
-            "optim.flavor",
-            "relative_step, scale_parameter and warmup_init need flavor = \"hf\"",
-        )?;
-        let torch = o.flavor == AdafactorFlavor::Torch;
-        check(
-            !(torch && o.beta1.is_some()),
-            "optim.beta1",
-            "torch.optim.Adafactor has no beta1: use flavor = \"hf\"",
-        )?;
-        check(
-            !torch || o.clip_threshold >= 1.0,
-            "optim.clip_threshold",
-            "must be >= 1 with flavor = \"torch\" (its d)",
-        )?;
-        check(!o.warmup_init || o.relative_step, "optim.warmup_init", "needs relative_step = true")?;
+        self.optim.validate()?;
         check(!self.output.adapter_name.is_empty(), "output.adapter_name", "must not be empty")?;
         Ok(())
     }

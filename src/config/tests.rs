@@ -160,3 +160,46 @@ fn eval_prompts_and_chat_template_are_read_and_checked() {
     let err = parse(&text.replace("= 32", "= 0")).unwrap_err().to_string();
     assert_eq!(err, "run.toml: data.eval_max_new_tokens: must be at least 1");
 }
+
+#[test]
+fn optim_name_picks_the_optimizer_and_its_keys() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(c.optim.name, OptimName::Adafactor);
+    assert_eq!(c.optim.adafactor_section().flavor, AdafactorFlavor::Hf);
+    let c = parse(&format!("{MINIMAL}[optim]\nname = \"adamw\"\n")).unwrap();
+    assert_eq!(c.optim.adamw_section(), AdamwSection { beta1: 0.9, beta2: 0.999, eps: 1e-8 });
+    let c =
+        parse(&format!("{MINIMAL}[optim]\nname = \"adamw8bit\"\nbetas = [0.8, 0.95]\neps = 1e-6\n")).unwrap();
+    assert_eq!(c.optim.name, OptimName::Adamw8bit);
+    assert_eq!(c.optim.adamw_section(), AdamwSection { beta1: 0.8, beta2: 0.95, eps: 1e-6 });
+    let c = parse(&format!("{MINIMAL}[optim]\nname = \"adamw\"\nbeta1 = 0.85\n")).unwrap();
+    assert_eq!(c.optim.adamw_section().beta1, 0.85);
+    assert_eq!(c.optim.adamw_section().beta2, 0.999);
+    let c = parse(&format!("{MINIMAL}[optim]\nflavor = \"torch\"\n")).unwrap();
+    assert_eq!(c.optim.adafactor_section().flavor, AdafactorFlavor::Torch);
+}
+
+#[test]
+fn optim_refuses_keys_of_another_optimizer() {
+    let err = |extra: &str| parse(&format!("{MINIMAL}[optim]\n{extra}\n")).unwrap_err().to_string();
+    let e = err("name = \"adamw\"\nflavor = \"hf\"");
+    assert!(e.starts_with("run.toml: optim.flavor: is an Adafactor setting"), "{e}");
+    let e = err("name = \"adamw8bit\"\ndecay_rate = -0.8");
+    assert!(e.starts_with("run.toml: optim.decay_rate: is an Adafactor setting"), "{e}");
+    let e = err("eps = 1e-8");
+    assert!(e.starts_with("run.toml: optim.eps: is an AdamW setting, and optim.name = \"adafactor\""), "{e}");
+    let e = err("name = \"adafactor\"\nbetas = [0.9, 0.99]");
+    assert!(e.starts_with("run.toml: optim.betas: is an AdamW setting"), "{e}");
+    let e = err("name = \"adamw\"\nweight_decay = 0.1");
+    assert!(e.starts_with("run.toml: optim.weight_decay: weight decay is train.weight_decay"), "{e}");
+    let e = err("name = \"adamw\"\nbetas = [0.9, 0.99]\nbeta2 = 0.9");
+    assert!(e.starts_with("run.toml: optim.betas: give betas or beta1/beta2"), "{e}");
+    let e = err("name = \"adamw\"\nbeta2 = 1.0");
+    assert!(e.starts_with("run.toml: optim.beta2: beta2 must be in [0, 1)"), "{e}");
+    let e = err("name = \"adamw\"\neps = 0.0");
+    assert!(e.starts_with("run.toml: optim.eps: must be a positive number"), "{e}");
+    let e = err("name = \"sgd\"");
+    assert!(e.starts_with("run.toml: optim.name:"), "{e}");
+    let e = err("name = \"adamw\"\nbeta = 0.9");
+    assert!(e.starts_with("run.toml: optim") && e.contains("beta"), "{e}");
+}

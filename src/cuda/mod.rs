@@ -8,6 +8,7 @@
 //! |---|---|---|
 //! | `nf4.cu` | `nf4.rs` | `quant` (quantize, dequantize, NF4 GEMM inputs) |
 //! | `adafactor.cu` | `adafactor.rs` | `optim` (the fused Adafactor step, the global norm) |
+//! | `adamw.cu`, `adamw8bit.cu` | `adamw.rs` | `optim` (the fused AdamW and 8-bit AdamW steps) |
 //! | `flash_attention.cu` | `flash.rs` | `model::ops::attention` |
 //! | `cudnn_sdpa.cpp` | `cudnn_sdpa.rs` | `model::ops::attention` (cuDNN's fused SDPA) |
 //! | `softmax.cu` | `softmax.rs` | `model::ops::attention` (the composed path's softmax) |
@@ -19,6 +20,7 @@
 //! | (cuBLAS) | `gemm.rs` | `model::ops::product_sum` (GEMMs summed into one buffer) |
 
 pub mod adafactor;
+pub mod adamw;
 pub mod cross_entropy;
 pub mod cudnn_sdpa;
 pub mod dropout;
@@ -69,12 +71,13 @@ macro_rules! by_dtype {
 }
 pub(crate) use by_dtype;
 
-/// The device address of `t`'s first element (f32, f16, bf16 or u32), for kernels and copies
+/// The device address of `t`'s first element (f32, f16, bf16, u32 or u8), for kernels and copies
 /// that take raw pointers; the caller keeps `t` alive until the work that uses it is queued and
 /// ordered before any free.
 pub fn address(t: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<u64> {
     match t.dtype() {
         DType::U32 => address_typed::<u32>(t, stream),
+        DType::U8 => address_typed::<u8>(t, stream),
         dtype => by_dtype!(dtype, address_typed(t, stream)),
     }
 }

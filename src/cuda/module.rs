@@ -100,11 +100,13 @@ impl Kernels {
 }
 
 /// Every fatbin of the build, for `lora-ft bench kernels` and `warm`.
-pub fn all() -> [&'static Kernels; 8] {
+pub fn all() -> [&'static Kernels; 10] {
     use super::*;
     [
         &nf4::KERNELS,
         &adafactor::KERNELS,
+        &adamw::KERNELS,
+        &adamw::KERNELS_8BIT,
         &softmax::KERNELS,
         &flash::KERNELS,
         &elementwise::KERNELS,

@@ -261,7 +261,7 @@ fn rms(x: &Tensor) -> candle_core::Result<Tensor> {
 }
 
 /// `start.lerp_(end, w)` with torch's CPU formula (the branch keeps w = 1 exact).
-fn lerp(start: &Tensor, end: &Tensor, w: f64) -> candle_core::Result<Tensor> {
+pub(super) fn lerp(start: &Tensor, end: &Tensor, w: f64) -> candle_core::Result<Tensor> {
     let diff = end.sub(start)?;
     if w < 0.5 {
         start.add(&diff.affine(w, 0.0)?)

@@ -13,6 +13,7 @@
 
 mod activations;
 pub mod init;
+mod optimizer_state;
 
 use serde::Serialize;
 
@@ -20,6 +21,7 @@ use crate::model::decoder::LOSS_CHUNK_ROWS;
 use crate::model::lora::linear::{MIN_SLICE_VALUES, WHOLE_WEIGHT_TOKENS};
 use crate::model::{ModelConfig, PROJECTIONS};
 use activations::Family;
+pub use optimizer_state::OptimizerState;
 
 /// What a run trains on, as far as memory goes.
 #[derive(Debug, Clone)]
@@ -30,8 +32,8 @@ pub struct RunShape {
     pub nf4: Option<bool>,
     pub lora_r: usize,
     pub target_modules: Vec<String>,
-    /// Adafactor's first moment (`beta1`) is kept per parameter when set.
-    pub first_moment: bool,
+    /// The optimizer (`optim.name`), whose state lives beside the adapters.
+    pub optimizer: OptimizerState,
     /// Embedding table in host memory (an untied model on a GPU, see model/embedding.rs).
     pub embeddings_on_host: bool,
     /// Rows of logits per loss chunk.
@@ -64,7 +66,7 @@ pub struct Estimate {
     /// Projections (NF4 codes and statistics, or dense), lm_head, norms, RoPE tables, and the
     /// embedding table when it lives on the device.
     pub base_weights: u64,
-    /// LoRA A and B (f32) and Adafactor's state.
+    /// LoRA A and B (f32) and the optimizer's state.
     pub lora_and_optimizer: u64,
     /// The inputs of the recomputed layers on the device when the backward starts: all of them,
     /// or with host offload the few still leaving or already fetched.
@@ -174,11 +176,11 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
         .map(|(&(o, n), _)| {
             let (o, n) = (o as u64, n as u64);
             let params = r * (n + o);
-            // A [r, in] and B [out, r], f32; factored second moments (row + column)
-            let factors = (r + n) + (o + r);
+            // A [r, in] and B [out, r], f32, with the optimizer's state of each
+            let state = run.optimizer.bytes(r, n) + run.optimizer.bytes(o, r);
             // the f32 accumulators of gradient accumulation
             let kept_gradients = if run.accumulates_gradients { params } else { 0 };
-            (params + factors + kept_gradients + if run.first_moment { params } else { 0 }) * 4
+            (params + kept_gradients) * 4 + state
         })
         .sum();
 
@@ -300,7 +302,7 @@ pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
         nf4: (cfg.model.quantization == QuantizationKind::Nf4).then_some(cfg.model.double_quant),
         lora_r: cfg.lora.r,
         target_modules: cfg.lora.target_modules.clone(),
-        first_moment: cfg.optim.beta1.is_some(),
+        optimizer: OptimizerState::of(cfg),
         embeddings_on_host: true,
         loss_chunk_rows: LOSS_CHUNK_ROWS,
         accumulates_gradients: cfg.train.grad_accum > 1,

@@ -31,7 +31,7 @@ fn bench_run() -> RunShape {
         nf4: Some(true),
         lora_r: 16,
         target_modules: PROJECTIONS.iter().map(|p| p.to_string()).collect(),
-        first_moment: false,
+        optimizer: OptimizerState::Adafactor { first_moment: false },
         embeddings_on_host: true,
         loss_chunk_rows: 1024,
         accumulates_gradients: false,

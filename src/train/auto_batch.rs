@@ -11,7 +11,7 @@ use candle_core::Tensor;
 use crate::config::Config;
 use crate::memory::{pool_memory, reset_peak, VramBudget, GIB};
 use crate::model::CausalLm;
-use crate::optim::Adafactor;
+use crate::optim::Optimizer;
 
 /// How one probe step went.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -154,14 +154,14 @@ pub fn refused_on(device: &candle_core::Device) -> String {
 }
 
 /// The optimizer's state and, with `grad_accum` > 1, the f32 gradient sum.
-fn held_through_steps(model: &CausalLm, cfg: &Config) -> anyhow::Result<(Adafactor, Vec<Tensor>)> {
+fn held_through_steps(model: &CausalLm, cfg: &Config) -> anyhow::Result<(Optimizer, Vec<Tensor>)> {
     let params: Vec<_> = model.lora_params().into_iter().map(|(_, v)| v).collect();
     let sum = if cfg.train.grad_accum > 1 {
         params.iter().map(|p| p.as_tensor().zeros_like()).collect::<candle_core::Result<_>>()?
     } else {
         Vec::new()
     };
-    Ok((Adafactor::new(params, &cfg.optim, cfg.train.weight_decay)?, sum))
+    Ok((Optimizer::new(params, &cfg.optim, cfg.train.weight_decay)?, sum))
 }
 
 #[cfg(test)]

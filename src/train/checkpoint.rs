@@ -47,6 +47,9 @@ pub struct TrainerState {
     pub world_size: Option<usize>,
     #[serde(default)]
     pub rows_per_step: Option<usize>,
+    /// `optim.name` of the run (absent in checkpoints written before AdamW: Adafactor's).
+    #[serde(default)]
+    pub optimizer: Option<crate::config::OptimName>,
 }
 
 impl TrainerState {
@@ -54,6 +57,11 @@ impl TrainerState {
     /// batches of its own batch size (`global_batch` when it did not record one).
     pub fn resume_row(&self, global_batch: usize) -> usize {
         self.rows_in_epoch.unwrap_or(self.batch_in_epoch * self.batch_size.unwrap_or(global_batch))
+    }
+
+    /// The optimizer whose state the checkpoint holds.
+    pub fn optimizer(&self) -> crate::config::OptimName {
+        self.optimizer.unwrap_or_default()
     }
 }
 

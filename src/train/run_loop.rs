@@ -190,6 +190,7 @@ fn save_checkpoint(
             rows_in_epoch: Some(stream.row),
             world_size: Some(c.world_size()),
             rows_per_step: Some(run.batch_size * c.world_size() * cfg.train.grad_accum),
+            optimizer: Some(trainer.optimizer.name()),
         };
         let opt_state = trainer.optimizer.state_tensors();
         checkpoint::save(&cfg.output.dir, &trainer.model, run.spec, run.base_model, opt_state, &state)

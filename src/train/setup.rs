@@ -396,6 +396,16 @@ fn resume(
              those of the first run; set train.batch_size or grad_accum to keep {before}"
         );
     }
+    let (saved, ours) = (state.optimizer(), trainer.optimizer.name());
+    anyhow::ensure!(
+        saved == ours,
+        "{}: the checkpoint holds the state of optim.name = \"{}\", and this config trains with \"{}\": \
+         set optim.name = \"{}\" to resume it, or train into another output.dir",
+        dir.display(),
+        saved.as_str(),
+        ours.as_str(),
+        saved.as_str()
+    );
     crate::export::set_adapter_values(&trainer.model, dir)?;
     let file = dir.join(checkpoint::OPTIMIZER_STATE);
     let tensors = candle_core::safetensors::load(&file, &Device::Cpu)

@@ -1,6 +1,6 @@
 //! One optimizer step: the micro-batches of the global batch (each rank computes its shard),
 //! forward and backward, gradient accumulation, the all-reduce, the loss scaler's overflow check,
-//! global-norm clipping folded into the Adafactor step.
+//! global-norm clipping folded into the optimizer step.
 
 use std::borrow::Cow;
 use std::sync::atomic::AtomicBool;
@@ -15,7 +15,7 @@ use crate::distributed::{all_reduce_grads, shard_rows, Collective, ReduceOp, Sol
 use crate::memory::Phase;
 use crate::model::ops::loss::{shift_labels, IGNORE_INDEX};
 use crate::model::CausalLm;
-use crate::optim::{clip_coefficient, grad_norm, Adafactor, LrSchedule};
+use crate::optim::{clip_coefficient, grad_norm, LrSchedule, Optimizer};
 use crate::profile::section;
 
 /// Set by SIGINT/SIGTERM (`run_loop::stop_on_signals`); the step agrees on it across ranks.
@@ -104,7 +104,7 @@ struct LocalStep {
 /// The model with its adapters, optimizer, schedule and loss scaler: one `step` per optimizer step.
 pub struct Trainer {
     pub model: CausalLm,
-    pub(super) optimizer: Adafactor,
+    pub(super) optimizer: Optimizer,
     pub(super) schedule: LrSchedule,
     max_grad_norm: f64,
     seed: u64,
@@ -114,17 +114,18 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// Adafactor over the model's LoRA parameters; f16 models get dynamic loss scaling.
+    /// The optimizer `optim` names over the model's LoRA parameters; f16 models get dynamic
+    /// loss scaling.
     pub fn new(
         model: CausalLm,
-        optim: &crate::config::AdafactorSection,
+        optim: &crate::config::OptimSection,
         weight_decay: f64,
         schedule: LrSchedule,
         max_grad_norm: f64,
         seed: u64,
     ) -> anyhow::Result<Self> {
         let params = model.lora_params().into_iter().map(|(_, v)| v).collect();
-        let optimizer = Adafactor::new(params, optim, weight_decay)?;
+        let optimizer = Optimizer::new(params, optim, weight_decay)?;
         let scaler = LossScaler::new(model.dtype() == DType::F16, loss_scale::GROWTH_INTERVAL);
         let collective: Arc<dyn Collective> = Arc::new(Solo);
         Ok(Self { model, optimizer, schedule, max_grad_norm, seed, scaler, collective })

@@ -92,6 +92,7 @@ fn auto_batch_size_is_refused_on_the_cpu_and_kept_from_a_checkpoint() {
         rows_in_epoch: None,
         world_size: None,
         rows_per_step: None,
+        optimizer: None,
     };
     assert_eq!(batch_size(&auto, &model, 100, Some(&state), None).unwrap(), 6);
     let fixed = tiny_config(&dir, "batch_size = 4", "fixed");
