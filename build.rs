@@ -8,6 +8,11 @@
 //! get `--use_fast_math`, as bitsandbytes' build does, which bit-exactness with its NF4 codes and
 //! 8-bit optimizer state needs.
 //!
+//! It also compiles the eight modules of candle-kernels a training step loads (affine, binary,
+//! cast, fill, indexing, reduce, ternary, unary; from its source in the cargo registry, or
+//! `LORA_FT_CANDLE_KERNELS_SRC`) to `candle_<name>.fatbin` with the flags candle's build uses:
+//! src/cuda/candle_modules.rs loads them in place of candle's PTX.
+//!
 //! With the cuDNN and cudnn-frontend headers (`CUDNN_INCLUDE`: a `:`-separated list of include
 //! folders, as scripts/cuda-toolchain.sh exports it) it also compiles src/cuda/cudnn_sdpa.cpp and
 //! sets `cfg(lora_ft_cudnn)`; cuDNN itself is opened when the program runs. Without them the
@@ -60,10 +65,53 @@ fn main() {
     for kernel in KERNELS {
         let src = format!("src/cuda/{kernel}.cu");
         // as bitsandbytes builds its kernels: the NF4 ones and the 8-bit optimizer's
-        let fast_math = matches!(kernel, "nf4" | "adamw8bit");
-        compile_fatbin(&nvcc, &archs, &src, &out.join(format!("{kernel}.fatbin")), fast_math);
+        let flags: &[&str] = if matches!(kernel, "nf4" | "adamw8bit") { &["--use_fast_math"] } else { &[] };
+        compile_fatbin(&nvcc, (&archs, None), &src, &out.join(format!("{kernel}.fatbin")), flags);
+    }
+    let candle = candle_kernels_src();
+    println!("cargo:rerun-if-env-changed=LORA_FT_CANDLE_KERNELS_SRC");
+    for module in CANDLE_MODULES {
+        let src = candle.join(format!("{module}.cu"));
+        let fatbin = out.join(format!("candle_{module}.fatbin"));
+        // candle's flags, and every architecture's code from the compute_80 PTX, as the driver
+        // would have made it from candle's own PTX
+        let flags = ["--expt-relaxed-constexpr", "-std=c++17"];
+        compile_fatbin(&nvcc, (&archs, Some("80")), &src.to_string_lossy(), &fatbin, &flags);
     }
     compile_cudnn_shim();
+}
+
+/// candle-kernels' modules that a training step loads (src/cuda/candle_modules.rs).
+const CANDLE_MODULES: [&str; 8] =
+    ["affine", "binary", "cast", "fill", "indexing", "reduce", "ternary", "unary"];
+
+/// The `src` folder of the candle-kernels version in Cargo.lock, in the cargo registry
+/// (`$CARGO_HOME`, default ~/.cargo), or `LORA_FT_CANDLE_KERNELS_SRC`.
+fn candle_kernels_src() -> PathBuf {
+    if let Ok(dir) = std::env::var("LORA_FT_CANDLE_KERNELS_SRC") {
+        return PathBuf::from(dir);
+    }
+    let lock = std::fs::read_to_string("Cargo.lock").expect("reading Cargo.lock");
+    let version = lock
+        .split("[[package]]")
+        .find(|p| p.contains("name = \"candle-kernels\""))
+        .and_then(|p| p.lines().find_map(|l| l.strip_prefix("version = \"")))
+        .map(|v| v.trim_end_matches('"').to_string())
+        .expect("candle-kernels in Cargo.lock");
+    let home = std::env::var("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cargo"));
+    let registry = home.join("registry").join("src");
+    let found = std::fs::read_dir(&registry).ok().into_iter().flatten().flatten().find_map(|index| {
+        let src = index.path().join(format!("candle-kernels-{version}")).join("src");
+        src.join("binary.cu").exists().then_some(src)
+    });
+    found.unwrap_or_else(|| {
+        panic!(
+            "candle-kernels {version}'s source is not under {} (set LORA_FT_CANDLE_KERNELS_SRC)",
+            registry.display()
+        )
+    })
 }
 
 /// The cuDNN attention shim, where the headers are given; dynamic loading keeps cuDNN, cudart and
@@ -86,15 +134,22 @@ fn compile_cudnn_shim() {
     println!("cargo:rustc-cfg=lora_ft_cudnn");
 }
 
-/// `fast_math`: only for the kernels that match bitsandbytes' (NF4, 8-bit AdamW), as its build.
-/// nvcc compiles the architectures on two threads.
-fn compile_fatbin(nvcc: &str, archs: &[&str], src: &str, fatbin: &Path, fast_math: bool) {
+/// One fatbin of `src` with machine code for `archs` and compute_80 PTX; `flags` beside -O3
+/// (`--use_fast_math` only for the kernels that match bitsandbytes': NF4, 8-bit AdamW). With a
+/// `virtual_arch`, every architecture's code is compiled from that one PTX (else each from its
+/// own). nvcc compiles the architectures on two threads.
+fn compile_fatbin(
+    nvcc: &str,
+    (archs, virtual_arch): (&[&str], Option<&str>),
+    src: &str,
+    fatbin: &Path,
+    flags: &[&str],
+) {
     let mut args: Vec<String> = vec!["--fatbin".into(), "-O3".into(), "--threads".into(), "2".into()];
-    if fast_math {
-        args.push("--use_fast_math".into());
-    }
+    args.extend(flags.iter().map(|f| f.to_string()));
     for arch in archs {
-        args.push(format!("-gencode=arch=compute_{arch},code=sm_{arch}"));
+        let from = virtual_arch.unwrap_or(arch);
+        args.push(format!("-gencode=arch=compute_{from},code=sm_{arch}"));
     }
     args.push("-gencode=arch=compute_80,code=compute_80".into());
     let status = Command::new(nvcc)

@@ -17,10 +17,12 @@
 //! | `dropout.cu` | `dropout.rs` | `model::lora::dropout` |
 //! | `embedding.cu` | `mapped.rs` | `model::ops::{embedding, lm_head}` (tables in mapped host memory) |
 //! | (all of the above) | `module.rs` | every wrapper: fatbins loaded once per device |
+//! | candle-kernels' `.cu` | `candle_modules.rs` | candle's ops: its step modules from machine code |
 //! | (cuBLAS) | `gemm.rs` | `model::ops::product_sum` (GEMMs summed into one buffer) |
 
 pub mod adafactor;
 pub mod adamw;
+pub mod candle_modules;
 pub mod cross_entropy;
 pub mod cudnn_sdpa;
 pub mod dropout;

@@ -6,9 +6,9 @@
 //! not a compilation: the first step of a fresh machine (an empty driver JIT cache) runs as fast
 //! as a warm one's.
 //!
-//! candle's own kernels ship as PTX only (candle-kernels builds no machine code, and candle-core
-//! loads its modules from PTX text): `warm` has the driver compile the modules a training
-//! step uses on a background thread as soon as the device is open, while the model loads.
+//! candle's own kernels ship as PTX only; `candle_modules.rs` loads the ones a training step uses
+//! from fatbins of the same source instead. `warm` loads all of them on a background thread as
+//! soon as the device is open, while the model loads.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -133,12 +133,13 @@ pub fn candle_modules() -> [(&'static str, &'static candle_kernels::Module, &'st
     ]
 }
 
-/// How long each load took: ours from their fatbins, candle's compiled from PTX (through candle's
-/// own module store, so each is compiled once per process).
+/// How long each load took: ours from their fatbins, candle's through candle's own module store
+/// (from our fatbins of its source where `candle_modules` swaps them in, else compiled from PTX).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LoadTime {
     pub module: String,
-    /// "fatbin" (machine code where the GPU is listed) or "ptx" (compiled by the driver).
+    /// "fatbin" (machine code where the GPU is listed) or "ptx" (compiled by the driver);
+    /// `bytes`: the fatbin's, or for candle's modules the PTX's they stand for.
     pub kind: &'static str,
     pub bytes: usize,
     pub ms: f64,
@@ -151,7 +152,8 @@ pub fn load_candle(dev: &CudaDevice) -> Result<Vec<LoadTime>> {
         .map(|(module, m, func)| {
             let t = Instant::now();
             dev.get_or_load_func(func, m)?;
-            Ok(LoadTime { module: module.into(), kind: "ptx", bytes: m.ptx().len(), ms: ms(t) })
+            let kind = if super::candle_modules::swapped(m.ptx()) { "fatbin" } else { "ptx" };
+            Ok(LoadTime { module: module.into(), kind, bytes: m.ptx().len(), ms: ms(t) })
         })
         .collect()
 }

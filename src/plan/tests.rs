@@ -432,7 +432,9 @@ fn kept_layers_are_the_most_that_fit_the_budget() {
 #[test]
 fn kept_layer_estimates_are_within_the_band_of_the_measured_peaks() {
     let run = RunShape { mlp_tiles: true, ..offload_run() };
-    let measured: [(&str, ModelConfig, [(usize, usize, usize, f64); 6]); 2] = [
+    // (seq, batch, layers kept, peak GiB)
+    type Peaks = [(usize, usize, usize, f64); 6];
+    let measured: [(&str, ModelConfig, Peaks); 2] = [
         (
             "mistral-7b",
             mistral_7b(),
