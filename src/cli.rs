@@ -385,19 +385,6 @@ pub struct ChatArgs {
     pub tools: Option<PathBuf>,
 }
 
-/// A CUDA device opened as it is (`cuda` or `cuda:N`), without the background kernel loading
-/// that `parse_device` starts: `bench kernels` times the loads itself.
-pub fn parse_device_plain(spec: &str) -> anyhow::Result<candle_core::Device> {
-    let ordinal = match spec {
-        "cuda" => 0,
-        _ => spec
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .with_context(|| format!("device {spec:?}: bench kernels takes cuda or cuda:N"))?,
-    };
-    candle_core::Device::new_cuda(ordinal).with_context(|| format!("opening {spec} (a CUDA build is needed)"))
-}
-
 /// This `lora-ft bench train` command line for a child that times one step at the first shape:
 /// `--shapes` cut to its first, one timed step, `--first-step-cold-warm` left out.
 pub fn first_step_child_args(shapes: &str) -> Vec<String> {

@@ -151,7 +151,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench { command: BenchCommand::Kernels { device } } => {
-            for row in lora_ft::bench::kernels(&parse_device_plain(&device)?)? {
+            for row in lora_ft::bench::kernels(&parse_device(&device)?)? {
                 println!("{}", serde_json::to_string(&row)?);
             }
             Ok(())

@@ -140,9 +140,15 @@ pub fn train(
     );
     let (config, weights) = model_files(model)?;
     let mut lm = CausalLm::load(&config, &weights, dtype, quantization, device)?;
-    let targets = PROJECTIONS.iter().map(|p| p.to_string()).collect();
+    let targets: Vec<String> = PROJECTIONS.iter().map(|p| p.to_string()).collect();
     lm.add_lora(
-        &LoraSpec { r: 16, alpha: 32.0, dropout: lora_dropout, target_modules: targets, rslora: false },
+        &LoraSpec {
+            r: 16,
+            alpha: 32.0,
+            dropout: lora_dropout,
+            target_modules: targets.clone(),
+            rslora: false,
+        },
         0,
     )?;
     crate::train::set_host_offload(&mut lm, host_offload)?;
@@ -154,7 +160,7 @@ pub fn train(
             _ => None,
         },
         lora_r: 16,
-        target_modules: PROJECTIONS.iter().map(|p| p.to_string()).collect(),
+        target_modules: targets,
         optimizer: crate::plan::OptimizerState::Adafactor { first_moment: false },
         embeddings_on_host: true,
         loss_chunk_rows: lm.loss_chunk_rows,

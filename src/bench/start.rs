@@ -68,8 +68,7 @@ pub fn kernels(device: &candle_core::Device) -> anyhow::Result<Vec<LoadTime>> {
         bytes: rows.iter().map(|r| r.bytes).sum(),
         ms: rows.iter().map(|r| r.ms).sum(),
     };
-    let kind = candle.first().map_or("ptx", |r| r.kind);
-    let totals = [total("total ours", "fatbin", &ours), total("total candle", kind, &candle)];
+    let totals = [total("total ours", "fatbin", &ours), total("total candle", "fatbin", &candle)];
     Ok(ours.into_iter().chain(candle).chain(totals).collect())
 }
 

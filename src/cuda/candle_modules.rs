@@ -27,8 +27,20 @@ macro_rules! candle_fatbin {
     };
 }
 
-/// (candle's PTX, our fatbin of the same source) for the modules a training step loads.
-fn swaps() -> [(&'static str, &'static [u8]); 8] {
+/// One of candle's modules a training step loads: its name, candle's module (PTX), one of its
+/// kernels (to load it by), and our fatbin of its source.
+pub struct StepModule {
+    pub name: &'static str,
+    pub module: &'static candle_kernels::Module,
+    pub kernel: &'static str,
+    fatbin: &'static [u8],
+}
+
+/// candle's modules that a training step loads (binary and unary ops, casts, fills, affine
+/// maps, reductions, index ops, where_cond), in the order a step first needs them. Left out:
+/// conv, quantized (GGUF matmuls), sort — the training step calls none of them. build.rs's
+/// `CANDLE_MODULES` lists the same files.
+pub fn step_modules() -> [StepModule; 8] {
     use candle_kernels as k;
     static AFFINE: &Aligned<[u8]> = candle_fatbin!("affine");
     static BINARY: &Aligned<[u8]> = candle_fatbin!("binary");
@@ -38,15 +50,21 @@ fn swaps() -> [(&'static str, &'static [u8]); 8] {
     static REDUCE: &Aligned<[u8]> = candle_fatbin!("reduce");
     static TERNARY: &Aligned<[u8]> = candle_fatbin!("ternary");
     static UNARY: &Aligned<[u8]> = candle_fatbin!("unary");
+    let m = |name, module, kernel, fatbin: &'static Aligned<[u8]>| StepModule {
+        name,
+        module,
+        kernel,
+        fatbin: &fatbin.0,
+    };
     [
-        (k::AFFINE.ptx(), &AFFINE.0),
-        (k::BINARY.ptx(), &BINARY.0),
-        (k::CAST.ptx(), &CAST.0),
-        (k::FILL.ptx(), &FILL.0),
-        (k::INDEXING.ptx(), &INDEXING.0),
-        (k::REDUCE.ptx(), &REDUCE.0),
-        (k::TERNARY.ptx(), &TERNARY.0),
-        (k::UNARY.ptx(), &UNARY.0),
+        m("cast", &k::CAST, "cast_f32_f16", CAST),
+        m("fill", &k::FILL, "fill_f32", FILL),
+        m("affine", &k::AFFINE, "affine_f32", AFFINE),
+        m("binary", &k::BINARY, "badd_f32", BINARY),
+        m("unary", &k::UNARY, "ucopy_f32", UNARY),
+        m("reduce", &k::REDUCE, "fast_sum_f32", REDUCE),
+        m("indexing", &k::INDEXING, "is_u32_f32", INDEXING),
+        m("ternary", &k::TERNARY, "where_u8_f32", TERNARY),
     ]
 }
 
@@ -62,7 +80,7 @@ unsafe fn fatbin_for(image: *const c_void) -> Option<&'static [u8]> {
         return None;
     }
     let text = unsafe { CStr::from_ptr(image as *const std::ffi::c_char) }.to_bytes();
-    swaps().into_iter().find(|(ptx, _)| ptx.as_bytes() == text).map(|(_, fatbin)| fatbin)
+    step_modules().into_iter().find(|s| s.module.ptx().as_bytes() == text).map(|s| s.fatbin)
 }
 
 type LoadData = unsafe extern "C" fn(*mut CUmodule, *const c_void) -> CUresult;
@@ -93,9 +111,4 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c
         None => image,
     };
     unsafe { load(module, image) }
-}
-
-/// Whether candle's PTX `ptx` loads from machine code (`lora-ft bench kernels`).
-pub fn swapped(ptx: &str) -> bool {
-    swaps().iter().any(|(p, _)| *p == ptx)
 }

@@ -1,14 +1,13 @@
 //! Loading kernels without compiling them at run time. build.rs compiles each of our `.cu` files
-//! to one fatbin holding machine code (SASS) for the GPUs users train on — sm_80 (A100, A10/A30
-//! via its binary compatibility with 8.x), sm_86 (RTX 3090, A6000), sm_89 (RTX 4090, L4, L40),
-//! sm_90 (H100, H200), sm_100 (B200) and sm_120 (RTX 5090) — plus compute_80 PTX, which the
-//! driver compiles only on a GPU none of those fit. Loading a fatbin on a listed GPU is a copy,
-//! not a compilation: the first step of a fresh machine (an empty driver JIT cache) runs as fast
-//! as a warm one's.
+//! to one fatbin holding machine code (SASS) for the GPUs users train on — sm_80 (A100, A30),
+//! sm_86 (RTX 3090, A6000, A10), sm_89 (RTX 4090, L4, L40), sm_90 (H100, H200), sm_100 (B200) and
+//! sm_120 (RTX 5090); a GPU runs the code of the nearest listed minor version below its own in
+//! the same major — plus compute_80 PTX, which the driver compiles only on a GPU none of those
+//! fit. Loading a fatbin on a listed GPU compiles nothing, so a fresh machine (an empty driver JIT
+//! cache) loads the kernels in milliseconds.
 //!
 //! candle's own kernels ship as PTX only; `candle_modules.rs` loads the ones a training step uses
-//! from fatbins of the same source instead. `warm` loads all of them on a background thread as
-//! soon as the device is open, while the model loads.
+//! from fatbins of the same source instead.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -99,7 +98,7 @@ impl Kernels {
     }
 }
 
-/// Every fatbin of the build, for `lora-ft bench kernels` and `warm`.
+/// Every fatbin of the build, for `lora-ft bench kernels`.
 pub fn all() -> [&'static Kernels; 10] {
     use super::*;
     [
@@ -116,29 +115,12 @@ pub fn all() -> [&'static Kernels; 10] {
     ]
 }
 
-/// candle's modules that a training step loads (binary and unary ops, casts, fills, affine
-/// maps, reductions, index ops, where_cond), each with one of its kernels' names. Left out:
-/// conv, quantized (GGUF matmuls), sort — the training step calls none of them.
-pub fn candle_modules() -> [(&'static str, &'static candle_kernels::Module, &'static str); 8] {
-    use candle_kernels as k;
-    [
-        ("cast", &k::CAST, "cast_f32_f16"),
-        ("fill", &k::FILL, "fill_f32"),
-        ("affine", &k::AFFINE, "affine_f32"),
-        ("binary", &k::BINARY, "badd_f32"),
-        ("unary", &k::UNARY, "ucopy_f32"),
-        ("reduce", &k::REDUCE, "fast_sum_f32"),
-        ("indexing", &k::INDEXING, "is_u32_f32"),
-        ("ternary", &k::TERNARY, "where_u8_f32"),
-    ]
-}
-
 /// How long each load took: ours from their fatbins, candle's through candle's own module store
-/// (from our fatbins of its source where `candle_modules` swaps them in, else compiled from PTX).
+/// (from our fatbins of its source, which `candle_modules` swaps in for its PTX).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LoadTime {
     pub module: String,
-    /// "fatbin" (machine code where the GPU is listed) or "ptx" (compiled by the driver);
+    /// "fatbin": machine code where the GPU is listed, else the fatbin's compute_80 PTX;
     /// `bytes`: the fatbin's, or for candle's modules the PTX's they stand for.
     pub kind: &'static str,
     pub bytes: usize,
@@ -147,13 +129,12 @@ pub struct LoadTime {
 
 /// Loads candle's step modules into candle's store, in the order a step first needs them.
 pub fn load_candle(dev: &CudaDevice) -> Result<Vec<LoadTime>> {
-    candle_modules()
+    super::candle_modules::step_modules()
         .into_iter()
-        .map(|(module, m, func)| {
+        .map(|s| {
             let t = Instant::now();
-            dev.get_or_load_func(func, m)?;
-            let kind = if super::candle_modules::swapped(m.ptx()) { "fatbin" } else { "ptx" };
-            Ok(LoadTime { module: module.into(), kind, bytes: m.ptx().len(), ms: ms(t) })
+            dev.get_or_load_func(s.kernel, s.module)?;
+            Ok(LoadTime { module: s.name.into(), kind: "fatbin", bytes: s.module.ptx().len(), ms: ms(t) })
         })
         .collect()
 }
@@ -168,26 +149,6 @@ pub fn load_ours(dev: &CudaDevice) -> Result<Vec<LoadTime>> {
             Ok(LoadTime { module: k.name.into(), kind: "fatbin", bytes: k.image_bytes(), ms: ms(t) })
         })
         .collect()
-}
-
-/// Loads candle's step modules and ours on a background thread (`train` and `bench train` call
-/// it as soon as the device is open): the driver's PTX compilation of candle's modules overlaps
-/// the model's load instead of stalling the first step. A failure here is left for the real
-/// load to report.
-pub fn warm(dev: &CudaDevice) {
-    let dev = dev.clone();
-    let spawned = std::thread::Builder::new().name("warm-kernels".into()).spawn(move || {
-        let t = Instant::now();
-        let candle = load_candle(&dev);
-        let ours = load_ours(&dev);
-        match (candle, ours) {
-            (Ok(_), Ok(_)) => tracing::debug!("kernels loaded in the background in {:.0} ms", ms(t)),
-            (Err(e), _) | (_, Err(e)) => tracing::debug!("loading kernels in the background: {e}"),
-        }
-    });
-    if let Err(e) = spawned {
-        tracing::debug!("no thread to load kernels on: {e}");
-    }
 }
 
 fn ms(t: Instant) -> f64 {

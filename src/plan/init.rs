@@ -207,6 +207,9 @@ fn render(
             budget.bytes() as f64 / GIB,
             budget.fraction,
         );
+        out += "# That is with every layer recomputed (train.checkpointing = \"full\"); with \"auto\", the\n\
+                # default, the steps keep the last layers' activations as far as the budget holds, for\n\
+                # speed: the peak then nears the budget (`lora-ft estimate` prints the layers kept).\n";
         if let Some(composed) = composed {
             out += &format!(
                 "# With the soft-capped attention scores on the composed path instead of cuDNN: {:.2} GiB{}.\n",

@@ -98,14 +98,21 @@ pub(super) fn train_loop(
         // one read of the pool per step serves the budget check and the metrics
         let gpu = budget.and(crate::memory::pool_memory(trainer.model.device()));
         if let (Some(budget), Some(pool)) = (budget, gpu) {
-            budget.check(pool.peak_allocated).map_err(|over| {
-                anyhow::anyhow!(
-                    "step {done}: {over}; lower train.batch_size ({}) or data.max_seq_len ({}), or raise \
-                     train.max_vram_fraction",
-                    batch_size,
+            if let Err(over) = budget.check(pool.peak_allocated) {
+                // checkpointing "auto" planned to the budget's edge: keep a layer fewer, go on
+                let layers = trainer.model.layers.len();
+                anyhow::ensure!(
+                    trainer.model.kept_layers.keep_fewer(layers),
+                    "step {done}: {over}; lower train.batch_size ({batch_size}) or data.max_seq_len ({}), or \
+                     raise train.max_vram_fraction",
                     cfg.data.max_seq_len
-                )
-            })?;
+                );
+                log.println(format!(
+                    "step {done}: {over}; the steps from now on keep one layer's activations fewer \
+                     (train.checkpointing = \"auto\")"
+                ));
+                crate::memory::reset_peak(trainer.model.device());
+            }
         }
         if !r.applied {
             log.println(format!(

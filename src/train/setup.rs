@@ -44,15 +44,10 @@ pub fn select_device() -> anyhow::Result<Device> {
 }
 
 /// `auto` (as `select_device`), `cpu`, `cuda` or `cuda:N`. A GPU's memory pool keeps freed
-/// memory for reuse (`memory::retain_freed_memory`), and the kernel modules start loading on a
-/// background thread (`cuda::module::warm`: candle's PTX compiles while the model loads).
+/// memory for reuse (`memory::retain_freed_memory`).
 pub fn parse_device(spec: &str) -> anyhow::Result<Device> {
     let device = open_device(spec)?;
     crate::memory::retain_freed_memory(&device);
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(dev) = &device {
-        crate::cuda::module::warm(dev);
-    }
     Ok(device)
 }
 
