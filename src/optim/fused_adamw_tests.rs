@@ -7,6 +7,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 use crate::config::{AdamwSection, OptimName, OptimSection};
+use crate::optim::adamw8bit::tests::gpu_param_bound;
 use crate::optim::Optimizer;
 
 /// LoRA-like shapes: 8-bit state with whole and partial 256-blocks, exactly min_8bit_size, and
@@ -69,9 +70,14 @@ fn fused_adamw_steps_match_the_cpu_steps() {
                 let scale = w.iter().fold(1e-30f32, |m, v| m.max(v.abs()));
                 let diff = w.iter().zip(&g).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
                 println!("{what} {key}: {:.2e}", diff / scale);
-                // f32 moments: rounding order (fma); parameters: the GPU's approximate powf,
-                // sqrt and division in the 8-bit step, ~1e-6 of the ~2e-3 step on 0.05 params
-                assert!(diff / scale < 2e-6, "{what} {key}: {diff} of {scale}");
+                // f32 moments: rounding order (fma), a few ulp of their scale; parameters of the
+                // 8-bit step: the GPU's approximate powf, sqrt and division (gpu_param_bound)
+                let gpu_math = match (name, key.matches('.').count() == 1) {
+                    (OptimName::Adamw8bit, false) => gpu_param_bound(adamw.beta1, adamw.beta2, &[2e-3; 3]),
+                    _ => 0.0,
+                };
+                let allowed = gpu_math + 16.0 * f32::EPSILON * scale;
+                assert!(diff <= allowed, "{what} {key}: {diff} of {scale}, allowed {allowed}");
             }
         }
     }
@@ -80,7 +86,7 @@ fn fused_adamw_steps_match_the_cpu_steps() {
 #[test]
 fn fused_8bit_step_matches_bitsandbytes() {
     use crate::optim::adamw8bit::tests::{compare, golden, replay};
-    let Some((tensors, meta)) = golden() else { return };
+    let (tensors, meta) = golden();
     let gpu = Device::new_cuda(0).unwrap();
     let tensors: HashMap<String, Tensor> = tensors;
     for config in meta["configs"].as_object().unwrap().keys() {
