@@ -132,32 +132,28 @@ pub(crate) fn golden() -> (HashMap<String, Tensor>, serde_json::Value) {
     (tensors, meta)
 }
 
-/// The most the parameters of a GPU step (bitsandbytes' kernel, or ours built as it is, with
-/// `--use_fast_math`) can differ from the CPU's after steps of learning rates `lrs`, derived
-/// rather than guessed. The step size `-lr·sqrt(1-β2^t)/(1-β1^t)` takes β^t from `__powf`
-/// = exp2(t·log2 β) with `__log2f`'s absolute error 2^-21.41 and exp2's 2 ulp (CUDA C
-/// Programming Guide, intrinsic functions): β^t is off by δ = ln2·t·2^-21.41 + 2^-22 relative,
-/// and 1-β^t by δ·β^t/(1-β^t), halved under the square root; division and square root add a
-/// few ulp (8·2^-24). An update is at most lr·c2/c1·(1-β1)/sqrt(1-β2)·Σ_k<t (β1/sqrt β2)^k
-/// (each past gradient bounds sqrt(v) from below). Held to 4× the sum over the steps.
+/// How far the parameters of a GPU 8-bit step (bitsandbytes' kernel, or ours built as it is,
+/// with `--use_fast_math`) may be from the CPU's after steps of learning rates `lrs`: 1% of the
+/// most Adam can move a parameter in those steps. An update is at most
+/// lr·c2/c1·(1-β1)/sqrt(1-β2)·Σ_k<t (β1/sqrt β2)^k (each past gradient bounds sqrt(v) from
+/// below). The GPU takes the bias corrections from `__powf` and divides and takes roots
+/// approximately; near t = 1, 1-β2^t amplifies those errors by β2^t/(1-β2^t) (~10³), and they
+/// reach ~0.1% of that on bitsandbytes' golden run (8.0e-6 of 9.0e-3 after three steps, H100).
+/// A different formula (weight decay after instead of before, eps outside the correction, a
+/// missing bias correction) moves the parameters by 10% of the update or more: 1% tells those
+/// apart from the approximations.
 pub(crate) fn gpu_param_bound(beta1: f64, beta2: f64, lrs: &[f64]) -> f32 {
-    let relative = |beta: f64, t: f64| {
-        let delta = std::f64::consts::LN_2 * t * 2f64.powf(-21.41) + 2f64.powi(-22);
-        delta * beta.powf(t) / (1.0 - beta.powf(t))
-    };
-    let bound: f64 = lrs
+    let reach: f64 = lrs
         .iter()
         .enumerate()
         .map(|(k, lr)| {
             let t = (k + 1) as f64;
-            let epsilon = relative(beta2, t) / 2.0 + relative(beta1, t) + 8.0 * 2f64.powi(-24);
             let (c1, c2) = (1.0 - beta1.powf(t), (1.0 - beta2.powf(t)).sqrt());
-            let reach: f64 = (0..k + 1).map(|j| (beta1 / beta2.sqrt()).powi(j as i32)).sum();
-            let update = lr * c2 / c1 * (1.0 - beta1) / (1.0 - beta2).sqrt() * reach;
-            epsilon * update
+            let past: f64 = (0..k + 1).map(|j| (beta1 / beta2.sqrt()).powi(j as i32)).sum();
+            lr * c2 / c1 * (1.0 - beta1) / (1.0 - beta2).sqrt() * past
         })
         .sum();
-    (4.0 * bound) as f32
+    (0.01 * reach) as f32
 }
 
 /// Runs `opt` through the golden's steps of `config`, calling `check(step, opt)` after each.
@@ -189,7 +185,8 @@ pub(crate) fn replay(
 
 /// Compares `opt`'s state and parameters after `step` with bitsandbytes': codes and absmax bit
 /// for bit, 32-bit moments to 1 ulp, parameters within `gpu_param_bound` (the GPU's
-/// approximate powf/sqrt/division in the update) plus an ulp of their scale per step.
+/// approximate powf/sqrt/division in the update) plus an ulp of their scale per step; prints
+/// the parameters' gap.
 pub(crate) fn compare(
     tensors: &HashMap<String, Tensor>,
     meta: &serde_json::Value,
@@ -234,6 +231,7 @@ pub(crate) fn compare(
             c["lrs"].as_array().unwrap()[..step].iter().map(|v| v.as_f64().unwrap()).collect();
         let (beta1, beta2) = (c["betas"][0].as_f64().unwrap(), c["betas"][1].as_f64().unwrap());
         let allowed = gpu_param_bound(beta1, beta2, &lrs) + step as f32 * scale * f32::EPSILON;
+        println!("{key}: params {err:e} apart, allowed {allowed:e}");
         assert!(err <= allowed, "{key}: params {err:e} apart, allowed {allowed:e}");
     }
 }
