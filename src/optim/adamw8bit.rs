@@ -14,9 +14,9 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 
 use super::blockwise8::{self, Hyper, BLOCK, MIN_8BIT_SIZE};
-use super::qmap;
 use super::state::{check_counts, grad_for, no_strangers, take};
 use crate::config::AdamwSection;
+use crate::quant::dynamic::{dynamic_map, unsigned_dynamic_map};
 
 /// One parameter's moments.
 #[derive(Debug, Clone)]
@@ -33,8 +33,8 @@ pub struct AdamW8bit {
     cfg: AdamwSection,
     weight_decay: f64,
     step: u64,
-    /// The signed and unsigned maps (`qmap.rs`).
-    qmaps: Box<([f32; 256], [f32; 256])>,
+    /// The signed and unsigned maps (bitsandbytes' `qmap1`, `qmap2`; `quant::dynamic`).
+    qmaps: (&'static [f32; 256], &'static [f32; 256]),
 }
 
 /// Blocks of 256 of a parameter of `n` elements.
@@ -64,7 +64,7 @@ impl AdamW8bit {
     /// `weight_decay` is `train.weight_decay`.
     pub fn new(params: Vec<Var>, cfg: &AdamwSection, weight_decay: f64) -> Result<Self> {
         let moments = params.iter().map(|p| fresh(p.as_tensor())).collect::<Result<Vec<_>>>()?;
-        let qmaps = Box::new((qmap::signed(), qmap::unsigned()));
+        let qmaps = (dynamic_map(), unsigned_dynamic_map());
         Ok(Self { params, moments, cfg: *cfg, weight_decay, step: 0, qmaps })
     }
 
@@ -126,7 +126,7 @@ impl AdamW8bit {
                         &mut c2[r],
                         &mut a1[b],
                         &mut a2[b],
-                        (&self.qmaps.0, &self.qmaps.1),
+                        self.qmaps,
                         h,
                     );
                 }
@@ -189,7 +189,7 @@ impl AdamW8bit {
             grad_mult: h.grad_mult,
             step: self.step as i32,
         };
-        let maps: Vec<f32> = self.qmaps.0.iter().chain(&self.qmaps.1).copied().collect();
+        let maps: Vec<f32> = self.qmaps.0.iter().chain(self.qmaps.1.iter()).copied().collect();
         adamw8bit_step(&params, &k, &maps).context("optim: fused AdamW8bit step")
     }
 

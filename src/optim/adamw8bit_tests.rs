@@ -7,12 +7,13 @@ use candle_core::{DType, Device, Tensor, Var};
 
 use super::*;
 use crate::optim::blockwise8::quantize;
+use crate::quant::dynamic::{dynamic_map, unsigned_dynamic_map};
 
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/adamw8bit");
 
 #[test]
 fn quantize_takes_the_nearest_code() {
-    for (map, signed) in [(qmap::signed(), true), (qmap::unsigned(), false)] {
+    for (map, signed) in [(*dynamic_map(), true), (*unsigned_dynamic_map(), false)] {
         assert!(map.windows(2).all(|w| w[0] < w[1]), "sorted, no repeats");
         for (i, &v) in map.iter().enumerate() {
             assert_eq!(quantize(&map, signed, v) as usize, i, "code {i} ({v:e}) maps to itself");
@@ -30,9 +31,9 @@ fn quantize_takes_the_nearest_code() {
             );
         }
     }
-    let signed = qmap::signed();
+    let signed = *dynamic_map();
     assert_eq!((signed[127], signed[255], signed[0]), (0.0, 1.0, -0.992_968_75));
-    assert_eq!(qmap::unsigned()[0], 0.0);
+    assert_eq!(unsigned_dynamic_map()[0], 0.0);
 }
 
 fn vars(shapes: &[&[usize]], seed: u64) -> (Vec<Var>, Vec<Vec<Tensor>>) {
@@ -242,8 +243,8 @@ fn state_matches_bitsandbytes() {
     let flat = |t: &Tensor| -> Vec<u32> {
         t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
     };
-    assert_eq!(flat(&tensors["qmap1"]), qmap::signed().map(f32::to_bits).to_vec(), "signed map");
-    assert_eq!(flat(&tensors["qmap2"]), qmap::unsigned().map(f32::to_bits).to_vec(), "unsigned map");
+    assert_eq!(flat(&tensors["qmap1"]), dynamic_map().map(f32::to_bits).to_vec(), "signed map");
+    assert_eq!(flat(&tensors["qmap2"]), unsigned_dynamic_map().map(f32::to_bits).to_vec(), "unsigned map");
     for config in meta["configs"].as_object().unwrap().keys() {
         replay(&tensors, &meta, config, &Device::Cpu, |step, opt| {
             compare(&tensors, &meta, config, step, opt)

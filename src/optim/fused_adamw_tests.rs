@@ -73,7 +73,7 @@ fn fused_adamw_steps_match_the_cpu_steps() {
                 // f32 moments: rounding order (fma), a few ulp of their scale; parameters of the
                 // 8-bit step: the GPU's approximate powf, sqrt and division (gpu_param_bound)
                 let gpu_math = match (name, key.matches('.').count() == 1) {
-                    (OptimName::Adamw8bit, false) => gpu_param_bound(adamw.beta1, adamw.beta2, &[2e-3; 3]),
+                    (OptimName::Adamw8bit, true) => gpu_param_bound(adamw.beta1, adamw.beta2, &[2e-3; 3]),
                     _ => 0.0,
                 };
                 let allowed = gpu_math + 16.0 * f32::EPSILON * scale;

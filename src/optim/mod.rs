@@ -12,7 +12,6 @@ mod fused_adamw_tests;
 #[cfg(all(test, feature = "cuda"))]
 mod fused_tests;
 mod optimizer;
-pub mod qmap;
 mod schedule;
 mod state;
 

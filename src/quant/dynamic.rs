@@ -1,6 +1,7 @@
-//! bitsandbytes' signed 8-bit dynamic map and its blockwise quantizer (used for the absmax values
-//! of double quantization), bit-exact with `create_dynamic_map(signed=True)`, `kQuantizeBlockwise`
-//! (General8bit) and `kDequantizeBlockwise`.
+//! bitsandbytes' 8-bit dynamic maps and its blockwise quantizer (used for the absmax values of
+//! double quantization), bit-exact with `create_dynamic_map(signed=True)`, `kQuantizeBlockwise`
+//! (General8bit) and `kDequantizeBlockwise`; the unsigned map (`create_dynamic_map(signed=False)`)
+//! is 8-bit AdamW's for its second moment (optim/adamw8bit.rs).
 
 use std::sync::OnceLock;
 
@@ -11,7 +12,14 @@ pub const BLOCKSIZE: usize = 256;
 /// [-1, 1]. Generated rather than embedded; a test checks it against the golden file.
 pub fn dynamic_map() -> &'static [f32; 256] {
     static MAP: OnceLock<[f32; 256]> = OnceLock::new();
-    MAP.get_or_init(generate)
+    MAP.get_or_init(|| generate(true))
+}
+
+/// `create_dynamic_map(signed=False)`: 256 sorted values in [0, 1], twice as many fractions per
+/// exponent and no negatives (8-bit AdamW's `qmap2`).
+pub fn unsigned_dynamic_map() -> &'static [f32; 256] {
+    static MAP: OnceLock<[f32; 256]> = OnceLock::new();
+    MAP.get_or_init(|| generate(false))
 }
 
 /// `torch.linspace(0.1, 1, k, dtype=float32)` as PyTorch's CPU kernel computes it: the first half
@@ -33,16 +41,19 @@ fn torch_linspace(k: usize) -> Vec<f32> {
         .collect()
 }
 
-fn generate() -> [f32; 256] {
+fn generate(signed: bool) -> [f32; 256] {
     // 10^(-6 + i) as Python floats, rounded to f32 when torch multiplies an f32 tensor by them.
     const SCALES: [f64; 7] = [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0];
     let mut data = Vec::with_capacity(256);
     for (i, &scale) in SCALES.iter().enumerate() {
-        let bounds = torch_linspace((1 << i) + 1);
+        // the unsigned map spends the sign bit on twice the fractions
+        let bounds = torch_linspace((1 << (i + usize::from(!signed))) + 1);
         let means: Vec<f32> = bounds.windows(2).map(|w| (w[0] + w[1]) / 2.0).collect();
         let scale = scale as f32;
         data.extend(means.iter().map(|m| scale * m));
-        data.extend(means.iter().map(|m| -scale * m));
+        if signed {
+            data.extend(means.iter().map(|m| -scale * m));
+        }
     }
     data.push(0.0);
     data.push(1.0);
