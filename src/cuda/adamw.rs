@@ -7,7 +7,7 @@
 //! `Var::set` does: the callers hold every tensor until the launch is queued on the device's
 //! one stream.
 
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{bail, CudaDevice, DType, Device, Result, Tensor};
 
@@ -85,7 +85,7 @@ unsafe impl DeviceRepr for Adam8Hyper {}
 /// One AdamW step of every parameter, in place.
 pub fn adamw_step(params: &[AdamwParam], h: &AdamwHyper) -> Result<()> {
     let Some(first) = params.first() else { return Ok(()) };
-    let dev = device(first.p)?;
+    let dev = super::cuda_device(first.p)?;
     let mut words = Vec::with_capacity(5 * params.len());
     for fp in params {
         let n = fp.p.elem_count();
@@ -100,7 +100,7 @@ pub fn adamw_step(params: &[AdamwParam], h: &AdamwHyper) -> Result<()> {
     let func = KERNELS.function(&dev, &name)?;
     let mut b = func.builder();
     b.arg(&desc).arg(h);
-    unsafe { b.launch(blocks(params.len(), 512)) }.w()?;
+    unsafe { b.launch(super::blocks(params.len(), 512)) }.w()?;
     Ok(())
 }
 
@@ -114,7 +114,7 @@ pub fn adamw8bit_step(params: &[Param8], h: &Adam8Hyper, qmaps: &[f32]) -> Resul
     let (p0, g0) = match first {
         Param8::Blockwise { p, g, .. } | Param8::Full { p, g, .. } => (*p, *g),
     };
-    let dev = device(p0)?;
+    let dev = super::cuda_device(p0)?;
     let mut words = Vec::with_capacity(7 * params.len());
     for fp in params {
         match fp {
@@ -147,7 +147,7 @@ pub fn adamw8bit_step(params: &[Param8], h: &Adam8Hyper, qmaps: &[f32]) -> Resul
     let func = KERNELS_8BIT.function(&dev, &name)?;
     let mut b = func.builder();
     b.arg(&desc).arg(&qmaps).arg(h);
-    unsafe { b.launch(blocks(params.len(), 256)) }.w()?;
+    unsafe { b.launch(super::blocks(params.len(), 256)) }.w()?;
     Ok(())
 }
 
@@ -160,17 +160,6 @@ fn same_size(what: &str, n: usize, tensors: &[&Tensor]) -> Result<()> {
     Ok(())
 }
 
-fn device(t: &Tensor) -> Result<CudaDevice> {
-    match t.device() {
-        Device::Cuda(d) => Ok(d.clone()),
-        _ => bail!("the fused optimizer runs on CUDA tensors only"),
-    }
-}
-
 fn address(t: &Tensor, dev: &CudaDevice) -> Result<u64> {
-    crate::cuda::address(t, &dev.cuda_stream())
-}
-
-fn blocks(count: usize, threads: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: (count as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+    super::address(t, &dev.cuda_stream())
 }

@@ -83,7 +83,7 @@ fn absmax_typed<T: CudaDType + DeviceRepr + WithDType>(
     let (dev, n) = (x.device(), l.shape().elem_count());
     let src = view::<T>(x, l)?;
     let out = unsafe { dev.alloc::<f32>(n.div_ceil(64))? };
-    let func = KERNELS.function(&dev, &format!("nf4_absmax_{}", suffix(T::DTYPE)?))?;
+    let func = KERNELS.function(dev, &format!("nf4_absmax_{}", suffix(T::DTYPE)?))?;
     let n = n as i64;
     let mut b = func.builder();
     b.arg(&src).arg(&out).arg(&n);
@@ -122,7 +122,7 @@ fn pack_typed<T: CudaDType + DeviceRepr + WithDType>(
     let (dev, n) = (x.device(), l.shape().elem_count());
     let (src, amax) = (view::<T>(x, l)?, view::<f32>(absmax, la)?);
     let out = unsafe { dev.alloc::<u8>(n.div_ceil(2))? };
-    let func = KERNELS.function(&dev, &format!("nf4_pack_{}", suffix(T::DTYPE)?))?;
+    let func = KERNELS.function(dev, &format!("nf4_pack_{}", suffix(T::DTYPE)?))?;
     let n = n as i64;
     let mut b = func.builder();
     b.arg(&src).arg(&amax).arg(&out).arg(&n);
@@ -172,7 +172,7 @@ impl CustomOp1 for DqAbsmax2 {
         let src = view::<f32>(absmax, l)?;
         let blocks = n.div_ceil(256);
         let out = unsafe { dev.alloc::<f32>(blocks)? };
-        let func = KERNELS.function(&dev, "dq_absmax2")?;
+        let func = KERNELS.function(dev, "dq_absmax2")?;
         let n = n as i64;
         let mut b = func.builder();
         b.arg(&src).arg(&self.offset).arg(&out).arg(&n);
@@ -205,7 +205,7 @@ impl CustomOp2 for DqCodes {
         let (dev, n) = (absmax.device(), l.shape().elem_count());
         let (src, scale) = (view::<f32>(absmax, l)?, view::<f32>(absmax2, l2)?);
         let out = unsafe { dev.alloc::<u8>(n)? };
-        let func = KERNELS.function(&dev, "dq_codes")?;
+        let func = KERNELS.function(dev, "dq_codes")?;
         let n_i = n as i64;
         let mut b = func.builder();
         b.arg(&src).arg(&self.offset).arg(&scale).arg(&out).arg(&n_i);
@@ -238,7 +238,7 @@ impl Nf4Dequantize {
         let dev = packed.device();
         let src = view::<u8>(packed, lp)?;
         let out = unsafe { dev.alloc::<T>(self.n)? };
-        let func = KERNELS.function(&dev, &format!("nf4_dequantize_{}", suffix(T::DTYPE)?))?;
+        let func = KERNELS.function(dev, &format!("nf4_dequantize_{}", suffix(T::DTYPE)?))?;
         let (null, n) = (0u64, self.n as i64);
         let mut b = func.builder();
         b.arg(&src);

@@ -53,7 +53,7 @@ impl CausalSoftmax {
         let (rows, cols) = rows_cols(l)?;
         let src = s.as_cuda_slice::<T>()?.slice(l.start_offset()..);
         let out = unsafe { dev.alloc::<T>(rows * cols)? };
-        let func = KERNELS.function(&dev, &format!("causal_softmax_{}", suffix(T::DTYPE)?))?;
+        let func = KERNELS.function(dev, &format!("causal_softmax_{}", suffix(T::DTYPE)?))?;
         let (rows_i, cols_i, len, q_pos0, window) =
             (rows as i64, cols as i32, self.len as i32, self.q_pos0 as i32, self.window as i32);
         let mut b = func.builder();
@@ -103,7 +103,7 @@ impl SoftmaxBackward {
         let p_view = p.as_cuda_slice::<T>()?.slice(lp.start_offset()..);
         let dp_view = dp.as_cuda_slice::<T>()?.slice(ldp.start_offset()..);
         let out = unsafe { dev.alloc::<T>(rows * cols)? };
-        let func = KERNELS.function(&dev, &format!("softmax_backward_{}", suffix(T::DTYPE)?))?;
+        let func = KERNELS.function(dev, &format!("softmax_backward_{}", suffix(T::DTYPE)?))?;
         let (rows_i, cols_i) = (rows as i64, cols as i32);
         let mut b = func.builder();
         b.arg(&p_view).arg(&dp_view).arg(&out).arg(&rows_i).arg(&cols_i);
