@@ -68,7 +68,8 @@ pub fn kernels(device: &candle_core::Device) -> anyhow::Result<Vec<LoadTime>> {
         bytes: rows.iter().map(|r| r.bytes).sum(),
         ms: rows.iter().map(|r| r.ms).sum(),
     };
-    let totals = [total("total ours", "fatbin", &ours), total("total candle", "fatbin", &candle)];
+    let kind = if candle.iter().all(|r| r.kind == "fatbin") { "fatbin" } else { "ptx" };
+    let totals = [total("total ours", "fatbin", &ours), total("total candle", kind, &candle)];
     Ok(ours.into_iter().chain(candle).chain(totals).collect())
 }
 

@@ -12,6 +12,7 @@
 //! fatbins have no machine code for compiles their compute_80 PTX as before.
 
 use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use candle_core::cuda_backend::cudarc::driver::sys::{CUmodule, CUresult};
@@ -83,6 +84,14 @@ unsafe fn fatbin_for(image: *const c_void) -> Option<&'static [u8]> {
     step_modules().into_iter().find(|s| s.module.ptx().as_bytes() == text).map(|s| s.fatbin)
 }
 
+/// Modules loaded from our fatbins in place of candle's PTX, in this process.
+static SWAPPED: AtomicUsize = AtomicUsize::new(0);
+
+/// How many of candle's modules this process loaded from machine code (`bench kernels`, tests).
+pub fn swapped() -> usize {
+    SWAPPED.load(Ordering::Relaxed)
+}
+
 type LoadData = unsafe extern "C" fn(*mut CUmodule, *const c_void) -> CUresult;
 
 /// The driver's own `cuModuleLoadData`, the next definition after this executable's.
@@ -107,8 +116,32 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c
         return CUresult::CUDA_ERROR_NOT_FOUND;
     };
     let image = match unsafe { fatbin_for(image) } {
-        Some(fatbin) => fatbin.as_ptr() as *const c_void,
+        Some(fatbin) => {
+            SWAPPED.fetch_add(1, Ordering::Relaxed);
+            fatbin.as_ptr() as *const c_void
+        }
         None => image,
     };
     unsafe { load(module, image) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// candle's own load of a step module goes through this file's `cuModuleLoadData` and comes
+    /// out of our fatbin (a build whose calls bypass it, e.g. cudarc's dynamic loading, fails here).
+    #[test]
+    fn cuda_candle_modules_load_from_machine_code() {
+        let dev = candle_core::CudaDevice::new_with_stream(0).unwrap();
+        let before = swapped();
+        for s in step_modules() {
+            dev.get_or_load_func(s.kernel, s.module).unwrap();
+        }
+        assert!(swapped() - before >= step_modules().len(), "every step module swapped");
+        // and candle's ops run on them
+        let x = candle_core::Tensor::arange(0f32, 8.0, &candle_core::Device::Cuda(dev)).unwrap();
+        let y = ((&x + &x).unwrap().sum_all().unwrap()).to_scalar::<f32>().unwrap();
+        assert_eq!(y, 56.0);
+    }
 }

@@ -116,7 +116,8 @@ pub fn all() -> [&'static Kernels; 10] {
 }
 
 /// How long each load took: ours from their fatbins, candle's through candle's own module store
-/// (from our fatbins of its source, which `candle_modules` swaps in for its PTX).
+/// (from our fatbins of its source, which `candle_modules` swaps in for its PTX: `kind` says
+/// whether it did).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LoadTime {
     pub module: String,
@@ -132,9 +133,10 @@ pub fn load_candle(dev: &CudaDevice) -> Result<Vec<LoadTime>> {
     super::candle_modules::step_modules()
         .into_iter()
         .map(|s| {
-            let t = Instant::now();
+            let (t, swapped) = (Instant::now(), super::candle_modules::swapped());
             dev.get_or_load_func(s.kernel, s.module)?;
-            Ok(LoadTime { module: s.name.into(), kind: "fatbin", bytes: s.module.ptx().len(), ms: ms(t) })
+            let kind = if super::candle_modules::swapped() > swapped { "fatbin" } else { "ptx" };
+            Ok(LoadTime { module: s.name.into(), kind, bytes: s.module.ptx().len(), ms: ms(t) })
         })
         .collect()
 }
