@@ -8,6 +8,9 @@
 #   bash scripts/device/cold_start.sh [MODEL]      (after pack.sh bench, its folder moved to .gpu/)
 # STAGE=ours runs lora-ft's part only, STAGE=ref the reference's and the table (two calls on a warm
 # machine when the binary and the bitsandbytes wheel do not fit in one call's carry); default both.
+# STAGE=profile: where the start goes instead — lora-ft's first step on a cold, a fresh and a warm
+# JIT cache with LORA_FT_PROFILE=1, each row's `startup` (milestones from process start, the first
+# step's sections, the PTX the driver still compiled).
 source scripts/device/setup.sh
 export PYTHONUNBUFFERED=1
 arch=${1:-mistral-7b}
@@ -16,6 +19,17 @@ dir=/tmp/$arch
 stage=${STAGE:-all}; res=/tmp/cold_start; mkdir -p $res
 python3 scripts/bench/load_memory_ref.py --model $dir --create $arch 2>&1 | tail -1 || true
 cat $dir/*.safetensors > /dev/null   # into the page cache, as for the reference
+if [ "$stage" = profile ]; then
+  cache=/tmp/cold_start_jit; rm -rf $cache
+  for run in cold fresh warm; do
+    echo "== $run"
+    env=(CUDA_CACHE_PATH=$cache); [ $run = cold ] && env=(CUDA_CACHE_DISABLE=1)
+    env "${env[@]}" LORA_FT_PROFILE=1 lora-ft bench train --model $dir --shapes 512x2 --steps 1 --dtype $dtype \
+      2>&1 | grep -v " INFO " | tee $res/startup_${run}_$arch.jsonl
+  done
+  cp $res/startup_* $OUT/
+  exit 0
+fi
 if [ "$stage" != ref ]; then
   echo "== CUDA_CACHE_DISABLE=1 lora-ft bench kernels"
   CUDA_CACHE_DISABLE=1 lora-ft bench kernels | tee $res/kernels_$arch.jsonl

@@ -100,6 +100,11 @@ pub struct TrainRow {
     /// synchronize the device, so the step itself is slower than unprofiled).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile: Option<Vec<(String, f64)>>,
+    /// First shape only: seconds from process start to each milestone before the first step
+    /// ("model loaded", "adapters added", "trainer ready"), then, with LORA_FT_PROFILE=1, the
+    /// first step's own sections ("first step: NAME", seconds) — where a cold start goes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub startup: Option<Vec<(String, f64)>>,
 }
 
 /// What `bench train` sets beyond the model and the shapes.
@@ -139,7 +144,13 @@ pub fn train(
         "--lora-dropout must be in [0, 1), got {lora_dropout}"
     );
     let (config, weights) = model_files(model)?;
+    let mut startup = Startup::default();
+    // the first shape's attention built and run while the weights load (decoder/prepare.rs)
+    let warm_up = shapes
+        .first()
+        .and_then(|&shape| crate::model::decoder::prepare::spawn(&config, dtype, device, shape));
     let mut lm = CausalLm::load(&config, &weights, dtype, quantization, device)?;
+    startup.mark("model loaded", device)?;
     let targets: Vec<String> = PROJECTIONS.iter().map(|p| p.to_string()).collect();
     lm.add_lora(
         &LoraSpec {
@@ -151,6 +162,7 @@ pub fn train(
         },
         0,
     )?;
+    startup.mark("adapters added", device)?;
     crate::train::set_host_offload(&mut lm, host_offload)?;
     crate::train::set_mlp_tiles(&mut lm, mlp_tiles);
     let run = crate::plan::RunShape {
@@ -180,10 +192,16 @@ pub fn train(
     let schedule = crate::optim::LrSchedule::new(crate::config::Schedule::Constant, 2e-4, 0, usize::MAX);
     let mut trainer = crate::train::Trainer::new(lm, &optim, 0.0, schedule, 1.0, 0)?;
     let vocab = trainer.model.config().vocab_size as u32;
+    startup.mark("trainer ready", device)?;
+    if let Some(warm_up) = warm_up {
+        let _ = warm_up.join();
+        startup.mark("attention warmed up", device)?;
+    }
     let mut rows = Vec::new();
     for &(seq, bs) in shapes {
         let first = rows.is_empty();
-        let row = match time_shape(&mut trainer, vocab, (seq, bs), steps, first) {
+        let startup = first.then(|| std::mem::take(&mut startup.0));
+        let row = match time_shape(&mut trainer, vocab, (seq, bs), steps, startup) {
             Ok(row) if first && options.first_steps.is_some() => {
                 TrainRow { first_step_s: None, first_steps: options.first_steps.clone(), ..row }
             }
@@ -202,6 +220,7 @@ pub fn train(
                 first_step_s: None,
                 first_steps: None,
                 profile: None,
+                startup: None,
             },
         };
         report(&row);
@@ -218,13 +237,29 @@ fn oom_or(e: anyhow::Error) -> String {
     }
 }
 
-/// `first`: the run's first shape, whose first step `first_step_s` times.
+/// Milestones of a run's start, in seconds from process start (`TrainRow::startup`).
+#[derive(Default)]
+struct Startup(Vec<(String, f64)>);
+
+impl Startup {
+    /// `what` is done once the device has finished the work queued so far.
+    fn mark(&mut self, what: &str, device: &Device) -> anyhow::Result<()> {
+        device.synchronize()?;
+        if let Some(t) = PROCESS_START.get() {
+            self.0.push((what.to_string(), t.elapsed().as_secs_f64()));
+        }
+        Ok(())
+    }
+}
+
+/// `startup`: on the run's first shape, the milestones so far; its first step `first_step_s`
+/// times, and the row reports them with the first step's profiled sections.
 fn time_shape(
     trainer: &mut crate::train::Trainer,
     vocab: u32,
     (seq, bs): (usize, usize),
     steps: usize,
-    first: bool,
+    mut startup: Option<Vec<(String, f64)>>,
 ) -> anyhow::Result<TrainRow> {
     let device = trainer.model.device().clone();
     let layers = trainer.model.layers.len();
@@ -233,9 +268,17 @@ fn time_shape(
     let mut first_step_s = None;
     for step in 0..2 {
         trainer.step(step, &batch)?.context("no trained token: a shape needs seq ≥ 2")?;
-        if first && step == 0 {
+        if let (Some(startup), 0) = (startup.as_mut(), step) {
             device.synchronize()?;
             first_step_s = PROCESS_START.get().map(|t| t.elapsed().as_secs_f64());
+            let sections = crate::profile::take();
+            startup.extend(sections.into_iter().map(|(name, s, _)| (format!("first step: {name}"), s)));
+            #[cfg(feature = "cuda")]
+            {
+                let (loads, seconds) = crate::cuda::candle_modules::ptx_loads();
+                startup.push(("PTX modules the driver compiled".into(), loads as f64));
+                startup.push(("their loads, s".into(), seconds));
+            }
         }
     }
     device.synchronize()?;
@@ -267,6 +310,7 @@ fn time_shape(
         first_step_s,
         first_steps: None,
         profile,
+        startup,
     })
 }
 

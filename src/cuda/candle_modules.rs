@@ -75,17 +75,35 @@ pub fn step_modules() -> [StepModule; 8] {
 /// # Safety
 /// `image` is what `cuModuleLoadData` takes: a NUL-terminated PTX text, or a cubin/fatbin image.
 unsafe fn fatbin_for(image: *const c_void) -> Option<&'static [u8]> {
-    let head = unsafe { std::slice::from_raw_parts(image as *const u8, 2) };
-    // PTX starts with a comment or a directive; ELF cubins and fatbins with binary magic
-    if !(head == b"//" || head[0] == b'.' || head[0].is_ascii_whitespace()) {
+    if !unsafe { is_ptx(image) } {
         return None;
     }
     let text = unsafe { CStr::from_ptr(image as *const std::ffi::c_char) }.to_bytes();
     step_modules().into_iter().find(|s| s.module.ptx().as_bytes() == text).map(|s| s.fatbin)
 }
 
+/// Whether `image` is PTX text: it starts with a comment or a directive, where ELF cubins and
+/// fatbins start with binary magic.
+///
+/// # Safety
+/// As `fatbin_for`.
+unsafe fn is_ptx(image: *const c_void) -> bool {
+    let head = unsafe { std::slice::from_raw_parts(image as *const u8, 2) };
+    head == b"//" || head[0] == b'.' || head[0].is_ascii_whitespace()
+}
+
 /// Modules loaded from our fatbins in place of candle's PTX, in this process.
 static SWAPPED: AtomicUsize = AtomicUsize::new(0);
+/// Other PTX images this process handed to the driver to compile, and the microseconds their
+/// loads took: what is left of the JIT at a cold start (`bench train`'s `startup`).
+static PTX_LOADS: AtomicUsize = AtomicUsize::new(0);
+static PTX_LOAD_MICROS: AtomicUsize = AtomicUsize::new(0);
+
+/// PTX modules the driver compiled for this process through `cuModuleLoadData` (candle's swapped
+/// ones not counted), and the seconds their loads took.
+pub fn ptx_loads() -> (usize, f64) {
+    (PTX_LOADS.load(Ordering::Relaxed), PTX_LOAD_MICROS.load(Ordering::Relaxed) as f64 * 1e-6)
+}
 
 /// How many of candle's modules this process loaded from machine code (`bench kernels`, tests).
 pub fn swapped() -> usize {
@@ -115,14 +133,20 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c
     let Some(load) = driver_load_data() else {
         return CUresult::CUDA_ERROR_NOT_FOUND;
     };
-    let image = match unsafe { fatbin_for(image) } {
+    match unsafe { fatbin_for(image) } {
         Some(fatbin) => {
             SWAPPED.fetch_add(1, Ordering::Relaxed);
-            fatbin.as_ptr() as *const c_void
+            unsafe { load(module, fatbin.as_ptr() as *const c_void) }
         }
-        None => image,
-    };
-    unsafe { load(module, image) }
+        None if unsafe { is_ptx(image) } => {
+            let started = std::time::Instant::now();
+            let result = unsafe { load(module, image) };
+            PTX_LOADS.fetch_add(1, Ordering::Relaxed);
+            PTX_LOAD_MICROS.fetch_add(started.elapsed().as_micros() as usize, Ordering::Relaxed);
+            result
+        }
+        None => unsafe { load(module, image) },
+    }
 }
 
 #[cfg(test)]

@@ -50,22 +50,61 @@ __device__ void rms_norm(const T* x, const T* w, T* y, int cols, float eps) {
 }
 
 // dx = r g - x r^3 mean(g x) with g = T(dy * w) and r = rsqrt(mean(x^2) + eps), recomputed here
-// from x (which the backward reads anyway) instead of kept from the forward.
+// from x (which the backward reads anyway) instead of kept from the forward. With `res` (may be
+// null), dx = res + T(that): the residual branch's gradient added in the same pass, rounded as
+// the separate add it replaces (candle's, on the rounded norm gradient) would round it.
 template <typename T>
-__device__ void rms_norm_backward(const T* x, const T* w, const T* dy, T* dx, int cols, float eps) {
+__device__ __forceinline__ float norm_grad_out(float nd, const T* res, int64_t i) {
+    return res ? to_f32(res[i]) + to_f32(round_to<T>(nd)) : nd;
+}
+
+template <typename T>
+__device__ void rms_norm_backward(const T* x, const T* w, const T* dy, const T* res, T* dx, int cols, float eps) {
+    constexpr int N = Vec16<T>::N;
     const int64_t off = (int64_t)blockIdx.x * cols;
+    const bool vec = cols % N == 0 && aligned16(x + off, dy + off, dx + off, w) &&
+                     (!res || (reinterpret_cast<uintptr_t>(res + off) & 15) == 0);
     float sq = 0.0f, gx = 0.0f;
-    for (int j = threadIdx.x; j < cols; j += THREADS) {
-        const float xv = to_f32(x[off + j]);
-        const float g = to_f32(round_to<T>(to_f32(dy[off + j]) * to_f32(w[j])));
-        sq += xv * xv;
-        gx += g * xv;
+    if (vec) {
+        for (int j = threadIdx.x * N; j < cols; j += THREADS * N) {
+            const Vec16<T> xv = load16(x + off + j), dv = load16(dy + off + j), wv = load16(w + j);
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+                const float xk = to_f32(xv.v[k]);
+                const float g = to_f32(round_to<T>(to_f32(dv.v[k]) * to_f32(wv.v[k])));
+                sq += xk * xk;
+                gx += g * xk;
+            }
+        }
+    } else {
+        for (int j = threadIdx.x; j < cols; j += THREADS) {
+            const float xv = to_f32(x[off + j]);
+            const float g = to_f32(round_to<T>(to_f32(dy[off + j]) * to_f32(w[j])));
+            sq += xv * xv;
+            gx += g * xv;
+        }
     }
     const float r = rsqrtf(block_sum(sq) / cols + eps);
     const float coef = r * r * r * block_sum(gx) / cols;
-    for (int j = threadIdx.x; j < cols; j += THREADS) {
-        const float g = to_f32(round_to<T>(to_f32(dy[off + j]) * to_f32(w[j])));
-        store(dx + off + j, r * g - to_f32(x[off + j]) * coef);
+    if (vec) {
+        for (int j = threadIdx.x * N; j < cols; j += THREADS * N) {
+            const Vec16<T> xv = load16(x + off + j), dv = load16(dy + off + j), wv = load16(w + j);
+            Vec16<T> rv;
+            if (res) rv = load16(res + off + j);
+            Vec16<T> out;
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+                const float g = to_f32(round_to<T>(to_f32(dv.v[k]) * to_f32(wv.v[k])));
+                const float nd = r * g - to_f32(xv.v[k]) * coef;
+                out.v[k] = round_to<T>(res ? to_f32(rv.v[k]) + to_f32(round_to<T>(nd)) : nd);
+            }
+            store16(dx + off + j, out);
+        }
+    } else {
+        for (int j = threadIdx.x; j < cols; j += THREADS) {
+            const float g = to_f32(round_to<T>(to_f32(dy[off + j]) * to_f32(w[j])));
+            store(dx + off + j, norm_grad_out(r * g - to_f32(x[off + j]) * coef, res, off + j));
+        }
     }
 }
 
@@ -115,8 +154,8 @@ __device__ void rms_norm_short(const T* x, const T* w, T* y, int64_t rows, int c
 }
 
 template <typename T>
-__device__ void rms_norm_backward_short(const T* x, const T* w, const T* dy, T* dx, int64_t rows, int cols, int group,
-                                        float eps) {
+__device__ void rms_norm_backward_short(const T* x, const T* w, const T* dy, const T* res, T* dx, int64_t rows,
+                                        int cols, int group, float eps) {
     const int64_t row = ((int64_t)blockIdx.x * THREADS + threadIdx.x) / group;
     const int lane = threadIdx.x % group;
     const bool live = row < rows;
@@ -135,7 +174,7 @@ __device__ void rms_norm_backward_short(const T* x, const T* w, const T* dy, T* 
     if (!live) return;
     for (int j = lane; j < cols; j += group) {
         const float g = to_f32(round_to<T>(to_f32(dy[off + j]) * to_f32(w[j])));
-        store(dx + off + j, r * g - to_f32(x[off + j]) * coef);
+        store(dx + off + j, norm_grad_out(r * g - to_f32(x[off + j]) * coef, res, off + j));
     }
 }
 
@@ -222,17 +261,18 @@ __device__ void gated_backward(const T* g, const T* u, const T* da, T* d_gate_up
     extern "C" __global__ void rms_norm_##NAME(const T* x, const T* w, T* y, int cols, float eps) {          \
         rms_norm<T>(x, w, y, cols, eps);                                                                     \
     }                                                                                                        \
-    extern "C" __global__ void rms_norm_backward_##NAME(const T* x, const T* w, const T* dy, T* dx, int cols, \
-                                                        float eps) {                                         \
-        rms_norm_backward<T>(x, w, dy, dx, cols, eps);                                                       \
+    extern "C" __global__ void rms_norm_backward_##NAME(const T* x, const T* w, const T* dy, const T* res,     \
+                                                        T* dx, int cols, float eps) {                        \
+        rms_norm_backward<T>(x, w, dy, res, dx, cols, eps);                                                  \
     }                                                                                                        \
     extern "C" __global__ void rms_norm_short_##NAME(const T* x, const T* w, T* y, int64_t rows, int cols,    \
                                                      int group, float eps) {                                 \
         rms_norm_short<T>(x, w, y, rows, cols, group, eps);                                                  \
     }                                                                                                        \
-    extern "C" __global__ void rms_norm_backward_short_##NAME(const T* x, const T* w, const T* dy, T* dx,     \
-                                                              int64_t rows, int cols, int group, float eps) { \
-        rms_norm_backward_short<T>(x, w, dy, dx, rows, cols, group, eps);                                    \
+    extern "C" __global__ void rms_norm_backward_short_##NAME(const T* x, const T* w, const T* dy,           \
+                                                              const T* res, T* dx, int64_t rows, int cols,   \
+                                                              int group, float eps) {                        \
+        rms_norm_backward_short<T>(x, w, dy, res, dx, rows, cols, group, eps);                               \
     }                                                                                                        \
     extern "C" __global__ void gated_##NAME(const T* g, const T* u, T* a, int64_t n, int gelu) {             \
         gated<T>(g, u, a, n, gelu);                                                                          \

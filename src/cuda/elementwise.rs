@@ -64,9 +64,16 @@ fn rms_norm_typed<T: CudaDType + WithDType + DeviceRepr>(x: &Tensor, w: &Tensor,
     Ok(wrap(y, &dev, x.dims()))
 }
 
-/// d(x) of `rms_norm` given d(y); the normaliser is recomputed from x.
-pub fn rms_norm_backward(x: &Tensor, weight: &Tensor, eps: f64, dy: &Tensor) -> Result<Tensor> {
-    by_dtype!(x.dtype(), rms_norm_backward_typed(x, weight, eps, dy))
+/// d(x) of `rms_norm` given d(y); the normaliser is recomputed from x. With `residual`, that
+/// plus d(x), in the same pass (rounded as `residual + d(x)` would be).
+pub fn rms_norm_backward(
+    x: &Tensor,
+    weight: &Tensor,
+    eps: f64,
+    dy: &Tensor,
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
+    by_dtype!(x.dtype(), rms_norm_backward_typed(x, weight, eps, dy, residual))
 }
 
 fn rms_norm_backward_typed<T: CudaDType + WithDType + DeviceRepr>(
@@ -74,10 +81,23 @@ fn rms_norm_backward_typed<T: CudaDType + WithDType + DeviceRepr>(
     w: &Tensor,
     eps: f64,
     dy: &Tensor,
+    residual: Option<&Tensor>,
 ) -> Result<Tensor> {
     let (x, w, dy) = (x.contiguous()?, w.to_dtype(x.dtype())?.contiguous()?, dy.contiguous()?);
     if x.dims() != dy.dims() {
         bail!("rms_norm_backward: x {:?} and dy {:?} differ", x.dims(), dy.dims());
+    }
+    let residual = residual.map(|r| r.contiguous()).transpose()?;
+    if let Some(r) = &residual {
+        if r.dims() != x.dims() || r.dtype() != x.dtype() {
+            bail!(
+                "rms_norm_backward: residual {:?} {:?} for x {:?} {:?}",
+                r.dims(),
+                r.dtype(),
+                x.dims(),
+                x.dtype()
+            );
+        }
     }
     let (rows, cols) = rows_cols(&x)?;
     let dev = cuda_device(&x)?;
@@ -88,9 +108,20 @@ fn rms_norm_backward_typed<T: CudaDType + WithDType + DeviceRepr>(
     {
         let g = [&x, &w, &dy].map(|t| t.storage_and_layout().0);
         let (xv, wv, dyv) = (view::<T>(&g[0], &x)?, view::<T>(&g[1], &w)?, view::<T>(&g[2], &dy)?);
+        let rs = residual.as_ref().map(|r| r.storage_and_layout().0);
+        let rv = match (&rs, &residual) {
+            (Some(s), Some(r)) => Some(view::<T>(s, r)?),
+            _ => None,
+        };
         let (rows_i, cols_i, eps) = (rows as i64, cols as i32, eps as f32);
+        let null = 0u64;
         let mut l = func.builder();
-        l.arg(&xv).arg(&wv).arg(&dyv).arg(&dx);
+        l.arg(&xv).arg(&wv).arg(&dyv);
+        match &rv {
+            Some(rv) => l.arg(rv),
+            None => l.arg(&null),
+        };
+        l.arg(&dx);
         if group > 0 {
             l.arg(&rows_i).arg(&cols_i).arg(&group);
         } else {

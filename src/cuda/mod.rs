@@ -13,6 +13,7 @@
 //! | `cudnn_sdpa.cpp` | `cudnn_sdpa.rs` | `model::ops::attention` (cuDNN's fused SDPA) |
 //! | `softmax.cu` | `softmax.rs` | `model::ops::attention` (the composed path's softmax) |
 //! | `elementwise.cu` | `elementwise.rs` | `model::ops::{norm, mlp}` (RMSNorm, SwiGLU) |
+//! | `rope.cu` | `rope.rs` | `model::ops::rope` (RoPE on the projections' layout) |
 //! | `cross_entropy.cu` | `cross_entropy.rs` | `model::ops::{loss, lm_head}` |
 //! | `dropout.cu` | `dropout.rs` | `model::lora::dropout` |
 //! | `embedding.cu` | `mapped.rs` | `model::ops::{embedding, lm_head}` (tables in mapped host memory) |
@@ -32,12 +33,29 @@ pub mod gemm;
 pub mod mapped;
 pub mod module;
 pub mod nf4;
+pub mod rope;
 pub mod softmax;
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, LaunchConfig};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Result, Storage, Tensor, WithDType};
+
+/// Turns off cudarc's per-buffer event tracking for the buffers `device` allocates from now on
+/// (the training, bench and chat devices; tests keep it). candle opens its device with a stream
+/// of its own, which puts cudarc in multi-stream mode: every buffer then gets two CUDA events,
+/// and every kernel launch waits on and records them for each argument — about ten driver calls
+/// per launch, thousands of launches per step, host time the GPU spends idle between small
+/// kernels. This program orders its work itself: every kernel, cuBLAS, cuDNN and NCCL call runs
+/// on the device's one compute stream, which orders them; the one other stream, the copy stream
+/// of model/activations/offload.rs, is ordered against it by explicit events, and keeps each
+/// copy's buffer alive until the compute stream has waited for the copy (`InFlight`).
+pub fn order_by_stream(device: &Device) {
+    if let Device::Cuda(d) = device {
+        // SAFETY: the orderings listed above are the only cross-stream uses of device memory.
+        unsafe { d.disable_event_tracking() }
+    }
+}
 
 /// The CUDA device a tensor lives on.
 pub fn cuda_device(t: &Tensor) -> Result<CudaDevice> {

@@ -251,8 +251,8 @@ impl Nf4Dequantize {
             _ => b.arg(&null).arg(&null),
         };
         b.arg(&self.offset).arg(&out).arg(&n);
-        // eight values per thread (nf4_dequantize in kernels/nf4.cu)
-        unsafe { b.launch(grid(self.n.div_ceil(8))) }.w()?;
+        // sixteen values per thread (nf4_dequantize in cuda/nf4.cu)
+        unsafe { b.launch(grid(self.n.div_ceil(16))) }.w()?;
         Ok(out)
     }
 

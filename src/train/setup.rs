@@ -48,6 +48,8 @@ pub fn select_device() -> anyhow::Result<Device> {
 pub fn parse_device(spec: &str) -> anyhow::Result<Device> {
     let device = open_device(spec)?;
     crate::memory::retain_freed_memory(&device);
+    #[cfg(feature = "cuda")]
+    crate::cuda::order_by_stream(&device);
     Ok(device)
 }
 
@@ -93,7 +95,19 @@ fn load_model(
         files.dir.display(),
         cfg.model.quantization()
     );
+    // the attention of a full-length batch built and run while the weights load: its first
+    // use's graph building and kernel loading come off the first step (decoder/prepare.rs)
+    let first_shape = match cfg.train.batch_size {
+        BatchSize::Fixed(n) => (cfg.data.max_seq_len, n),
+        BatchSize::Auto => (cfg.data.max_seq_len, 1),
+    };
+    let warm_up = crate::model::decoder::prepare::spawn(&files.config, dtype, device, first_shape);
     let mut model = CausalLm::load(&files.config, &files.weights, dtype, cfg.model.quantization(), device)?;
+    if let Some(warm_up) = warm_up {
+        let _ = warm_up.join();
+        // the warm-up's buffers were transient: the budget check measures the steps' peaks
+        crate::memory::reset_peak(device);
+    }
     model.add_lora(&lora_spec(cfg), cfg.train.seed)?;
     set_host_offload(&mut model, cfg.train.host_offload)?;
     set_mlp_tiles(&mut model, cfg.train.mlp_tiles);

@@ -4,6 +4,7 @@
 //! last layers the planner keeps whole (`KeptLayers`), whose backward reads their forward's.
 
 mod load;
+pub mod prepare;
 
 use crate::profile::section;
 use candle_core::{DType, Device, Tensor, Var};

@@ -12,7 +12,7 @@ use super::lora::group::LoraGroup;
 use super::lora::linear::{DropoutSeed, LoraGrad, LoraLinear};
 use super::ops::attention::{attention_backward_packed, attention_packed, AttentionSaved, ScoreRule};
 use super::ops::product_sum::ProductSum;
-use super::ops::{gated, gated_backward, rms_norm, rms_norm_backward, Rope};
+use super::ops::{gated, gated_backward, rms_norm, rms_norm_backward_add, Rope};
 use super::packing::PackedRows;
 use crate::profile::section;
 
@@ -437,7 +437,7 @@ impl DecoderLayer {
         let dn2 =
             self.backward_shared_input(&n2, &[(GATE, &d_gate), (UP, &d_up)], input, gate_up.as_ref(), grads)?;
         drop((n2, d_gate, d_up, gate_up));
-        d_out + rms_norm_backward(&h1, &self.post_attention_layernorm, self.rms_norm_eps, &dn2)?
+        rms_norm_backward_add(&h1, &self.post_attention_layernorm, self.rms_norm_eps, &dn2, &d_out)
     }
 
     /// d(x) given d(h1) `[n, hidden]`.
@@ -474,6 +474,6 @@ impl DecoderLayer {
         let dn1 =
             self.backward_shared_input(&n1, &[(Q, &dq), (K, &dk), (V, &dv)], input, qkv.as_ref(), grads)?;
         drop((n1, dq, dk, dv, qkv));
-        d_h1 + rms_norm_backward(&x, &self.input_layernorm, self.rms_norm_eps, &dn1)?
+        rms_norm_backward_add(&x, &self.input_layernorm, self.rms_norm_eps, &dn1, &d_h1)
     }
 }

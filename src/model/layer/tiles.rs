@@ -14,7 +14,7 @@ use super::{seed, DecoderLayer, LayerInput, DOWN, GATE, UP};
 use crate::model::lora::group::LoraGroup;
 use crate::model::lora::linear::{DropoutSeed, LoraGrad, LoraLinear};
 use crate::model::ops::product_sum::ProductSum;
-use crate::model::ops::{gated, gated_backward, rms_norm, rms_norm_backward};
+use crate::model::ops::{gated, gated_backward, rms_norm, rms_norm_backward, rms_norm_backward_add};
 use crate::profile::section;
 
 /// Values of one `[rows, intermediate]` tile in training: 64M (128 MiB in f16), so that
@@ -90,9 +90,13 @@ impl DecoderLayer {
                 add_in_f32(sum, grad)?;
             }
             let h1 = h1.narrow(0, r0, len)?;
-            d_h1.push(
-                (d_out + rms_norm_backward(&h1, &self.post_attention_layernorm, self.rms_norm_eps, &dn2)?)?,
-            );
+            d_h1.push(rms_norm_backward_add(
+                &h1,
+                &self.post_attention_layernorm,
+                self.rms_norm_eps,
+                &dn2,
+                &d_out,
+            )?);
         }
         let dtype = d_out.dtype();
         for (p, sum) in [GATE, UP, DOWN].into_iter().zip(sums) {

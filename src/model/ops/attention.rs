@@ -223,6 +223,27 @@ fn kernel_forward(
     Ok(Some((context.clone(), AttentionSaved { kernel: Some(KernelSaved::Flash { context, lse }) })))
 }
 
+/// The fused attention's forward and backward run once on zeros at one shape (`b` rows of `t`
+/// tokens, the projections' `[b, t, heads, d]` layout as a layer lays q, k and v out), so that
+/// what their first use costs — cuDNN building its graphs, the driver loading (cold: compiling)
+/// their kernels — is paid here, on a thread of its own while the model loads
+/// (`decoder::prepare`), not in the first step. The same calls as a layer's, so the graphs built
+/// are the ones the step looks up.
+#[cfg(feature = "cuda")]
+pub fn prepare(
+    device: &candle_core::Device,
+    dtype: DType,
+    (b, t): (usize, usize),
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+    rule: &ScoreRule,
+) -> Result<()> {
+    let laid_out = |h: usize| Tensor::zeros((b, t, h, head_dim), dtype, device)?.transpose(1, 2);
+    let (q, k, v) = (laid_out(heads)?, laid_out(kv_heads)?, laid_out(kv_heads)?);
+    let (_, saved) = attention_packed(&q, &k, &v, (None, None), rule)?;
+    attention_backward_packed((&q, &k, &v), (None, None), rule, &saved, &laid_out(heads)?)?;
+    Ok(())
+}
+
 /// Packed rows' spans as cuDNN's ragged columns for these q and k widths.
 #[cfg(feature = "cuda")]
 fn ragged_columns(

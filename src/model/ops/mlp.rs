@@ -157,6 +157,15 @@ mod tests {
                 println!("{cols} columns {act:?} {dtype:?} op {i}: {err:.2e}");
                 assert!(err < tol, "{cols} columns {act:?} {dtype:?} op {i}: {err}");
             }
+            // the residual's gradient added in the norm's backward: the separate add, bit for bit
+            let res = on(&randn(&[37, cols], 17));
+            let fused =
+                super::super::norm::rms_norm_backward_add(&on(&x), &on(&w), 1e-5, &on(&dy), &res).unwrap();
+            let separate = (&res + &got[1]).unwrap();
+            let diff =
+                (fused.to_dtype(DType::F32).unwrap() - separate.to_dtype(DType::F32).unwrap()).unwrap();
+            let worst = diff.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert_eq!(worst, 0.0, "{cols} columns {dtype:?}: fused residual add");
         }
     }
 }

@@ -15,5 +15,5 @@ pub mod softcap;
 pub(crate) mod test_util;
 
 pub use mlp::{gated, gated_backward};
-pub use norm::{rms_norm, rms_norm_backward};
+pub use norm::{rms_norm, rms_norm_backward, rms_norm_backward_add};
 pub use rope::Rope;

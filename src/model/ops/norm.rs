@@ -29,7 +29,7 @@ pub fn rms_norm_backward(x: &Tensor, weight: &Tensor, eps: f64, dy: &Tensor) -> 
     section("norm.backward", x.device(), || {
         #[cfg(feature = "cuda")]
         if x.device().is_cuda() {
-            return crate::cuda::elementwise::rms_norm_backward(x, weight, eps, dy);
+            return crate::cuda::elementwise::rms_norm_backward(x, weight, eps, dy, None);
         }
         let xf = x.to_dtype(DType::F32)?;
         let inv_rms = inv_rms(&xf, eps)?;
@@ -39,6 +39,25 @@ pub fn rms_norm_backward(x: &Tensor, weight: &Tensor, eps: f64, dy: &Tensor) -> 
         let dx = (g.broadcast_mul(&inv_rms)? - xf.broadcast_mul(&(r3 * mean_gx)?)?)?;
         dx.to_dtype(x.dtype())
     })
+}
+
+/// residual + `rms_norm_backward(x, weight, eps, dy)`: the gradient of a pre-norm block's input,
+/// where the block is y = x + f(norm(x)) and `residual` is d(y). On CUDA one kernel reads
+/// `residual` beside x and dy instead of a second pass over both gradients (same rounding).
+pub fn rms_norm_backward_add(
+    x: &Tensor,
+    weight: &Tensor,
+    eps: f64,
+    dy: &Tensor,
+    residual: &Tensor,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        return section("norm.backward", x.device(), || {
+            crate::cuda::elementwise::rms_norm_backward(x, weight, eps, dy, Some(residual))
+        });
+    }
+    residual + rms_norm_backward(x, weight, eps, dy)?
 }
 
 #[cfg(test)]

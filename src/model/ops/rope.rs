@@ -128,13 +128,13 @@ impl Rope {
     /// x `[b, heads, t, head_dim]` at positions offset..offset+t.
     pub fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         let (cos, sin) = self.tables(offset, x.dim(2)?)?;
-        section("rope", x.device(), || rotate(x, &cos, &sin))
+        section("rope", x.device(), || rotate(x, &cos, &sin, false))
     }
 
     /// RoPE is a rotation, so its backward is the rotation by the opposite angle.
     pub fn backward(&self, dy: &Tensor, offset: usize) -> Result<Tensor> {
         let (cos, sin) = self.tables(offset, dy.dim(2)?)?;
-        section("rope", dy.device(), || rotate(dy, &cos, &sin.neg()?))
+        section("rope", dy.device(), || rotate(dy, &cos, &sin, true))
     }
 
     /// The tables `[b, t, head_dim / 2]` at each token's own position (`positions` `[b · t]`
@@ -148,25 +148,33 @@ impl Rope {
     /// x `[b, heads, t, head_dim]`, token (r, i) at `positions[r · t + i]`.
     pub fn apply_at(&self, x: &Tensor, positions: &Tensor) -> Result<Tensor> {
         let (cos, sin) = self.tables_at(positions, (x.dim(0)?, x.dim(2)?))?;
-        section("rope", x.device(), || rotate(x, &cos, &sin))
+        section("rope", x.device(), || rotate(x, &cos, &sin, false))
     }
 
     /// The backward of `apply_at`.
     pub fn backward_at(&self, dy: &Tensor, positions: &Tensor) -> Result<Tensor> {
         let (cos, sin) = self.tables_at(positions, (dy.dim(0)?, dy.dim(2)?))?;
-        section("rope", dy.device(), || rotate(dy, &cos, &sin.neg()?))
+        section("rope", dy.device(), || rotate(dy, &cos, &sin, true))
     }
 }
 
-/// x `[b, h, t, d]` rotated. A view of `[b, t, h, d]` memory (the projections' own layout, which
-/// the CUDA attention reads strided) is rotated in that layout and returned as the same kind of
-/// view, so no transpose is ever copied; anything else is made `[b, h, t, d]`-contiguous.
-fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+/// x `[b, h, t, d]` rotated, by the opposite angle where `inverse`. A view of `[b, t, h, d]`
+/// memory (the projections' own layout, which the CUDA attention reads strided) is rotated in
+/// that layout and returned as the same kind of view, so no transpose is ever copied (on CUDA by
+/// cuda/rope.rs, candle's arithmetic in 16-byte loads); anything else is made
+/// `[b, h, t, d]`-contiguous.
+fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor, inverse: bool) -> Result<Tensor> {
     let thd = x.transpose(1, 2)?;
     if thd.is_contiguous() && !x.is_contiguous() {
-        return candle_nn::rotary_emb::rope_thd(&thd, cos, sin)?.transpose(1, 2);
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            return crate::cuda::rope::rope_thd(&thd, cos, sin, inverse)?.transpose(1, 2);
+        }
+        let sin = if inverse { sin.neg()? } else { sin.clone() };
+        return candle_nn::rotary_emb::rope_thd(&thd, cos, &sin)?.transpose(1, 2);
     }
-    candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin)
+    let sin = if inverse { sin.neg()? } else { sin.clone() };
+    candle_nn::rotary_emb::rope(&x.contiguous()?, cos, &sin)
 }
 
 #[cfg(test)]
