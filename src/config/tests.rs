@@ -203,3 +203,36 @@ fn optim_refuses_keys_of_another_optimizer() {
     let e = err("name = \"adamw\"\nbeta = 0.9");
     assert!(e.starts_with("run.toml: optim") && e.contains("beta"), "{e}");
 }
+
+/// Every key of one optimizer given with another's name is refused, naming the key. The keys
+/// are read off the settings types themselves (their serde fields), not listed again here, so a
+/// key added to one optimizer and forgotten in `foreign_key` fails this test.
+#[test]
+fn optim_refuses_every_key_of_the_other_optimizers() {
+    fn keys_of(section: impl serde::Serialize) -> Vec<(String, String)> {
+        let serde_json::Value::Object(map) = serde_json::to_value(section).unwrap() else { panic!() };
+        map.into_iter()
+            .map(|(k, v)| {
+                let toml = match v {
+                    serde_json::Value::String(s) => format!("\"{s}\""),
+                    serde_json::Value::Null => "1e-30".into(), // eps1: absent by default
+                    v => v.to_string(),
+                };
+                (k, toml)
+            })
+            .collect()
+    }
+    let adafactor = keys_of(AdafactorSection::default());
+    let mut adamw = keys_of(AdamwSection::default());
+    adamw.push(("betas".into(), "[0.9, 0.99]".into()));
+    // beta1 is both Adafactor's optional first moment and AdamW's beta1
+    let shared = |k: &str| adafactor.iter().any(|(a, _)| a == k) && adamw.iter().any(|(a, _)| a == k);
+    assert!(adafactor.len() >= 9 && adamw.len() >= 4, "{adafactor:?} {adamw:?}");
+    for (name, foreign) in [("adafactor", &adamw), ("adamw", &adafactor), ("adamw8bit", &adafactor)] {
+        for (key, value) in foreign.iter().filter(|(k, _)| !shared(k)) {
+            let text = format!("{MINIMAL}[optim]\nname = \"{name}\"\n{key} = {value}\n");
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("run.toml: optim.{key}: is an ")), "{name} with {key}: {e}");
+        }
+    }
+}

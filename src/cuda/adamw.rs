@@ -90,6 +90,7 @@ pub fn adamw_step(params: &[AdamwParam], h: &AdamwHyper) -> Result<()> {
     for fp in params {
         let n = fp.p.elem_count();
         same_size("AdamW", n, &[fp.g, fp.exp_avg, fp.exp_avg_sq])?;
+        dtypes("AdamW", first.g.dtype(), fp.g, &[fp.p, fp.exp_avg, fp.exp_avg_sq])?;
         for t in [fp.p, fp.g, fp.exp_avg, fp.exp_avg_sq] {
             words.push(address(t, &dev)?);
         }
@@ -104,12 +105,21 @@ pub fn adamw_step(params: &[AdamwParam], h: &AdamwHyper) -> Result<()> {
     Ok(())
 }
 
-/// One 8-bit AdamW step of every parameter, in place; `qmaps` is the signed map followed by
-/// the unsigned one (512 values).
-pub fn adamw8bit_step(params: &[Param8], h: &Adam8Hyper, qmaps: &[f32]) -> Result<()> {
-    if qmaps.len() != 512 {
-        bail!("fused AdamW8bit: {} map values, expected 512", qmaps.len());
+/// The 8-bit step's signed map followed by its unsigned one (512 values) on the GPU, uploaded
+/// once per optimizer.
+pub struct DeviceMaps(candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>);
+
+impl DeviceMaps {
+    pub fn new(dev: &CudaDevice, values: &[f32]) -> Result<Self> {
+        if values.len() != 512 {
+            bail!("fused AdamW8bit: {} map values, expected 512", values.len());
+        }
+        Ok(Self(dev.clone_htod(values)?))
     }
+}
+
+/// One 8-bit AdamW step of every parameter, in place.
+pub fn adamw8bit_step(params: &[Param8], h: &Adam8Hyper, qmaps: &DeviceMaps) -> Result<()> {
     let Some(first) = params.first() else { return Ok(()) };
     let (p0, g0) = match first {
         Param8::Blockwise { p, g, .. } | Param8::Full { p, g, .. } => (*p, *g),
@@ -126,6 +136,7 @@ pub fn adamw8bit_step(params: &[Param8], h: &Adam8Hyper, qmaps: &[f32]) -> Resul
                     bail!("fused AdamW8bit: codes must be u8");
                 }
                 same_size("AdamW8bit absmax", blocks, &[absmax1, absmax2])?;
+                dtypes("AdamW8bit", g0.dtype(), g, &[p, absmax1, absmax2])?;
                 for t in [*p, *g, *state1, *state2, *absmax1, *absmax2] {
                     words.push(address(t, &dev)?);
                 }
@@ -134,6 +145,7 @@ pub fn adamw8bit_step(params: &[Param8], h: &Adam8Hyper, qmaps: &[f32]) -> Resul
             Param8::Full { p, g, exp_avg, exp_avg_sq } => {
                 let n = p.elem_count();
                 same_size("AdamW8bit (32-bit state)", n, &[g, exp_avg, exp_avg_sq])?;
+                dtypes("AdamW8bit", g0.dtype(), g, &[p, exp_avg, exp_avg_sq])?;
                 for t in [*p, *g, *exp_avg, *exp_avg_sq] {
                     words.push(address(t, &dev)?);
                 }
@@ -142,12 +154,26 @@ pub fn adamw8bit_step(params: &[Param8], h: &Adam8Hyper, qmaps: &[f32]) -> Resul
         }
     }
     let desc = dev.clone_htod(&words)?;
-    let qmaps = dev.clone_htod(qmaps)?;
     let name = format!("adamw8bit_step_{}", suffix(g0.dtype())?);
     let func = KERNELS_8BIT.function(&dev, &name)?;
     let mut b = func.builder();
-    b.arg(&desc).arg(&qmaps).arg(h);
+    b.arg(&desc).arg(&qmaps.0).arg(h);
     unsafe { b.launch(super::blocks(params.len(), 256)) }.w()?;
+    Ok(())
+}
+
+/// The kernels are compiled per gradient dtype (one launch, one dtype) over f32 parameters and
+/// state: `g` must be `grad_dtype` and every tensor of `f32s` f32.
+fn dtypes(what: &str, grad_dtype: DType, g: &Tensor, f32s: &[&Tensor]) -> Result<()> {
+    if g.dtype() != grad_dtype {
+        bail!(
+            "fused {what}: a {:?} gradient beside {grad_dtype:?} ones (one launch takes one dtype)",
+            g.dtype()
+        );
+    }
+    if let Some(t) = f32s.iter().find(|t| t.dtype() != DType::F32) {
+        bail!("fused {what}: parameters and state are f32, got a {:?} {:?}", t.dtype(), t.dims());
+    }
     Ok(())
 }
 

@@ -35,6 +35,9 @@ pub struct AdamW8bit {
     step: u64,
     /// The signed and unsigned maps (bitsandbytes' `qmap1`, `qmap2`; `quant::dynamic`).
     qmaps: (&'static [f32; 256], &'static [f32; 256]),
+    /// Both maps on the GPU, uploaded at the first fused step and kept.
+    #[cfg(feature = "cuda")]
+    device_maps: Option<crate::cuda::adamw::DeviceMaps>,
 }
 
 /// Blocks of 256 of a parameter of `n` elements.
@@ -65,7 +68,16 @@ impl AdamW8bit {
     pub fn new(params: Vec<Var>, cfg: &AdamwSection, weight_decay: f64) -> Result<Self> {
         let moments = params.iter().map(|p| fresh(p.as_tensor())).collect::<Result<Vec<_>>>()?;
         let qmaps = (dynamic_map(), unsigned_dynamic_map());
-        Ok(Self { params, moments, cfg: *cfg, weight_decay, step: 0, qmaps })
+        Ok(Self {
+            params,
+            moments,
+            cfg: *cfg,
+            weight_decay,
+            step: 0,
+            qmaps,
+            #[cfg(feature = "cuda")]
+            device_maps: None,
+        })
     }
 
     pub fn step_count(&self) -> u64 {
@@ -81,16 +93,27 @@ impl AdamW8bit {
         Hyper::new(c.beta1, c.beta2, c.eps, lr, self.weight_decay, grad_mult, self.step)
     }
 
-    /// One step on `grads[i] · grad_mult`; `lr` is this step's lr. On CUDA with f32 parameters
-    /// one fused launch; elsewhere `blockwise8`'s element loops on host copies.
+    /// One step on `grads[i] · grad_mult`; `lr` is this step's lr. On CUDA one fused launch
+    /// (parameters and state that do not fit it are an error, never a silent round trip through
+    /// host memory); on the CPU `blockwise8`'s element loops.
     pub fn step_scaled(&mut self, grads: &[Tensor], grad_mult: f64, lr: f64) -> Result<()> {
         check_counts(grads.len(), self.params.len())?;
-        self.step += 1;
-        let h = self.hyper(lr, grad_mult);
         #[cfg(feature = "cuda")]
-        if self.fused_fits(grads) {
+        if self.params.iter().any(|p| p.device().is_cuda()) {
+            anyhow::ensure!(
+                self.fused_fits(grads),
+                "optim: AdamW8bit's fused CUDA step takes contiguous f32 parameters and state on the \
+                 GPU and contiguous gradients of one dtype shaped as their parameters; got parameters \
+                 {:?} and gradients {:?}",
+                self.params.first().map(|p| (p.dtype(), p.device().location())),
+                grads.first().map(|g| (g.dtype(), g.device().location(), g.is_contiguous()))
+            );
+            self.step += 1;
+            let h = self.hyper(lr, grad_mult);
             return self.fused_step(grads, &h);
         }
+        self.step += 1;
+        let h = self.hyper(lr, grad_mult);
         for (i, grad) in grads.iter().enumerate() {
             let g = grad_for(&self.params[i], grad, i)?;
             self.step_one(i, &g, &h).with_context(|| format!("optim: AdamW8bit, parameter {i}"))?;
@@ -165,7 +188,7 @@ impl AdamW8bit {
 
     #[cfg(feature = "cuda")]
     fn fused_step(&mut self, grads: &[Tensor], h: &Hyper) -> Result<()> {
-        use crate::cuda::adamw::{adamw8bit_step, Adam8Hyper, Param8};
+        use crate::cuda::adamw::{adamw8bit_step, Adam8Hyper, DeviceMaps, Param8};
         let params: Vec<Param8> = self
             .params
             .iter()
@@ -189,8 +212,17 @@ impl AdamW8bit {
             grad_mult: h.grad_mult,
             step: self.step as i32,
         };
-        let maps: Vec<f32> = self.qmaps.0.iter().chain(self.qmaps.1.iter()).copied().collect();
-        adamw8bit_step(&params, &k, &maps).context("optim: fused AdamW8bit step")
+        let maps = match self.device_maps.take() {
+            Some(maps) => maps,
+            None => {
+                let values: Vec<f32> = self.qmaps.0.iter().chain(self.qmaps.1.iter()).copied().collect();
+                let dev = crate::cuda::cuda_device(self.params[0].as_tensor())?;
+                DeviceMaps::new(&dev, &values).context("optim: uploading AdamW8bit's maps")?
+            }
+        };
+        let done = adamw8bit_step(&params, &k, &maps).context("optim: fused AdamW8bit step");
+        self.device_maps = Some(maps);
+        done
     }
 
     /// The state to checkpoint: `param.<i>.state1|state2` (u8 codes) and `absmax1|absmax2`, or

@@ -93,3 +93,17 @@ fn fused_8bit_step_matches_bitsandbytes() {
         replay(&tensors, &meta, config, &gpu, |step, opt| compare(&tensors, &meta, config, step, opt));
     }
 }
+
+/// On CUDA a step the fused kernel cannot take (here a transposed, non-contiguous gradient) is
+/// an error naming why, not a silent round trip of every parameter and its state through host
+/// memory.
+#[test]
+fn cuda_8bit_step_refuses_what_the_fused_kernel_cannot_take() {
+    let gpu = Device::new_cuda(0).unwrap();
+    let p = Var::from_tensor(&Tensor::zeros((64, 64), DType::F32, &gpu).unwrap()).unwrap();
+    let g = Tensor::ones((64, 64), DType::F32, &gpu).unwrap().t().unwrap();
+    let mut opt = crate::optim::adamw8bit::AdamW8bit::new(vec![p], &AdamwSection::default(), 0.0).unwrap();
+    let e = opt.step(&[g], 1e-3).unwrap_err().to_string();
+    assert!(e.contains("fused CUDA step takes contiguous f32 parameters"), "{e}");
+    assert_eq!(opt.step_count(), 0, "a refused step is not counted");
+}
