@@ -5,7 +5,7 @@
 //! `eval/perplexity`; at the start the run's config as the text `config` (TOML).
 //!
 //! Each run, a resumed one too, writes a new file (TensorBoard reads a folder's files as one
-//! run, in name order, which is time order); earlier files are never opened for writing. A
+//! run, in name order: time order, to the second); earlier files are never opened for writing. A
 //! resumed run starts its file with a restart marker at its first step, so TensorBoard drops
 //! what the earlier run logged after its checkpoint, as metrics.jsonl's later line for a step
 //! wins. Every record is written with one `write` and nothing is buffered.
