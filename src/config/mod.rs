@@ -190,6 +190,17 @@ pub struct TrainSection {
     /// Cap on eval batches per evaluation (0: the whole eval set).
     pub eval_batches: usize,
     pub log_every: usize,
+    /// Where else the metrics go besides metrics.jsonl: `["tensorboard"]` writes TensorBoard
+    /// event files into `<output.dir>/tb/`.
+    pub report_to: Vec<ReportTo>,
+}
+
+/// `train.report_to`: a tracker that gets the run's metrics besides metrics.jsonl.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReportTo {
+    /// Event files in `<output.dir>/tb/` (`tensorboard --logdir <output.dir>/tb`).
+    Tensorboard,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -289,6 +300,7 @@ impl Default for TrainSection {
             eval_every: 0,
             eval_batches: 0,
             log_every: 1,
+            report_to: Vec::new(),
         }
     }
 }

@@ -236,3 +236,17 @@ fn optim_refuses_every_key_of_the_other_optimizers() {
         }
     }
 }
+
+/// `train.report_to`: empty by default; "tensorboard" the one tracker; another name is an error
+/// naming the key and the names there are.
+#[test]
+fn report_to_lists_tensorboard_or_nothing() {
+    assert!(parse(MINIMAL).unwrap().train.report_to.is_empty());
+    let c = parse(&format!("{MINIMAL}[train]\nreport_to = [\"tensorboard\"]\n")).unwrap();
+    assert_eq!(c.train.report_to, [ReportTo::Tensorboard]);
+    let err = parse(&format!("{MINIMAL}[train]\nreport_to = [\"wandb\"]\n")).unwrap_err().to_string();
+    assert!(err.starts_with("run.toml: train.report_to[0]: unknown variant `wandb`"), "{err}");
+    assert!(err.ends_with("expected `tensorboard`"), "{err}");
+    let err = parse(&format!("{MINIMAL}[train]\nreport_to = \"tensorboard\"\n")).unwrap_err().to_string();
+    assert!(err.starts_with("run.toml: train.report_to: invalid type: string"), "{err}");
+}

@@ -1,5 +1,6 @@
 //! What a run reports while it trains: a JSONL metrics file (one object per logged step or
-//! evaluation) and a progress bar with loss, learning rate, tokens/s and ETA.
+//! evaluation), TensorBoard event files where `train.report_to` asks (`tensorboard/`), and a
+//! progress bar with loss, learning rate, tokens/s and ETA.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -9,6 +10,7 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use super::tensorboard::TensorBoard;
 use crate::durable::Writing;
 
 #[derive(Debug, Clone, Serialize)]
@@ -62,6 +64,8 @@ pub struct MetricsLog {
     bar: ProgressBar,
     /// A log line per step instead of the progress bar (a rank's stderr is a pipe).
     lines: bool,
+    /// `train.report_to = ["tensorboard"]`: the same records as events (rank 0).
+    tensorboard: Option<TensorBoard>,
 }
 
 impl MetricsLog {
@@ -86,7 +90,7 @@ impl MetricsLog {
         if ends_torn(path).with_context(|| format!("reading {}", path.display()))? {
             out.write_all(b"\n").with_context(|| format!("writing {}", path.display()))?;
         }
-        Ok(Self { out: Some(out), path: path.to_path_buf(), bar, lines: false })
+        Ok(Self { out: Some(out), path: path.to_path_buf(), bar, lines: false, tensorboard: None })
     }
 
     /// Rank 0 of several: the same file, and a log line per logged step (the launcher passes
@@ -99,7 +103,13 @@ impl MetricsLog {
 
     /// The other ranks: nothing written, nothing shown.
     pub fn silent() -> Self {
-        Self { out: None, path: PathBuf::new(), bar: ProgressBar::hidden(), lines: false }
+        Self { out: None, path: PathBuf::new(), bar: ProgressBar::hidden(), lines: false, tensorboard: None }
+    }
+
+    /// Every record also written to `tensorboard`.
+    pub fn with_tensorboard(mut self, tensorboard: TensorBoard) -> Self {
+        self.tensorboard = Some(tensorboard);
+        self
     }
 
     pub fn step(&mut self, r: &StepRecord) -> anyhow::Result<()> {
@@ -110,12 +120,14 @@ impl MetricsLog {
         }
         self.bar.set_position(r.step as u64);
         self.bar.set_message(message);
-        self.write(r)
+        self.write(r)?;
+        self.tensorboard.as_mut().map_or(Ok(()), |tb| tb.step(r))
     }
 
     pub fn eval(&mut self, r: &EvalRecord) -> anyhow::Result<()> {
         self.println(format!("step {}: eval loss {:.4}, perplexity {:.2}", r.step, r.eval_loss, r.eval_ppl));
-        self.write(r)
+        self.write(r)?;
+        self.tensorboard.as_mut().map_or(Ok(()), |tb| tb.eval(r))
     }
 
     /// A line above the progress bar; a log line instead where the bar is not drawn (ranks of

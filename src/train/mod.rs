@@ -4,7 +4,8 @@
 //!   size (fixed, or probed by `auto_batch.rs`), and the checkpoint it resumes from.
 //! - `step.rs`: one optimizer step: micro-batches (each rank's shard), forward/backward,
 //!   accumulation, the all-reduce, the loss scaler (`loss_scale.rs`), clipping, Adafactor.
-//! - `run_loop.rs`: the loop over steps: evaluation, metrics (`metrics.rs`, `plot.rs`),
+//! - `run_loop.rs`: the loop over steps: evaluation, metrics (`metrics.rs`, `plot.rs`, and
+//!   `tensorboard/` with `train.report_to = ["tensorboard"]`),
 //!   checkpoints (`checkpoint.rs`), a stop on Ctrl-C, the final adapter; `trace.rs` records a run
 //!   for replaying it in another stack; `samples.rs` has the model answer `data.eval_prompts`
 //!   at the start, at each evaluation and at the end.
@@ -20,6 +21,7 @@ mod run_loop;
 pub mod samples;
 mod setup;
 mod step;
+pub mod tensorboard;
 #[cfg(test)]
 mod tests;
 pub mod trace;

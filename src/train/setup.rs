@@ -11,9 +11,10 @@ use super::checkpoint::{self, TrainerState};
 use super::metrics::MetricsLog;
 use super::run_loop::{stop_on_signals, train_loop, RunContext};
 use super::step::{BatchStream, Trainer};
+use super::tensorboard::TensorBoard;
 use super::trace::Trace;
 use super::{auto_batch, TrainSummary};
-use crate::config::{BatchSize, Checkpointing, ComputeDtype, Config, TrainSection};
+use crate::config::{BatchSize, Checkpointing, ComputeDtype, Config, ReportTo, TrainSection};
 use crate::data::{BatchLoader, ChatTokenizer, TokenizedDataset};
 use crate::distributed::{Collective, ReduceOp};
 use crate::durable;
@@ -241,9 +242,7 @@ pub(super) fn train(
     let loader = BatchLoader::new(Arc::new(train_set.examples), global_batch, pad_id, Some(cfg.train.seed))
         .grouped_by_length(cfg.data.group_by_length);
     let total = total_steps(cfg, loader.num_batches());
-    if rank == 0 {
-        write_run_config(cfg, batch_size)?;
-    }
+    let ran = (rank == 0).then(|| write_run_config(cfg, batch_size)).transpose()?;
     let schedule = LrSchedule::new(cfg.train.schedule, cfg.train.lr, cfg.train.warmup_steps, total);
     let (max_grad_norm, seed) = (cfg.train.max_grad_norm, cfg.train.seed);
     let mut trainer = Trainer::new(model, &cfg.optim, cfg.train.weight_decay, schedule, max_grad_norm, seed)?
@@ -265,6 +264,9 @@ pub(super) fn train(
         (0, _) => MetricsLog::open(&run_dir.join("metrics.jsonl"), total, start)?.with_log_lines(),
         _ => MetricsLog::silent(),
     };
+    if let Some(ran) = ran.filter(|c| c.train.report_to.contains(&ReportTo::Tensorboard)) {
+        log = log.with_tensorboard(TensorBoard::create(&run_dir.join("tb"), start, &ran)?);
+    }
     let trace = trace_dir
         .filter(|_| rank == 0)
         .map(|dir| Trace::start(dir, &trainer.model, &spec, &base_model, eval_loader.as_ref()))
@@ -289,15 +291,17 @@ fn total_steps(cfg: &Config, batches_per_epoch: usize) -> usize {
     })
 }
 
-/// `<output.dir>/config.json`: the config the run trains with, "auto" batch size resolved.
-fn write_run_config(cfg: &Config, batch_size: usize) -> anyhow::Result<()> {
+/// `<output.dir>/config.json`: the config the run trains with, "auto" batch size resolved; it is
+/// returned (TensorBoard's `config` text).
+fn write_run_config(cfg: &Config, batch_size: usize) -> anyhow::Result<Config> {
     let run_dir = &cfg.output.dir;
     std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let ran = Config {
         train: TrainSection { batch_size: BatchSize::Fixed(batch_size), ..cfg.train.clone() },
         ..cfg.clone()
     };
-    durable::write_atomic(&run_dir.join("config.json"), serde_json::to_string_pretty(&ran)?.as_bytes())
+    durable::write_atomic(&run_dir.join("config.json"), serde_json::to_string_pretty(&ran)?.as_bytes())?;
+    Ok(ran)
 }
 
 /// Every rank must start at the same step and row: one that sees another checkpoint (an
