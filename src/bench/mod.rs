@@ -151,6 +151,12 @@ pub fn train(
         .and_then(|&shape| crate::model::decoder::prepare::spawn(&config, dtype, device, shape));
     let mut lm = CausalLm::load(&config, &weights, dtype, quantization, device)?;
     startup.mark("model loaded", device)?;
+    // joined before anything else uses the device from this thread (cuBLAS and curand handles are
+    // one per device, not safe from two threads at once)
+    if let Some(warm_up) = warm_up {
+        let _ = warm_up.join();
+        startup.mark("attention warmed up", device)?;
+    }
     let targets: Vec<String> = PROJECTIONS.iter().map(|p| p.to_string()).collect();
     lm.add_lora(
         &LoraSpec {
@@ -193,10 +199,6 @@ pub fn train(
     let mut trainer = crate::train::Trainer::new(lm, &optim, 0.0, schedule, 1.0, 0)?;
     let vocab = trainer.model.config().vocab_size as u32;
     startup.mark("trainer ready", device)?;
-    if let Some(warm_up) = warm_up {
-        let _ = warm_up.join();
-        startup.mark("attention warmed up", device)?;
-    }
     let mut rows = Vec::new();
     for &(seq, bs) in shapes {
         let first = rows.is_empty();

@@ -19,7 +19,10 @@ const MOST_TOKENS: usize = 32_768;
 
 /// Starts the warm-up of the model at `config` for steps of `(seq, batch)` in `dtype` on
 /// `device`; `None` where there is nothing to warm (the CPU, f32: no fused kernels). Join the
-/// handle before the first step; a failure is logged, never fatal (the step then pays the cost).
+/// handle once the weights are loaded, before this thread runs anything else on the device (the
+/// warm-up may fall back on cuBLAS, whose handle is the device's one, not safe from two threads
+/// at once; loading uses only the project's kernels and copies); a failure is logged, never fatal
+/// (the step then pays the cost).
 pub fn spawn(
     config: &Path,
     dtype: DType,
