@@ -174,6 +174,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 summary.merged_projections,
                 summary.bytes
             );
+            Ok(())
         }
         Command::Merge { model, revision, adapter, out_dir, dtype } => {
             let summary = lora_ft::merge::merge(&model, &revision, &adapter, &out_dir, parse_dtype(&dtype))?;
