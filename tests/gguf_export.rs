@@ -26,7 +26,8 @@ fn q8_0_and_f16_blocks_equal_gguf_py_byte_for_byte() {
     assert!(cases.len() >= 9, "{} cases", cases.len());
     for case in cases {
         let name = case["name"].as_str().unwrap();
-        let values: Vec<f32> = case["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        let values: Vec<f32> =
+            case["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
         for (key, dtype) in [("q8_0", GgmlDType::Q8_0), ("f16", GgmlDType::F16)] {
             let ours = hex(&quantize(&values, dtype).unwrap());
             assert_eq!(ours, case[key].as_str().unwrap(), "{name} as {key}");
@@ -107,7 +108,11 @@ fn check_header(ours: &Content, original: &Content, file_type: u32) {
         "tokenizer.chat_template",
         "general.quantization_version",
     ] {
-        assert!(meta.contains_key(key) && same(key), "{key}: ours {:?}", meta.get(key).map(Value::value_type));
+        assert!(
+            meta.contains_key(key) && same(key),
+            "{key}: ours {:?}",
+            meta.get(key).map(Value::value_type)
+        );
     }
     let mut names: Vec<_> = ours.tensor_infos.keys().collect();
     let mut theirs: Vec<_> = original.tensor_infos.keys().collect();
@@ -160,7 +165,8 @@ fn smollm2_with_an_adapter_round_trips_through_gguf() {
     for (file_type, id) in [(FileType::F16, 1), (FileType::Q8_0, 7)] {
         let out = root.0.join(format!("smollm2-{file_type:?}.gguf"));
         let summary =
-            lora_ft::merge::export_gguf(model.to_str().unwrap(), "main", Some(&adapter), &out, file_type).unwrap();
+            lora_ft::merge::export_gguf(model.to_str().unwrap(), "main", Some(&adapter), &out, file_type)
+                .unwrap();
         assert_eq!((summary.tensors, summary.merged_projections), (272, 90), "{summary:?}");
         assert_eq!(summary.bytes, std::fs::metadata(&out).unwrap().len());
         check_header(&header(&out), &original, id);
@@ -171,8 +177,10 @@ fn smollm2_with_an_adapter_round_trips_through_gguf() {
         let imported = unsafe { MmapedSafetensors::new(imported_dir.join("model.safetensors")) }.unwrap();
         let mut names = 0;
         for (name, _) in merged.tensors() {
-            let want = merged.load(&name, &Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            let got = imported.load(&name, &Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let want =
+                merged.load(&name, &Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let got =
+                imported.load(&name, &Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let bounds = bound(&want, file_type);
             let worst = (0..want.len()).map(|i| (got[i] - want[i]).abs() / bounds[i]).fold(0f32, f32::max);
             assert!(worst <= 1.0, "{file_type:?} {name}: error {worst} × the bound");
@@ -191,7 +199,8 @@ fn the_base_exported_as_f16_is_llama_cpps_own_file_to_f16_rounding() {
     let root = scratch("base");
     let out = root.0.join("base.gguf");
     let model = lora_ft::fixtures::smollm2_dir();
-    let summary = lora_ft::merge::export_gguf(model.to_str().unwrap(), "main", None, &out, FileType::F16).unwrap();
+    let summary =
+        lora_ft::merge::export_gguf(model.to_str().unwrap(), "main", None, &out, FileType::F16).unwrap();
     assert_eq!(summary.merged_projections, 0);
     let read_all = |path: &Path| {
         let mut file = std::fs::File::open(path).unwrap();

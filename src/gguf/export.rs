@@ -66,8 +66,8 @@ impl GgufModel {
     /// Reads `config_file`; refuses what this exporter does not write (another family, RoPE
     /// scaling).
     pub fn read(config_file: &Path, file_type: FileType) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(config_file).with_context(|| format!("reading {}", config_file.display()))?;
+        let text = std::fs::read_to_string(config_file)
+            .with_context(|| format!("reading {}", config_file.display()))?;
         let config: Json =
             serde_json::from_str(&text).with_context(|| format!("{}: not JSON", config_file.display()))?;
         let model = Self { config_file: config_file.to_path_buf(), config, heads: 0, kv_heads: 0, file_type };
@@ -124,7 +124,8 @@ impl GgufModel {
         let hidden = self.uint("hidden_size")?;
         let head_dim = self.opt_uint("head_dim")?;
         let vocab_size = self.uint("vocab_size")?;
-        let eps = self.float("rms_norm_eps")?
+        let eps = self
+            .float("rms_norm_eps")?
             .with_context(|| format!("{}: `rms_norm_eps` is missing", self.config_file.display()))?;
         let u32_of = |key: &str| -> Result<Value> {
             let value = self.uint(key)?;
@@ -191,7 +192,7 @@ impl GgufModel {
             None
         };
         if let Some(groups) = permute {
-            if shape.len() != 2 || groups == 0 || shape[0] % (2 * groups) != 0 {
+            if shape.len() != 2 || groups == 0 || !shape[0].is_multiple_of(2 * groups) {
                 bail!("tensor {hf_name} of shape {shape:?} does not split into {groups} heads of even size");
             }
         }
@@ -205,7 +206,11 @@ impl GgufModel {
         if let Some(groups) = planned.permute {
             let values = tensor.flatten_all()?.to_vec1::<f32>()?;
             let rows = planned.info.shape[0];
-            tensor = Tensor::from_vec(permute_rows(&values, rows, groups), planned.info.shape.as_slice(), tensor.device())?;
+            tensor = Tensor::from_vec(
+                permute_rows(&values, rows, groups),
+                planned.info.shape.as_slice(),
+                tensor.device(),
+            )?;
         }
         let quantized = QTensor::quantize(&tensor, planned.info.dtype)
             .with_context(|| format!("tensor {name}: converting to {:?}", planned.info.dtype))?;

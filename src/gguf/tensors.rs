@@ -332,7 +332,10 @@ mod tests {
                 }
             }
         }
-        assert_eq!(gguf_tensor_name(Llama, "model.layers.0.mlp.up_proj.weight").unwrap(), "blk.0.ffn_up.weight");
+        assert_eq!(
+            gguf_tensor_name(Llama, "model.layers.0.mlp.up_proj.weight").unwrap(),
+            "blk.0.ffn_up.weight"
+        );
         assert_eq!(gguf_tensor_name(Llama, "model.layers.0.self_attn.q_norm.weight"), None);
         assert_eq!(gguf_tensor_name(Llama, "model.rotary_emb.inv_freq"), None);
     }

@@ -21,7 +21,11 @@ const SPLIT_NAMES: [&str; 5] = ["llama-bpe", "tekken", "qwen2", "qwen35", "gpt-4
 /// The tokenizer keys for a model of `vocab_size` token ids (config.json's, which may be more
 /// than the tokenizer's: the rest become `[PAD{id}]`). `config` is config.json, whose
 /// `*_token_id`s stand in for special tokens tokenizer_config.json does not name.
-pub(super) fn tokenizer_metadata(dir: &Path, vocab_size: usize, config: &Json) -> Result<Vec<(String, Value)>> {
+pub(super) fn tokenizer_metadata(
+    dir: &Path,
+    vocab_size: usize,
+    config: &Json,
+) -> Result<Vec<(String, Value)>> {
     let file = dir.join("tokenizer.json");
     let tokenizer = read_json(&file)?;
     let tokenizer_config = read_json(&dir.join("tokenizer_config.json"))?;
@@ -41,7 +45,10 @@ pub(super) fn tokenizer_metadata(dir: &Path, vocab_size: usize, config: &Json) -
     let mut keys = vec![
         ("tokenizer.ggml.model".to_string(), Value::String("gpt2".into())),
         ("tokenizer.ggml.pre".to_string(), Value::String(pre.into())),
-        ("tokenizer.ggml.tokens".to_string(), Value::Array(tokens.iter().cloned().map(Value::String).collect())),
+        (
+            "tokenizer.ggml.tokens".to_string(),
+            Value::Array(tokens.iter().cloned().map(Value::String).collect()),
+        ),
         ("tokenizer.ggml.token_type".to_string(), Value::Array(types.into_iter().map(Value::I32).collect())),
         ("tokenizer.ggml.merges".to_string(), Value::Array(merges.into_iter().map(Value::String).collect())),
     ];
@@ -88,10 +95,12 @@ fn pre_tokenizer_name(pre: &Json) -> Result<&'static str> {
     }
     let steps = pre["pretokenizers"].as_array().map(Vec::as_slice).unwrap_or_default();
     match steps {
-        [digits, byte_level] if digits["type"] == "Digits" && digits["individual_digits"] == true => {
-            if is_byte_level(byte_level, true) {
-                return Ok("smollm");
-            }
+        [digits, byte_level]
+            if digits["type"] == "Digits"
+                && digits["individual_digits"] == true
+                && is_byte_level(byte_level, true) =>
+        {
+            return Ok("smollm");
         }
         [split, byte_level] if split["type"] == "Split" && is_byte_level(byte_level, false) => {
             let regex = split["pattern"]["Regex"].as_str().unwrap_or_default();
@@ -109,12 +118,17 @@ fn tokens_and_types(file: &Path, tokenizer: &Json, vocab_size: usize) -> Result<
     let mut tokens: Vec<Option<(String, i32)>> = vec![None; vocab_size];
     let mut put = |token: &str, id: Option<u64>, kind: i32| -> Result<()> {
         let Some(slot) = id.and_then(|id| tokens.get_mut(id as usize)) else {
-            bail!("{}: token {token:?} has id {id:?}, outside config.json's vocab_size {vocab_size}", file.display());
+            bail!(
+                "{}: token {token:?} has id {id:?}, outside config.json's vocab_size {vocab_size}",
+                file.display()
+            );
         };
         *slot = Some((token.to_string(), kind));
         Ok(())
     };
-    let vocab = tokenizer["model"]["vocab"].as_object().with_context(|| format!("{}: no model.vocab", file.display()))?;
+    let vocab = tokenizer["model"]["vocab"]
+        .as_object()
+        .with_context(|| format!("{}: no model.vocab", file.display()))?;
     for (token, id) in vocab {
         put(token, id.as_u64(), NORMAL)?;
     }
@@ -172,7 +186,9 @@ fn chat_template(dir: &Path, tokenizer_config: &Json) -> Result<Option<String>> 
     }
     let jinja = dir.join("chat_template.jinja");
     match jinja.is_file() {
-        true => Ok(Some(std::fs::read_to_string(&jinja).with_context(|| format!("reading {}", jinja.display()))?)),
+        true => {
+            Ok(Some(std::fs::read_to_string(&jinja).with_context(|| format!("reading {}", jinja.display()))?))
+        }
         false => Ok(None),
     }
 }
@@ -184,7 +200,8 @@ mod tests {
 
     #[test]
     fn pre_tokenizers_are_named_as_llama_cpp_names_them() {
-        let byte_level = |regex: bool| json!({ "type": "ByteLevel", "add_prefix_space": false, "use_regex": regex });
+        let byte_level =
+            |regex: bool| json!({ "type": "ByteLevel", "add_prefix_space": false, "use_regex": regex });
         assert_eq!(pre_tokenizer_name(&byte_level(true)).unwrap(), "gpt2");
         let smollm = json!({ "type": "Sequence", "pretokenizers": [
             { "type": "Digits", "individual_digits": true }, byte_level(true) ] });

@@ -67,7 +67,9 @@ impl<W: Write> GgufWriter<W> {
 
     /// The next tensor's data, padded to the alignment.
     pub fn write_tensor(&mut self, name: &str, data: &[u8]) -> Result<()> {
-        let Some(info) = self.pending.next() else { bail!("tensor {name}: the header lists no more tensors") };
+        let Some(info) = self.pending.next() else {
+            bail!("tensor {name}: the header lists no more tensors")
+        };
         if info.name != name || info.byte_len() != data.len() {
             bail!(
                 "tensor {name} of {} bytes written where the header has {} of {} bytes",
