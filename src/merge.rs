@@ -52,11 +52,16 @@ pub fn merge(
         write_config(&config, dir, dtype)?;
         copy_side_files(&config, dir, weights.len() > 1)
     })
-    .map_err(|e| match durable::disk_full_message(&e) {
-        Some(text) => anyhow::anyhow!("{text}; {} was not created", out_dir.display()),
-        None => e,
-    })?;
+    .map_err(|e| not_created(e, out_dir))?;
     summary.context("the merge wrote no shards")
+}
+
+/// A full disk's error as one message saying that `out` was not created; other errors as they are.
+fn not_created(e: anyhow::Error, out: &Path) -> anyhow::Error {
+    match durable::disk_full_message(&e) {
+        Some(text) => anyhow::anyhow!("{text}; {} was not created", out.display()),
+        None => e,
+    }
 }
 
 /// Each shard of the base with its adapted weights replaced by W + scale·B·A, in `dtype`, into

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use candle_core::safetensors::MmapedSafetensors;
 
-use super::{merged_tensor, AdapterDeltas};
+use super::{merged_tensor, not_created, AdapterDeltas};
 use crate::durable;
 use crate::gguf::export::{FileType, GgufModel, Planned};
 use crate::gguf::writer::GgufWriter;
@@ -65,7 +65,7 @@ pub fn export_gguf(
     let mut partial_name = file_name.to_os_string();
     partial_name.push(".partial");
     let partial = out.with_file_name(partial_name);
-    let written = (|| {
+    let written = (|| -> anyhow::Result<usize> {
         let file = std::fs::File::create(&partial).with_context(|| durable::Writing(partial.clone()))?;
         let infos = plan.iter().map(|(_, _, planned)| planned.info.clone()).collect();
         let mut writer = GgufWriter::header(BufWriter::new(file), &metadata, infos)
@@ -86,10 +86,7 @@ pub fn export_gguf(
     .inspect_err(|_| {
         let _ = std::fs::remove_file(&partial);
     })
-    .map_err(|e: anyhow::Error| match durable::disk_full_message(&e) {
-        Some(text) => anyhow::anyhow!("{text}; {} was not created", out.display()),
-        None => e,
-    })?;
+    .map_err(|e| not_created(e, out))?;
     std::fs::rename(&partial, out)
         .with_context(|| format!("renaming {} to {}", partial.display(), out.display()))?;
     durable::as_created(out)?;
