@@ -27,7 +27,7 @@ REQUIRED = [
     "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
     "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
 ]
-FILE_TYPES = {1: T.F16, 7: T.Q8_0}
+FILE_TYPES = {1: T.F16, 7: T.Q8_0, 32: T.BF16}
 
 
 def fail(message):
@@ -46,7 +46,7 @@ def main(path):
         fail(f"general.architecture is {value('general.architecture')!r}")
     weight_type = FILE_TYPES.get(value("general.file_type"))
     if weight_type is None:
-        fail(f"general.file_type {value('general.file_type')} is neither 1 (f16) nor 7 (q8_0)")
+        fail(f"general.file_type {value('general.file_type')} is none of 1 (f16), 7 (q8_0), 32 (bf16)")
     vocab = value("llama.vocab_size")
     for key in ["tokenizer.ggml.tokens", "tokenizer.ggml.token_type"]:
         if len(fields[key].data) != vocab:

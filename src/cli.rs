@@ -69,7 +69,7 @@ pub enum Command {
         /// The .gguf file to write (its folder must exist).
         out: PathBuf,
         /// The type of the 2-D weights; norms and other 1-D tensors stay f32.
-        #[arg(long = "type", default_value = "f16", value_parser = ["f16", "q8_0"])]
+        #[arg(long = "type", default_value = "f16", value_parser = ["f16", "bf16", "q8_0"])]
         file_type: String,
     },
     /// Predict peak GPU memory of a config's run before loading anything, and the largest batch

@@ -1,4 +1,4 @@
-//! `lora-ft export-gguf`: q8_0 and f16 blocks byte for byte as gguf-py quantizes them
+//! `lora-ft export-gguf`: q8_0, f16 and bf16 blocks byte for byte as gguf-py quantizes them
 //! (tests/golden/gguf_quants.json from scripts/golden/gguf_quants.py); the SmolLM2 demo model
 //! with a random adapter merged, exported and read back — its keys, tokenizer and tensor names
 //! against the llama.cpp-made GGUF it came from, its weights through our own `import` against
@@ -18,7 +18,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 #[test]
-fn q8_0_and_f16_blocks_equal_gguf_py_byte_for_byte() {
+fn q8_0_f16_and_bf16_blocks_equal_gguf_py_byte_for_byte() {
     let text = std::fs::read_to_string("tests/golden/gguf_quants.json")
         .expect("tests/golden/gguf_quants.json: run scripts/golden/gguf_quants.py");
     let golden: Json = serde_json::from_str(&text).unwrap();
@@ -28,7 +28,7 @@ fn q8_0_and_f16_blocks_equal_gguf_py_byte_for_byte() {
         let name = case["name"].as_str().unwrap();
         let values: Vec<f32> =
             case["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
-        for (key, dtype) in [("q8_0", GgmlDType::Q8_0), ("f16", GgmlDType::F16)] {
+        for (key, dtype) in [("q8_0", GgmlDType::Q8_0), ("f16", GgmlDType::F16), ("bf16", GgmlDType::BF16)] {
             let ours = hex(&quantize(&values, dtype).unwrap());
             assert_eq!(ours, case[key].as_str().unwrap(), "{name} as {key}");
         }
@@ -79,10 +79,10 @@ fn header(path: &Path) -> Content {
 
 /// The metadata keys an export writes agree with llama.cpp's own file of the same model (but
 /// `tokenizer.ggml.pre`: the imported tokenizer.json has GPT-2's split, not SmolLM's digits).
-fn check_header(ours: &Content, original: &Content, file_type: u32) {
+fn check_header(ours: &Content, original: &Content, file_type: FileType) {
     let meta = &ours.metadata;
     assert_eq!(meta["general.architecture"].to_string().unwrap(), "llama");
-    assert_eq!(meta["general.file_type"].to_u32().unwrap(), file_type);
+    assert_eq!(meta["general.file_type"].to_u32().unwrap(), file_type.id());
     assert_eq!(meta["tokenizer.ggml.model"].to_string().unwrap(), "gpt2");
     assert_eq!(meta["tokenizer.ggml.pre"].to_string().unwrap(), "gpt2");
     let same = |key: &str| format!("{:?}", ours.metadata[key]) == format!("{:?}", original.metadata[key]);
@@ -121,24 +121,19 @@ fn check_header(ours: &Content, original: &Content, file_type: u32) {
     assert_eq!(names, theirs);
     for (name, info) in &ours.tensor_infos {
         assert_eq!(info.shape, original.tensor_infos[name].shape, "{name}");
-        let want = if info.shape.rank() == 1 {
-            GgmlDType::F32
-        } else if file_type == 7 {
-            GgmlDType::Q8_0
-        } else {
-            GgmlDType::F16
-        };
+        let want = if info.shape.rank() == 1 { GgmlDType::F32 } else { file_type.weight_type() };
         assert_eq!(info.ggml_dtype, want, "{name}");
     }
 }
 
 /// The largest |imported − merged| allowed per element. f16: half an ulp, 2^-11 relative (and
-/// half the smallest subnormal). q8_0 per block of 32 along a row: x/d rounded to an integer q is
+/// half the smallest subnormal); bf16: 2^-8 relative. q8_0 per block of 32 along a row: x/d rounded to an integer q is
 /// off by at most 0.5·d (d = absmax/127 in f32), and d stored as f16 moves each of |q| ≤ 127
 /// steps by up to 2^-11·d: 0.5·d + 127·2^-11·d, with 1e-5 relative slack for f32 arithmetic.
 fn bound(merged: &[f32], file_type: FileType) -> Vec<f32> {
     match file_type {
         FileType::F16 => merged.iter().map(|x| x.abs() * 2f32.powi(-11) + 2f32.powi(-25)).collect(),
+        FileType::BF16 => merged.iter().map(|x| x.abs() * 2f32.powi(-8)).collect(),
         FileType::Q8_0 => merged
             .chunks(32)
             .flat_map(|block| {
@@ -162,14 +157,14 @@ fn smollm2_with_an_adapter_round_trips_through_gguf() {
     // SAFETY: read-only maps of files this test wrote and does not change.
     let merged = unsafe { MmapedSafetensors::new(merged_dir.join("model.safetensors")) }.unwrap();
 
-    for (file_type, id) in [(FileType::F16, 1), (FileType::Q8_0, 7)] {
+    for file_type in [FileType::F16, FileType::BF16, FileType::Q8_0] {
         let out = root.0.join(format!("smollm2-{file_type:?}.gguf"));
         let summary =
             lora_ft::merge::export_gguf(model.to_str().unwrap(), "main", Some(&adapter), &out, file_type)
                 .unwrap();
         assert_eq!((summary.tensors, summary.merged_projections), (272, 90), "{summary:?}");
         assert_eq!(summary.bytes, std::fs::metadata(&out).unwrap().len());
-        check_header(&header(&out), &original, id);
+        check_header(&header(&out), &original, file_type);
 
         let imported_dir = root.0.join(format!("imported-{file_type:?}"));
         lora_ft::gguf::import_gguf(&out, &imported_dir).unwrap();
@@ -244,7 +239,7 @@ fn bad_input_is_refused_and_leaves_no_gguf_behind() {
     assert!(left.is_empty(), "left behind: {left:?}");
     // an unknown --type, through the library and the command line
     let err = FileType::parse("q4_0").unwrap_err().to_string();
-    assert!(err.contains("\"q4_0\"") && err.contains("f16 or q8_0"), "{err}");
+    assert!(err.contains("\"q4_0\"") && err.contains("f16, bf16 or q8_0"), "{err}");
     let cli = std::process::Command::new(env!("CARGO_BIN_EXE_lora-ft"))
         .args(["export-gguf", "--model", model.to_str().unwrap(), "--type", "q4_0"])
         .arg(&out)

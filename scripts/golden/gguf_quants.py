@@ -1,6 +1,6 @@
 """Golden blocks for `lora-ft export-gguf`'s quantizer: fixed f32 tensors quantized by gguf-py
-(`gguf.quants.quantize`, bit-exact with ggml-quants.c's reference `quantize_row_*_ref`) to Q8_0
-and F16. Needs only `pip install gguf numpy`; run:
+(`gguf.quants.quantize`, bit-exact with ggml-quants.c's reference `quantize_row_*_ref`) to Q8_0,
+F16 and BF16. Needs only `pip install gguf numpy`; run:
 
     python3 scripts/golden/gguf_quants.py [OUT_JSON]
 
@@ -42,7 +42,7 @@ def main():
     for name, values in cases():
         values = np.asarray(values, dtype=np.float32)
         entry = {"name": name, "shape": list(values.shape), "values": [float(v) for v in values.ravel()]}
-        for qtype, key in [(T.Q8_0, "q8_0"), (T.F16, "f16")]:
+        for qtype, key in [(T.Q8_0, "q8_0"), (T.F16, "f16"), (T.BF16, "bf16")]:
             with np.errstate(over="ignore"):  # "large" overflows f16 to inf, as gguf-py writes it
                 entry[key] = gguf.quants.quantize(values, qtype).tobytes().hex()
         out.append(entry)

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileType {
     F16,
+    BF16,
     Q8_0,
 }
 
@@ -24,22 +25,25 @@ impl FileType {
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "f16" => Ok(Self::F16),
+            "bf16" => Ok(Self::BF16),
             "q8_0" => Ok(Self::Q8_0),
-            other => bail!("--type {other:?}: export-gguf writes f16 or q8_0"),
+            other => bail!("--type {other:?}: export-gguf writes f16, bf16 or q8_0"),
         }
     }
 
-    /// `general.file_type`: `MOSTLY_F16` = 1, `MOSTLY_Q8_0` = 7.
-    fn id(self) -> u32 {
+    /// `general.file_type`: `MOSTLY_F16` = 1, `MOSTLY_Q8_0` = 7, `MOSTLY_BF16` = 32.
+    pub fn id(self) -> u32 {
         match self {
             Self::F16 => 1,
             Self::Q8_0 => 7,
+            Self::BF16 => 32,
         }
     }
 
-    fn weight_type(self) -> GgmlDType {
+    pub fn weight_type(self) -> GgmlDType {
         match self {
             Self::F16 => GgmlDType::F16,
+            Self::BF16 => GgmlDType::BF16,
             Self::Q8_0 => GgmlDType::Q8_0,
         }
     }
