@@ -82,18 +82,63 @@ impl GgufModel {
                 config_file.display()
             );
         }
-        let scaling = [&model.config["rope_scaling"], &model.config["rope_parameters"]["rope_type"]];
-        if !scaling[0].is_null() || !(scaling[1].is_null() || scaling[1] == "default") {
+        if let Some((kind, _)) =
+            model.rope_scaling().filter(|(kind, _)| !matches!(*kind, "linear" | "llama3"))
+        {
             bail!(
-                "{}: RoPE scaling ({}, {}) is not exported yet (llama.cpp's rope_freqs / rope.scaling keys)",
-                config_file.display(),
-                scaling[0],
-                scaling[1]
+                "{}: RoPE scaling {kind:?} is not exported yet (export-gguf writes linear and llama3)",
+                config_file.display()
             );
         }
         let heads = model.uint("num_attention_heads")? as usize;
         let kv_heads = model.opt_uint("num_key_value_heads")?.map_or(heads, |n| n as usize);
         Ok(Self { heads, kv_heads, ..model })
+    }
+
+    /// The RoPE scaling config.json states, with its type: `rope_parameters` (transformers ≥ 5)
+    /// or `rope_scaling`; `None` for plain RoPE.
+    fn rope_scaling(&self) -> Option<(&str, &Json)> {
+        [&self.config["rope_parameters"], &self.config["rope_scaling"]].into_iter().find_map(|p| {
+            let kind = p["rope_type"].as_str().or(p["type"].as_str())?;
+            (kind != "default").then_some((kind, p))
+        })
+    }
+
+    /// A number of the RoPE scaling, or its default.
+    fn scaling_float(&self, scaling: &Json, key: &str, default: Option<f64>) -> Result<f64> {
+        match &scaling[key] {
+            Json::Null => default,
+            value => value.as_f64(),
+        }
+        .with_context(|| format!("{}: RoPE scaling `{key}` is {}", self.config_file.display(), scaling[key]))
+    }
+
+    /// Tensors llama.cpp's converter adds to the model's own: for Llama 3's RoPE scaling
+    /// (`llama3`), `rope_freqs.weight`, each frequency's divisor (its `generate_extra_tensors`).
+    pub fn extra_tensors(&self) -> Result<Vec<(TensorInfo, Vec<u8>)>> {
+        let Some(("llama3", scaling)) = self.rope_scaling() else { return Ok(Vec::new()) };
+        let head_dim = match self.opt_uint("head_dim")? {
+            Some(dim) => dim,
+            None => self.uint("hidden_size")? / self.heads.max(1) as u64,
+        };
+        let theta = f64::from(self.float("rope_theta")?.unwrap_or(10000.0));
+        let factor = self.scaling_float(scaling, "factor", Some(8.0))?;
+        let low = self.scaling_float(scaling, "low_freq_factor", Some(1.0))?;
+        let high = self.scaling_float(scaling, "high_freq_factor", Some(4.0))?;
+        let original = super::rope::LLAMA3_ORIGINAL_CONTEXT as f64;
+        let original = self.scaling_float(scaling, "original_max_position_embeddings", Some(original))?;
+        let factors: Vec<f32> = (0..head_dim / 2)
+            .map(|i| {
+                let freq = 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64);
+                super::rope::llama3_factor(freq, factor, low, high, original) as f32
+            })
+            .collect();
+        let info = TensorInfo {
+            name: super::tensors::ROPE_FREQS.into(),
+            shape: vec![factors.len()],
+            dtype: GgmlDType::F32,
+        };
+        Ok(vec![(info, factors.iter().flat_map(|v| v.to_le_bytes()).collect())])
     }
 
     fn opt_uint(&self, key: &str) -> Result<Option<u64>> {
@@ -153,6 +198,13 @@ impl GgufModel {
             keys.push(("llama.rope.freq_base", Value::F32(theta)));
         }
         keys.push(("llama.attention.layer_norm_rms_epsilon", Value::F32(eps)));
+        if let Some(("linear", scaling)) = self.rope_scaling() {
+            keys.push(("llama.rope.scaling.type", string("linear")));
+            keys.push((
+                "llama.rope.scaling.factor",
+                Value::F32(self.scaling_float(scaling, "factor", None)? as f32),
+            ));
+        }
         if let Some(head_dim) = head_dim {
             keys.push(("llama.attention.key_length", Value::U32(head_dim as u32)));
             keys.push(("llama.attention.value_length", Value::U32(head_dim as u32)));
@@ -226,4 +278,79 @@ impl GgufModel {
 pub fn quantize(values: &[f32], dtype: GgmlDType) -> Result<Vec<u8>> {
     let tensor = Tensor::from_slice(values, values.len(), &candle_core::Device::Cpu)?;
     Ok(QTensor::quantize(&tensor, dtype)?.data()?.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::collections::HashMap;
+
+    fn model(config: Json) -> GgufModel {
+        let dir = std::env::temp_dir().join(format!("lora-ft-gguf-rope-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!(
+            "config-{}.json",
+            config["rope_parameters"]["rope_type"].as_str().unwrap_or("none")
+        ));
+        std::fs::write(&file, config.to_string()).unwrap();
+        let model = GgufModel::read(&file, FileType::F16).unwrap();
+        std::fs::remove_file(&file).unwrap();
+        model
+    }
+
+    fn llama(rope_parameters: Json) -> Json {
+        json!({
+            "model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "rope_parameters": rope_parameters,
+        })
+    }
+
+    /// Llama 3.1's scaling written as llama.cpp's `rope_freqs`, read back by the import as the
+    /// same `llama3` parameters.
+    #[test]
+    fn llama3_scaling_becomes_rope_freqs_the_import_reads_back() {
+        let scaling = json!({ "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192 });
+        let extra = model(llama(scaling)).extra_tensors().unwrap();
+        let [(info, bytes)] = extra.as_slice() else { panic!("{} extra tensors", extra.len()) };
+        assert_eq!(
+            (info.name.as_str(), info.shape.as_slice(), info.dtype),
+            ("rope_freqs.weight", &[64][..], GgmlDType::F32)
+        );
+        let factors: Vec<f32> = bytes.chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!((factors[0], factors[63]), (1.0, 8.0));
+        let map = HashMap::new();
+        let meta = super::super::Metadata { file: Path::new("x.gguf"), map: &map };
+        let back = super::super::rope::llama3_from_factors(&meta, "llama", &factors, 500000.0, 128)
+            .unwrap()
+            .unwrap();
+        assert_eq!(back["factor"], 8.0);
+        assert_eq!(
+            (back["low_freq_factor"].as_f64(), back["high_freq_factor"].as_f64()),
+            (Some(1.0), Some(4.0))
+        );
+        assert_eq!(back["original_max_position_embeddings"], 8192);
+        assert!(model(llama(json!({ "rope_type": "default", "rope_theta": 1e4 })))
+            .extra_tensors()
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn other_rope_scalings_are_named_and_refused() {
+        let dir = std::env::temp_dir().join(format!("lora-ft-gguf-yarn-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("config.json");
+        std::fs::write(&file, llama(json!({ "rope_type": "yarn", "factor": 4.0 })).to_string()).unwrap();
+        let err = GgufModel::read(&file, FileType::F16).err().unwrap().to_string();
+        assert!(err.contains("\"yarn\"") && err.contains("linear and llama3"), "{err}");
+        let mut config = llama(Json::Null);
+        config["rope_scaling"] = json!({ "type": "linear", "factor": 2.0 });
+        std::fs::write(&file, config.to_string()).unwrap();
+        let linear = GgufModel::read(&file, FileType::F16).unwrap();
+        assert!(linear.extra_tensors().unwrap().is_empty());
+        assert_eq!(linear.rope_scaling().map(|(kind, _)| kind), Some("linear"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

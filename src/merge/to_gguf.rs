@@ -67,9 +67,14 @@ pub fn export_gguf(
     let partial = out.with_file_name(partial_name);
     let written = (|| -> anyhow::Result<usize> {
         let file = std::fs::File::create(&partial).with_context(|| durable::Writing(partial.clone()))?;
-        let infos = plan.iter().map(|(_, _, planned)| planned.info.clone()).collect();
+        let extras = model.extra_tensors()?;
+        let infos = extras.iter().map(|(info, _)| info.clone());
+        let infos = infos.chain(plan.iter().map(|(_, _, planned)| planned.info.clone())).collect();
         let mut writer = GgufWriter::header(BufWriter::new(file), &metadata, infos)
             .with_context(|| durable::Writing(partial.clone()))?;
+        for (info, data) in &extras {
+            writer.write_tensor(&info.name, data).with_context(|| durable::Writing(partial.clone()))?;
+        }
         let mut merged = 0;
         for (index, hf_name, planned) in &plan {
             let (tensor, adapted) = merged_tensor(&shards[*index], &weights[*index], hf_name, &mut deltas)?;
@@ -91,7 +96,7 @@ pub fn export_gguf(
         .with_context(|| format!("renaming {} to {}", partial.display(), out.display()))?;
     durable::as_created(out)?;
     let bytes = std::fs::metadata(out).with_context(|| format!("reading {}", out.display()))?.len();
-    Ok(GgufSummary { tensors: plan.len(), merged_projections: written, bytes })
+    Ok(GgufSummary { tensors: plan.len() + model.extra_tensors()?.len(), merged_projections: written, bytes })
 }
 
 fn write_tensor<W: Write>(
