@@ -55,6 +55,23 @@ pub enum Command {
         #[arg(long, default_value = "f16", value_parser = ["f16", "bf16", "f32"])]
         dtype: String,
     },
+    /// Fold an adapter into its base model and write the result as one GGUF file that llama.cpp
+    /// loads (Llama family, byte-level BPE tokenizers).
+    ExportGguf {
+        /// Hub repo id or local HF folder of the base model.
+        #[arg(long)]
+        model: String,
+        #[arg(long, default_value = "main")]
+        revision: String,
+        /// The PEFT adapter folder; without it the base model is written.
+        #[arg(long)]
+        adapter: Option<PathBuf>,
+        /// The .gguf file to write (its folder must exist).
+        out: PathBuf,
+        /// The type of the 2-D weights; norms and other 1-D tensors stay f32.
+        #[arg(long = "type", default_value = "f16", value_parser = ["f16", "bf16", "q8_0"])]
+        file_type: String,
+    },
     /// Predict peak GPU memory of a config's run before loading anything, and the largest batch
     /// that fits at each sequence length.
     Estimate {

@@ -5,13 +5,19 @@
 //! dequantized weights with llama.cpp's Q/K row permutation and Gemma's norm offset undone, same
 //! token ids; where that loader drops what llama.cpp reads (RoPE scaling, Qwen3's head_dim,
 //! Gemma's softcaps), config.json says what llama.cpp runs.
+//!
+//! The other way, `export.rs`, `vocab_out.rs` and `writer.rs` write a Hugging Face Llama-family
+//! model as one GGUF file (`lora-ft export-gguf`, run from `merge/to_gguf.rs`).
 
 mod arch;
+pub mod export;
 mod hparams;
 mod rope;
 mod spm;
 mod tensors;
 mod tokenizer;
+mod vocab_out;
+pub mod writer;
 
 use anyhow::{Context, Result};
 use arch::Architecture;

@@ -163,6 +163,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&report)?);
             Ok(())
         }
+        Command::ExportGguf { model, revision, adapter, out, file_type } => {
+            let file_type = lora_ft::gguf::export::FileType::parse(&file_type)?;
+            let summary =
+                lora_ft::merge::export_gguf(&model, &revision, adapter.as_deref(), &out, file_type)?;
+            println!(
+                "wrote {} ({} tensors, {} merged projections, {} bytes)",
+                out.display(),
+                summary.tensors,
+                summary.merged_projections,
+                summary.bytes
+            );
+            Ok(())
+        }
         Command::Merge { model, revision, adapter, out_dir, dtype } => {
             let summary = lora_ft::merge::merge(&model, &revision, &adapter, &out_dir, parse_dtype(&dtype))?;
             println!(

@@ -13,6 +13,9 @@ use candle_core::{safetensors::MmapedSafetensors, DType, Device, Tensor};
 use crate::durable;
 use crate::export::{read_adapter_config, ADAPTER_WEIGHTS};
 
+mod to_gguf;
+pub use to_gguf::{export_gguf, GgufSummary};
+
 /// Files of the base folder that the merged folder keeps as they are.
 const COPIED: [&str; 5] = [
     "tokenizer.json",
@@ -49,11 +52,16 @@ pub fn merge(
         write_config(&config, dir, dtype)?;
         copy_side_files(&config, dir, weights.len() > 1)
     })
-    .map_err(|e| match durable::disk_full_message(&e) {
-        Some(text) => anyhow::anyhow!("{text}; {} was not created", out_dir.display()),
-        None => e,
-    })?;
+    .map_err(|e| not_created(e, out_dir))?;
     summary.context("the merge wrote no shards")
+}
+
+/// A full disk's error as one message saying that `out` was not created; other errors as they are.
+fn not_created(e: anyhow::Error, out: &Path) -> anyhow::Error {
+    match durable::disk_full_message(&e) {
+        Some(text) => anyhow::anyhow!("{text}; {} was not created", out.display()),
+        None => e,
+    }
 }
 
 /// Each shard of the base with its adapted weights replaced by W + scale·B·A, in `dtype`, into
@@ -71,12 +79,8 @@ fn write_merged_shards(
             .with_context(|| format!("opening {}", shard.display()))?;
         let mut out = HashMap::new();
         for (name, _) in st.tensors() {
-            let mut w =
-                st.load(&name, &Device::Cpu).with_context(|| format!("{}: {name}", shard.display()))?;
-            if let Some(delta) = deltas.take(&name, &w)? {
-                w = (w.to_dtype(DType::F32)? + delta)?;
-                merged += 1;
-            }
+            let (w, adapted) = merged_tensor(&st, shard, &name, deltas)?;
+            merged += usize::from(adapted);
             out.insert(name, w.to_dtype(dtype)?);
         }
         tensors += out.len();
@@ -94,6 +98,21 @@ fn write_merged_shards(
     Ok(MergeSummary { merged_projections: merged, tensors, shards: weights.len() })
 }
 
+/// Tensor `name` of `shard`, plus scale·B·A (in f32) where the adapter has a pair for it; and
+/// whether it had.
+fn merged_tensor(
+    st: &MmapedSafetensors,
+    shard: &Path,
+    name: &str,
+    deltas: &mut AdapterDeltas,
+) -> anyhow::Result<(Tensor, bool)> {
+    let w = st.load(name, &Device::Cpu).with_context(|| format!("{}: {name}", shard.display()))?;
+    match deltas.take(name, &w)? {
+        Some(delta) => Ok(((w.to_dtype(DType::F32)? + delta)?, true)),
+        None => Ok((w, false)),
+    }
+}
+
 /// An adapter's A and B per base weight name, and its scale.
 struct AdapterDeltas {
     /// `model.layers.0.self_attn.q_proj.weight` → (A, B), f32.
@@ -103,6 +122,11 @@ struct AdapterDeltas {
 }
 
 impl AdapterDeltas {
+    /// No adapter: every weight as the base has it.
+    fn none() -> Self {
+        Self { pairs: HashMap::new(), used: HashSet::new(), scale: 0.0 }
+    }
+
     fn load(dir: &Path) -> anyhow::Result<Self> {
         let config = read_adapter_config(dir)?;
         let spec = config.to_spec(&dir.join(crate::export::ADAPTER_CONFIG))?;

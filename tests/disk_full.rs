@@ -173,3 +173,29 @@ fn a_full_disk_during_an_import_leaves_no_partial_weights() {
     assert!(!root.join("model.safetensors").exists(), "{stderr}");
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A disk that fills up during `lora-ft export-gguf`: one message naming the `.partial` file and
+/// saying the `.gguf` was not created, and nothing left in the folder (1 MiB limit: the
+/// tokenizer's keys alone are more).
+#[test]
+fn a_full_disk_during_a_gguf_export_leaves_no_partial_file() {
+    let root = std::env::temp_dir().join(format!("lora-ft-gguf-full-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let out = root.join("model.gguf");
+    let mut export = Command::new(env!("CARGO_BIN_EXE_lora-ft"));
+    export.arg("export-gguf").arg("--model").arg(lora_ft::fixtures::smollm2_dir()).arg(&out);
+    export.stdout(Stdio::null()).stderr(Stdio::piped());
+    limit_file_size_from_the_start(&mut export, 1 << 20);
+    let output = export.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    let head = format!("error: disk full while writing {}.partial: ", out.display());
+    assert!(errors[0].starts_with(&head) && errors[0].contains("File too large"), "{stderr}");
+    assert!(errors[0].contains(&format!("{} was not created", out.display())), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let _ = std::fs::remove_dir_all(&root);
+}

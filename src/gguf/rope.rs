@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value as Json};
 use std::f64::consts::PI;
 
 /// llama.cpp's converter default for `original_max_position_embeddings` (every Llama 3.x has it).
-const LLAMA3_ORIGINAL_CONTEXT: u64 = 8192;
+pub(super) const LLAMA3_ORIGINAL_CONTEXT: u64 = 8192;
 
 /// `rope_parameters` from `<arch>.rope.scaling.*`: `{"rope_type": "default"}` without scaling,
 /// `linear` with its factor, `yarn` with factor and original context; `rope_theta` is added by
@@ -118,7 +118,7 @@ pub(super) fn llama3_from_factors(
 }
 
 /// llama.cpp's converter's `rope_factors[i]` for the frequency `freq`.
-fn llama3_factor(freq: f64, factor: f64, low: f64, high: f64, old: f64) -> f64 {
+pub(super) fn llama3_factor(freq: f64, factor: f64, low: f64, high: f64, old: f64) -> f64 {
     let wavelen = 2.0 * PI / freq;
     if wavelen < old / high {
         1.0

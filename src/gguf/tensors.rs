@@ -28,20 +28,54 @@ pub(super) const ROPE_FREQS: &str = "rope_freqs.weight";
 /// The Hugging Face name of a llama.cpp tensor of `arch`, e.g. `blk.3.attn_q.weight` →
 /// `model.layers.3.self_attn.q_proj.weight`. `None` for a name this importer does not know.
 pub(super) fn hf_tensor_name(arch: Architecture, gguf_name: &str) -> Option<String> {
-    let fixed = match gguf_name {
-        "token_embd.weight" => Some("model.embed_tokens.weight"),
-        "output_norm.weight" => Some("model.norm.weight"),
-        "output.weight" => Some("lm_head.weight"),
-        _ => None,
-    };
-    if let Some(name) = fixed {
-        return Some(name.to_string());
+    if let Some((_, hf)) = FIXED_NAMES.iter().find(|(gguf, _)| *gguf == gguf_name) {
+        return Some(hf.to_string());
     }
     let rest = gguf_name.strip_prefix("blk.")?;
     let (layer, part) = rest.split_once('.')?;
     layer.parse::<usize>().ok()?;
     Some(format!("model.layers.{layer}.{}", arch.layer_tensor(part)?))
 }
+
+/// The llama.cpp name of a Hugging Face tensor of `arch`, the inverse of `hf_tensor_name`
+/// (`model.layers.3.self_attn.q_proj.weight` → `blk.3.attn_q.weight`).
+pub(super) fn gguf_tensor_name(arch: Architecture, hf_name: &str) -> Option<String> {
+    if let Some((gguf, _)) = FIXED_NAMES.iter().find(|(_, hf)| *hf == hf_name) {
+        return Some(gguf.to_string());
+    }
+    let rest = hf_name.strip_prefix("model.layers.")?;
+    let (layer, module) = rest.split_once('.')?;
+    layer.parse::<usize>().ok()?;
+    let part = LAYER_PARTS.iter().find(|part| arch.layer_tensor(part).as_deref() == Some(module))?;
+    Some(format!("blk.{layer}.{part}"))
+}
+
+/// The tensors outside the layers, (llama.cpp, Hugging Face).
+const FIXED_NAMES: [(&str, &str); 3] = [
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+];
+
+/// Every per-layer llama.cpp tensor `Architecture::layer_tensor` knows, of any family.
+const LAYER_PARTS: [&str; 16] = [
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "attn_q.bias",
+    "attn_k.bias",
+    "attn_v.bias",
+    "attn_output.weight",
+    "ffn_gate.weight",
+    "ffn_up.weight",
+    "ffn_down.weight",
+    "attn_norm.weight",
+    "ffn_norm.weight",
+    "post_attention_norm.weight",
+    "post_ffw_norm.weight",
+    "attn_q_norm.weight",
+    "attn_k_norm.weight",
+];
 
 /// How many head groups a tensor's rows were permuted in (Q: all heads, K: the KV heads), for
 /// the families llama.cpp permutes.
@@ -202,14 +236,35 @@ fn header(entries: &BTreeMap<String, Entry>) -> Result<Vec<u8>> {
 /// Undo llama.cpp's `permute` of Q/K rows, as transformers' `_reverse_permute_weights` does:
 /// within each of `n_head` groups, HF row `(j, d)` (j < 2, d < half) is GGUF row `(d, j)`.
 pub(super) fn unpermute_rows(values: &[f32], rows: usize, n_head: usize) -> Vec<f32> {
-    let cols = values.len() / rows;
+    reorder_rows(values, rows, |row| gguf_row_of(row, rows, n_head))
+}
+
+/// llama.cpp's `LlamaModel.permute` of Q/K rows (convert_hf_to_gguf.py): `reshape(n_head, 2,
+/// half, cols).swapaxes(1, 2)`, GGUF row `(d, j)` is HF row `(j, d)`; the inverse of
+/// `unpermute_rows`. `rows` must split into `n_head` groups of even size.
+pub(super) fn permute_rows(values: &[f32], rows: usize, n_head: usize) -> Vec<f32> {
+    let mut hf_row = vec![0; rows];
+    for row in 0..rows {
+        hf_row[gguf_row_of(row, rows, n_head)] = row;
+    }
+    reorder_rows(values, rows, |row| hf_row[row])
+}
+
+/// The GGUF row holding HF row `row` of a permuted Q/K weight.
+fn gguf_row_of(row: usize, rows: usize, n_head: usize) -> usize {
     let half = rows / n_head / 2;
+    let (head, within) = (row / (2 * half), row % (2 * half));
+    let (j, d) = (within / half, within % half);
+    head * 2 * half + d * 2 + j
+}
+
+/// Row `r` of the result is row `source(r)` of `values`.
+fn reorder_rows(values: &[f32], rows: usize, source: impl Fn(usize) -> usize) -> Vec<f32> {
+    let cols = values.len() / rows;
     let mut out = Vec::with_capacity(values.len());
     for row in 0..rows {
-        let (head, within) = (row / (2 * half), row % (2 * half));
-        let (j, d) = (within / half, within % half);
-        let source = head * 2 * half + d * 2 + j;
-        out.extend_from_slice(&values[source * cols..(source + 1) * cols]);
+        let from = source(row);
+        out.extend_from_slice(&values[from * cols..(from + 1) * cols]);
     }
     out
 }
@@ -265,6 +320,26 @@ mod tests {
         assert_eq!(name(Qwen2, "blk.2.post_ffw_norm.weight"), None);
     }
 
+    /// Export names every tensor the import reads back under the same Hugging Face name.
+    #[test]
+    fn gguf_names_invert_hugging_face_names() {
+        use Architecture::*;
+        for arch in [Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3] {
+            let layer_names = LAYER_PARTS.iter().map(|part| format!("blk.7.{part}"));
+            for gguf in layer_names.chain(FIXED_NAMES.iter().map(|(gguf, _)| gguf.to_string())) {
+                if let Some(hf) = hf_tensor_name(arch, &gguf) {
+                    assert_eq!(gguf_tensor_name(arch, &hf).as_deref(), Some(gguf.as_str()), "{arch:?}");
+                }
+            }
+        }
+        assert_eq!(
+            gguf_tensor_name(Llama, "model.layers.0.mlp.up_proj.weight").unwrap(),
+            "blk.0.ffn_up.weight"
+        );
+        assert_eq!(gguf_tensor_name(Llama, "model.layers.0.self_attn.q_norm.weight"), None);
+        assert_eq!(gguf_tensor_name(Llama, "model.rotary_emb.inv_freq"), None);
+    }
+
     /// llama.cpp's permute (convert_hf_to_gguf.py): reshape(n_head, 2, half, cols)
     /// .swapaxes(1, 2); unpermute must be its exact inverse.
     #[test]
@@ -285,6 +360,7 @@ mod tests {
         }
         assert_ne!(gguf, hf);
         assert_eq!(unpermute_rows(&gguf, rows, n_head), hf);
+        assert_eq!(permute_rows(&hf, rows, n_head), gguf);
         // HF row 1 (first half, d=1) comes from GGUF row 2; HF row 4 (second half, d=0) from row 1
         assert_eq!(unpermute_rows(&gguf, rows, n_head)[cols], gguf[2 * cols]);
         assert_eq!(unpermute_rows(&gguf, rows, n_head)[4 * cols], gguf[cols]);

@@ -1,0 +1,117 @@
+//! `lora-ft export-gguf`: the base model with the adapter folded in (as `merge` folds it, kept in
+//! f32 until quantized) written as one GGUF file for llama.cpp. The file is written as
+//! `OUT.partial` beside `OUT` and renamed when whole: a bad adapter, a full disk or an
+//! interrupted run leaves no `.gguf` behind.
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use candle_core::safetensors::MmapedSafetensors;
+
+use super::{merged_tensor, not_created, AdapterDeltas};
+use crate::durable;
+use crate::gguf::export::{FileType, GgufModel, Planned};
+use crate::gguf::writer::GgufWriter;
+
+/// What an export wrote.
+#[derive(Debug)]
+pub struct GgufSummary {
+    pub tensors: usize,
+    pub merged_projections: usize,
+    pub bytes: u64,
+}
+
+/// Writes the model `source` (folder or Hub id) with the adapter in `adapter_dir` merged (none:
+/// the base) to the GGUF file `out`, its 2-D weights in `file_type`.
+pub fn export_gguf(
+    source: &str,
+    revision: &str,
+    adapter_dir: Option<&Path>,
+    out: &Path,
+    file_type: FileType,
+) -> anyhow::Result<GgufSummary> {
+    let folder = match out.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !folder.is_dir() {
+        bail!("{}: the folder {} does not exist", out.display(), folder.display());
+    }
+    let file_name = out.file_name().with_context(|| format!("{}: not a file name", out.display()))?;
+    let (config, weights) = crate::hub::config_and_weights(source, revision)?;
+    let model = GgufModel::read(&config, file_type)?;
+    let mut deltas = match adapter_dir {
+        Some(dir) => AdapterDeltas::load(dir)?,
+        None => AdapterDeltas::none(),
+    };
+    let mut shards = Vec::with_capacity(weights.len());
+    let mut plan = Vec::new();
+    for (index, shard) in weights.iter().enumerate() {
+        // SAFETY: read-only maps of files nobody writes while we read them.
+        let st = unsafe { MmapedSafetensors::new(shard) }
+            .with_context(|| format!("opening {}", shard.display()))?;
+        let mut names: Vec<(String, Vec<usize>)> =
+            st.tensors().into_iter().map(|(name, view)| (name, view.shape().to_vec())).collect();
+        names.sort();
+        for (name, shape) in names {
+            let planned = model.plan(&name, &shape).with_context(|| format!("{}", shard.display()))?;
+            plan.extend(planned.map(|planned| (index, name, planned)));
+        }
+        shards.push(st);
+    }
+    let metadata = model.metadata(&model_name(source))?;
+
+    let mut partial_name = file_name.to_os_string();
+    partial_name.push(".partial");
+    let partial = out.with_file_name(partial_name);
+    let written = (|| -> anyhow::Result<usize> {
+        let file = std::fs::File::create(&partial).with_context(|| durable::Writing(partial.clone()))?;
+        let extras = model.extra_tensors()?;
+        let infos = extras.iter().map(|(info, _)| info.clone());
+        let infos = infos.chain(plan.iter().map(|(_, _, planned)| planned.info.clone())).collect();
+        let mut writer = GgufWriter::header(BufWriter::new(file), &metadata, infos)
+            .with_context(|| durable::Writing(partial.clone()))?;
+        for (info, data) in &extras {
+            writer.write_tensor(&info.name, data).with_context(|| durable::Writing(partial.clone()))?;
+        }
+        let mut merged = 0;
+        for (index, hf_name, planned) in &plan {
+            let (tensor, adapted) = merged_tensor(&shards[*index], &weights[*index], hf_name, &mut deltas)?;
+            merged += usize::from(adapted);
+            write_tensor(&mut writer, &model, planned, &tensor, &partial)?;
+        }
+        if let Some(dir) = adapter_dir {
+            deltas.ensure_all_used(dir)?;
+        }
+        let file = writer.finish()?.into_inner().map_err(|e| e.into_error());
+        file.and_then(|f| f.sync_all()).with_context(|| durable::Writing(partial.clone()))?;
+        Ok(merged)
+    })()
+    .inspect_err(|_| {
+        let _ = std::fs::remove_file(&partial);
+    })
+    .map_err(|e| not_created(e, out))?;
+    std::fs::rename(&partial, out)
+        .with_context(|| format!("renaming {} to {}", partial.display(), out.display()))?;
+    durable::as_created(out)?;
+    let bytes = std::fs::metadata(out).with_context(|| format!("reading {}", out.display()))?.len();
+    Ok(GgufSummary { tensors: plan.len() + model.extra_tensors()?.len(), merged_projections: written, bytes })
+}
+
+fn write_tensor<W: Write>(
+    writer: &mut GgufWriter<W>,
+    model: &GgufModel,
+    planned: &Planned,
+    tensor: &candle_core::Tensor,
+    partial: &Path,
+) -> anyhow::Result<()> {
+    let data = model.data(planned, tensor)?;
+    writer.write_tensor(&planned.info.name, &data).with_context(|| durable::Writing(partial.to_path_buf()))
+}
+
+/// `general.name`: the model folder's name, or the Hub repo's without its owner.
+fn model_name(source: &str) -> String {
+    let trimmed = source.trim_end_matches('/');
+    trimmed.rsplit('/').next().unwrap_or(trimmed).to_string()
+}
