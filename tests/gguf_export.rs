@@ -84,7 +84,7 @@ fn check_header(ours: &Content, original: &Content, file_type: FileType) {
     assert_eq!(meta["general.architecture"].to_string().unwrap(), "llama");
     assert_eq!(meta["general.file_type"].to_u32().unwrap(), file_type.id());
     assert_eq!(meta["tokenizer.ggml.model"].to_string().unwrap(), "gpt2");
-    assert_eq!(meta["tokenizer.ggml.pre"].to_string().unwrap(), "gpt2");
+    assert_eq!(meta["tokenizer.ggml.pre"].to_string().unwrap(), "gpt-2");
     let same = |key: &str| format!("{:?}", ours.metadata[key]) == format!("{:?}", original.metadata[key]);
     for key in [
         "llama.block_count",

@@ -85,13 +85,14 @@ fn read_json(path: &Path) -> Result<Json> {
     serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))
 }
 
-/// llama.cpp's name for the pre-tokenizer: GPT-2's byte-level regex (`gpt2`), digits split one
+/// llama.cpp's name for the pre-tokenizer: GPT-2's byte-level regex (`gpt-2`: llama.cpp's
+/// vocabulary loader refuses `gpt2`, "unknown pre-tokenizer type"), digits split one
 /// by one before it (`smollm`, which llama.cpp runs as StarCoder's), or a split regex the import
 /// maps from a name (`llama-bpe`, `tekken`, …).
 fn pre_tokenizer_name(pre: &Json) -> Result<&'static str> {
     let is_byte_level = |step: &Json, regex: bool| step["type"] == "ByteLevel" && step["use_regex"] == regex;
     if is_byte_level(pre, true) {
-        return Ok("gpt2");
+        return Ok("gpt-2");
     }
     let steps = pre["pretokenizers"].as_array().map(Vec::as_slice).unwrap_or_default();
     match steps {
@@ -110,7 +111,7 @@ fn pre_tokenizer_name(pre: &Json) -> Result<&'static str> {
         }
         _ => {}
     }
-    bail!("{pre} matches no llama.cpp pre-tokenizer lora-ft knows (gpt2, smollm, {SPLIT_NAMES:?})")
+    bail!("{pre} matches no llama.cpp pre-tokenizer lora-ft knows (gpt-2, smollm, {SPLIT_NAMES:?})")
 }
 
 /// Every id's token and llama.cpp token type.
@@ -202,7 +203,7 @@ mod tests {
     fn pre_tokenizers_are_named_as_llama_cpp_names_them() {
         let byte_level =
             |regex: bool| json!({ "type": "ByteLevel", "add_prefix_space": false, "use_regex": regex });
-        assert_eq!(pre_tokenizer_name(&byte_level(true)).unwrap(), "gpt2");
+        assert_eq!(pre_tokenizer_name(&byte_level(true)).unwrap(), "gpt-2");
         let smollm = json!({ "type": "Sequence", "pretokenizers": [
             { "type": "Digits", "individual_digits": true }, byte_level(true) ] });
         assert_eq!(pre_tokenizer_name(&smollm).unwrap(), "smollm");
