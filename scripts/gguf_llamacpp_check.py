@@ -4,6 +4,8 @@
 to each of ten customer-service prompts.
 
     python3 scripts/gguf_llamacpp_check.py --gguf OUT.gguf --model DIR [--adapter A] [--lora-ft BIN]
+    python3 scripts/gguf_llamacpp_check.py --gguf BASE.gguf --lora-gguf ADAPTER.gguf --model DIR --adapter A
+      (an `export-gguf --adapter-only` file applied by llama.cpp at run time over the base's GGUF)
 
 Both sides get the same prompt text: the model's own chat template (tokenizer_config.json),
 rendered here with jinja2 as transformers renders it, with the generation prompt; llama.cpp
@@ -47,6 +49,7 @@ def main():
     ap.add_argument("--gguf", required=True)
     ap.add_argument("--model", required=True, help="the HF folder the GGUF was exported from")
     ap.add_argument("--adapter", default="", help="the adapter merged into the GGUF, given to lora-ft chat")
+    ap.add_argument("--lora-gguf", default=None, help="a LoRA GGUF (export-gguf --adapter-only) for llama.cpp to apply")
     ap.add_argument("--lora-ft", default="target/release/lora-ft")
     ap.add_argument("--max-new-tokens", type=int, default=24)
     args = ap.parse_args()
@@ -56,7 +59,7 @@ def main():
     cfg = json.load(open(os.path.join(args.model, "tokenizer_config.json")))
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     template = env.from_string(cfg["chat_template"])
-    llm = Llama(model_path=args.gguf, n_ctx=1024, n_threads=2, verbose=False, seed=0)
+    llm = Llama(model_path=args.gguf, lora_path=args.lora_gguf, n_ctx=1024, n_threads=2, verbose=False, seed=0)
     eos = cfg.get("eos_token")
     differing = 0
     for prompt in PROMPTS:

@@ -71,6 +71,10 @@ pub enum Command {
         /// The type of the 2-D weights; norms and other 1-D tensors stay f32.
         #[arg(long = "type", default_value = "f16", value_parser = ["f16", "bf16", "q8_0"])]
         file_type: String,
+        /// The adapter alone as a llama.cpp LoRA file (`llama-cli --lora`, Ollama's `ADAPTER`),
+        /// its weights f32, for a GGUF of the base; needs --adapter.
+        #[arg(long, requires = "adapter", conflicts_with = "file_type")]
+        adapter_only: bool,
     },
     /// Predict peak GPU memory of a config's run before loading anything, and the largest batch
     /// that fits at each sequence length.

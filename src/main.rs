@@ -163,10 +163,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&report)?);
             Ok(())
         }
-        Command::ExportGguf { model, revision, adapter, out, file_type } => {
+        Command::ExportGguf { model, revision, adapter, out, file_type, adapter_only } => {
             let file_type = lora_ft::gguf::export::FileType::parse(&file_type)?;
-            let summary =
-                lora_ft::merge::export_gguf(&model, &revision, adapter.as_deref(), &out, file_type)?;
+            let summary = match (adapter_only, adapter.as_deref()) {
+                (true, Some(adapter)) => {
+                    lora_ft::merge::export_adapter_gguf(&model, &revision, adapter, &out)?
+                }
+                _ => lora_ft::merge::export_gguf(&model, &revision, adapter.as_deref(), &out, file_type)?,
+            };
             println!(
                 "wrote {} ({} tensors, {} merged projections, {} bytes)",
                 out.display(),

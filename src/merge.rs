@@ -14,7 +14,7 @@ use crate::durable;
 use crate::export::{read_adapter_config, ADAPTER_WEIGHTS};
 
 mod to_gguf;
-pub use to_gguf::{export_gguf, GgufSummary};
+pub use to_gguf::{export_adapter_gguf, export_gguf, GgufSummary};
 
 /// Files of the base folder that the merged folder keeps as they are.
 const COPIED: [&str; 5] = [

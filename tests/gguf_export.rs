@@ -249,3 +249,69 @@ fn bad_input_is_refused_and_leaves_no_gguf_behind() {
     assert!(!cli.status.success() && stderr.contains("q4_0") && stderr.contains("q8_0"), "{stderr}");
     assert!(!out.exists());
 }
+
+/// `--adapter-only`: a llama.cpp LoRA file of the adapter alone. Its keys are the ones
+/// llama.cpp's adapter loader reads (`general.type = adapter`, `adapter.type = lora`,
+/// `adapter.lora.alpha` = scale · r, as llama.cpp scales by alpha / r); every adapted weight has
+/// `lora_a` = A exactly and `lora_b` = B, f32, B's rows for Q and K in llama.cpp's order — within
+/// each head, row 2j + k is the checkpoint's row k·d/2 + j (convert_hf_to_gguf's `permute`),
+/// written out here rather than taken from the exporter. (scripts/gguf_llamacpp_check.py
+/// `--lora-gguf` runs such a file in llama.cpp over the base's GGUF: README, GGUF export.)
+#[test]
+fn adapter_only_holds_a_and_b_as_llama_cpp_reads_them() {
+    let model = lora_ft::fixtures::smollm2_dir();
+    let root = scratch("adapter-only");
+    let adapter = root.0.join("adapter");
+    random_adapter(&adapter);
+    let out = root.0.join("lora.gguf");
+    let summary =
+        lora_ft::merge::export_adapter_gguf(model.to_str().unwrap(), "main", &adapter, &out).unwrap();
+    assert_eq!(summary.tensors, 180, "{summary:?}");
+    let mut file = std::fs::File::open(&out).unwrap();
+    let content = Content::read(&mut file).unwrap();
+    let meta = &content.metadata;
+    assert_eq!(meta["general.type"].to_string().unwrap(), "adapter");
+    assert_eq!(meta["adapter.type"].to_string().unwrap(), "lora");
+    assert_eq!(meta["general.architecture"].to_string().unwrap(), "llama");
+    assert_eq!(meta["adapter.lora.alpha"].to_f32().unwrap(), 8.0, "scale 8/4 times r 4");
+    let weights =
+        candle_core::safetensors::load(adapter.join("adapter_model.safetensors"), &Device::Cpu).unwrap();
+    let values = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    for layer in [0, 17, 29] {
+        for (module, gguf, heads) in [
+            ("self_attn.q_proj", "attn_q", 9),
+            ("self_attn.k_proj", "attn_k", 3),
+            ("mlp.down_proj", "ffn_down", 0),
+        ] {
+            let key = format!("base_model.model.model.layers.{layer}.{module}");
+            let (a, b) = (
+                values(&weights[&format!("{key}.lora_A.weight")]),
+                values(&weights[&format!("{key}.lora_B.weight")]),
+            );
+            let mut read = |half: &str| {
+                let t = content
+                    .tensor(&mut file, &format!("blk.{layer}.{gguf}.weight.{half}"), &Device::Cpu)
+                    .unwrap();
+                assert_eq!(t.dtype(), GgmlDType::F32, "{key} {half}");
+                values(&t.dequantize(&Device::Cpu).unwrap())
+            };
+            assert_eq!(read("lora_a"), a, "{key}: lora_a is A");
+            let rank = 4;
+            let rows = b.len() / rank;
+            let want: Vec<f32> = match heads {
+                0 => b.clone(),
+                heads => {
+                    let d = rows / heads;
+                    (0..rows)
+                        .flat_map(|row| {
+                            let (h, r) = (row / d, row % d);
+                            let source = h * d + (r % 2) * (d / 2) + r / 2;
+                            b[source * rank..(source + 1) * rank].to_vec()
+                        })
+                        .collect()
+                }
+            };
+            assert_eq!(read("lora_b"), want, "{key}: lora_b is B in llama.cpp's row order");
+        }
+    }
+}

@@ -274,6 +274,45 @@ impl GgufModel {
     }
 }
 
+impl GgufModel {
+    /// A LoRA adapter's halves for `planned` (a base weight W = scale·B·A adapts) as llama.cpp's
+    /// LoRA files hold them: `<name>.lora_a` `[r, in]` and `<name>.lora_b` `[out, r]`, f32; B's
+    /// rows permuted as W's are (a Q/K weight's: permuting W's rows is permuting B's).
+    pub fn lora_halves(
+        &self,
+        planned: &Planned,
+        a: &Tensor,
+        b: &Tensor,
+    ) -> Result<[(TensorInfo, Vec<u8>); 2]> {
+        let base = &planned.info.name;
+        let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
+        let (rank, inputs) = a.dims2()?;
+        let (outputs, rank_b) = b.dims2()?;
+        if planned.info.shape != [outputs, inputs] || rank != rank_b {
+            bail!(
+                "the adapter does not fit {base} {:?}: lora_A {:?}, lora_B {:?} (another model's adapter?)",
+                planned.info.shape,
+                a.dims(),
+                b.dims()
+            );
+        }
+        let mut b_values = b.flatten_all()?.to_vec1::<f32>()?;
+        if let Some(groups) = planned.permute {
+            b_values = permute_rows(&b_values, outputs, groups);
+        }
+        let bytes = |v: Vec<f32>| v.into_iter().flat_map(f32::to_le_bytes).collect::<Vec<u8>>();
+        let info = |half: &str, shape: Vec<usize>| TensorInfo {
+            name: format!("{base}.{half}"),
+            shape,
+            dtype: GgmlDType::F32,
+        };
+        Ok([
+            (info("lora_a", vec![rank, inputs]), bytes(a.flatten_all()?.to_vec1::<f32>()?)),
+            (info("lora_b", vec![outputs, rank]), bytes(b_values)),
+        ])
+    }
+}
+
 /// The quantized blocks of `values` in `dtype` (for the golden tests against gguf-py).
 pub fn quantize(values: &[f32], dtype: GgmlDType) -> Result<Vec<u8>> {
     let tensor = Tensor::from_slice(values, values.len(), &candle_core::Device::Cpu)?;

@@ -13,6 +13,7 @@ use super::{merged_tensor, not_created, AdapterDeltas};
 use crate::durable;
 use crate::gguf::export::{FileType, GgufModel, Planned};
 use crate::gguf::writer::GgufWriter;
+use candle_core::quantized::gguf_file::Value;
 
 /// What an export wrote.
 #[derive(Debug)]
@@ -31,14 +32,7 @@ pub fn export_gguf(
     out: &Path,
     file_type: FileType,
 ) -> anyhow::Result<GgufSummary> {
-    let folder = match out.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if !folder.is_dir() {
-        bail!("{}: the folder {} does not exist", out.display(), folder.display());
-    }
-    let file_name = out.file_name().with_context(|| format!("{}: not a file name", out.display()))?;
+    check_out_folder(out)?;
     let (config, weights) = crate::hub::config_and_weights(source, revision)?;
     let model = GgufModel::read(&config, file_type)?;
     let mut deltas = match adapter_dir {
@@ -62,9 +56,7 @@ pub fn export_gguf(
     }
     let metadata = model.metadata(&model_name(source))?;
 
-    let mut partial_name = file_name.to_os_string();
-    partial_name.push(".partial");
-    let partial = out.with_file_name(partial_name);
+    let partial = partial_of(out)?;
     let written = (|| -> anyhow::Result<usize> {
         let file = std::fs::File::create(&partial).with_context(|| durable::Writing(partial.clone()))?;
         let extras = model.extra_tensors()?;
@@ -97,6 +89,94 @@ pub fn export_gguf(
     durable::as_created(out)?;
     let bytes = std::fs::metadata(out).with_context(|| format!("reading {}", out.display()))?.len();
     Ok(GgufSummary { tensors: plan.len() + model.extra_tensors()?.len(), merged_projections: written, bytes })
+}
+
+/// `OUT`'s folder exists (the file is written beside it, then renamed).
+fn check_out_folder(out: &Path) -> anyhow::Result<()> {
+    let folder = match out.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !folder.is_dir() {
+        bail!("{}: the folder {} does not exist", out.display(), folder.display());
+    }
+    Ok(())
+}
+
+/// `OUT.partial`, where the file is written before the rename.
+fn partial_of(out: &Path) -> anyhow::Result<PathBuf> {
+    let file_name = out.file_name().with_context(|| format!("{}: not a file name", out.display()))?;
+    let mut partial_name = file_name.to_os_string();
+    partial_name.push(".partial");
+    Ok(out.with_file_name(partial_name))
+}
+
+/// `export-gguf --adapter-only`: the adapter alone as a llama.cpp LoRA file (`general.type =
+/// adapter`, `adapter.type = lora`, `adapter.lora.alpha`), for `llama-cli --lora` and Ollama's
+/// `ADAPTER` over a GGUF of the base: each adapted weight's `lora_a` and `lora_b` (f32) under
+/// its llama.cpp name, B's rows permuted for Q/K. llama.cpp scales by alpha / r, so the alpha
+/// written is the adapter's scale times r (rsLoRA's alpha/√r included).
+pub fn export_adapter_gguf(
+    source: &str,
+    revision: &str,
+    adapter_dir: &Path,
+    out: &Path,
+) -> anyhow::Result<GgufSummary> {
+    check_out_folder(out)?;
+    let (config, weights) = crate::hub::config_and_weights(source, revision)?;
+    let model = GgufModel::read(&config, FileType::F16)?;
+    let deltas = AdapterDeltas::load(adapter_dir)?;
+    let mut shapes = std::collections::HashMap::new();
+    for shard in &weights {
+        // SAFETY: read-only maps of files nobody writes while we read them.
+        let st = unsafe { MmapedSafetensors::new(shard) }
+            .with_context(|| format!("opening {}", shard.display()))?;
+        shapes.extend(st.tensors().into_iter().map(|(name, view)| (name, view.shape().to_vec())));
+    }
+    let mut names: Vec<&String> = deltas.pairs.keys().collect();
+    names.sort();
+    let mut tensors = Vec::new();
+    let mut rank = 0;
+    for name in names {
+        let shape = shapes.get(name).with_context(|| {
+            format!("{}: the adapter adapts {name}, which the model does not have", adapter_dir.display())
+        })?;
+        let planned =
+            model.plan(name, shape)?.with_context(|| format!("{name}: not a weight llama.cpp has"))?;
+        let (a, b) = &deltas.pairs[name];
+        rank = a.dim(0)?;
+        tensors.extend(model.lora_halves(&planned, a, b)?);
+    }
+    anyhow::ensure!(!tensors.is_empty(), "{}: the adapter has no LoRA weights", adapter_dir.display());
+    let alpha = (deltas.scale * rank as f64) as f32;
+    let metadata: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String("llama".into())),
+        ("general.type".into(), Value::String("adapter".into())),
+        ("general.name".into(), Value::String(model_name(&adapter_dir.display().to_string()))),
+        ("adapter.type".into(), Value::String("lora".into())),
+        ("adapter.lora.alpha".into(), Value::F32(alpha)),
+    ];
+    let partial = partial_of(out)?;
+    (|| -> anyhow::Result<()> {
+        let file = std::fs::File::create(&partial).with_context(|| durable::Writing(partial.clone()))?;
+        let infos = tensors.iter().map(|(info, _)| info.clone()).collect();
+        let mut writer = GgufWriter::header(BufWriter::new(file), &metadata, infos)
+            .with_context(|| durable::Writing(partial.clone()))?;
+        for (info, data) in &tensors {
+            writer.write_tensor(&info.name, data).with_context(|| durable::Writing(partial.clone()))?;
+        }
+        let file = writer.finish()?.into_inner().map_err(|e| e.into_error());
+        file.and_then(|f| f.sync_all()).with_context(|| durable::Writing(partial.clone()))
+    })()
+    .inspect_err(|_| {
+        let _ = std::fs::remove_file(&partial);
+    })
+    .map_err(|e| not_created(e, out))?;
+    std::fs::rename(&partial, out)
+        .with_context(|| format!("renaming {} to {}", partial.display(), out.display()))?;
+    durable::as_created(out)?;
+    let bytes = std::fs::metadata(out).with_context(|| format!("reading {}", out.display()))?.len();
+    Ok(GgufSummary { tensors: tensors.len(), merged_projections: 0, bytes })
 }
 
 fn write_tensor<W: Write>(
