@@ -56,29 +56,46 @@ pub fn export_gguf(
     }
     let metadata = model.metadata(&model_name(source))?;
 
-    let partial = partial_of(out)?;
-    let written = (|| -> anyhow::Result<usize> {
-        let file = std::fs::File::create(&partial).with_context(|| durable::Writing(partial.clone()))?;
-        let extras = model.extra_tensors()?;
-        let infos = extras.iter().map(|(info, _)| info.clone());
-        let infos = infos.chain(plan.iter().map(|(_, _, planned)| planned.info.clone())).collect();
-        let mut writer = GgufWriter::header(BufWriter::new(file), &metadata, infos)
-            .with_context(|| durable::Writing(partial.clone()))?;
+    let extras = model.extra_tensors()?;
+    let infos = extras.iter().map(|(info, _)| info.clone());
+    let infos = infos.chain(plan.iter().map(|(_, _, planned)| planned.info.clone())).collect();
+    let (written, bytes) = write_gguf(out, &metadata, infos, |writer, partial| {
         for (info, data) in &extras {
-            writer.write_tensor(&info.name, data).with_context(|| durable::Writing(partial.clone()))?;
+            writer.write_tensor(&info.name, data).with_context(|| durable::Writing(partial.to_path_buf()))?;
         }
         let mut merged = 0;
         for (index, hf_name, planned) in &plan {
             let (tensor, adapted) = merged_tensor(&shards[*index], &weights[*index], hf_name, &mut deltas)?;
             merged += usize::from(adapted);
-            write_tensor(&mut writer, &model, planned, &tensor, &partial)?;
+            write_tensor(writer, &model, planned, &tensor, partial)?;
         }
         if let Some(dir) = adapter_dir {
             deltas.ensure_all_used(dir)?;
         }
+        Ok(merged)
+    })?;
+    Ok(GgufSummary { tensors: plan.len() + extras.len(), merged_projections: written, bytes })
+}
+
+/// Writes a GGUF file of `metadata` and `infos` to `out`: `tensors` writes each tensor's data in
+/// order into `OUT.partial`, which is synced and renamed to `out` when whole, and removed on any
+/// error (nothing already at `out` is touched then). Returns what `tensors` returned and the
+/// file's size.
+fn write_gguf<T>(
+    out: &Path,
+    metadata: &[(String, Value)],
+    infos: Vec<crate::gguf::writer::TensorInfo>,
+    tensors: impl FnOnce(&mut GgufWriter<BufWriter<std::fs::File>>, &Path) -> anyhow::Result<T>,
+) -> anyhow::Result<(T, u64)> {
+    let partial = partial_of(out)?;
+    let done = (|| -> anyhow::Result<T> {
+        let file = std::fs::File::create(&partial).with_context(|| durable::Writing(partial.clone()))?;
+        let mut writer = GgufWriter::header(BufWriter::new(file), metadata, infos)
+            .with_context(|| durable::Writing(partial.clone()))?;
+        let done = tensors(&mut writer, &partial)?;
         let file = writer.finish()?.into_inner().map_err(|e| e.into_error());
         file.and_then(|f| f.sync_all()).with_context(|| durable::Writing(partial.clone()))?;
-        Ok(merged)
+        Ok(done)
     })()
     .inspect_err(|_| {
         let _ = std::fs::remove_file(&partial);
@@ -88,7 +105,7 @@ pub fn export_gguf(
         .with_context(|| format!("renaming {} to {}", partial.display(), out.display()))?;
     durable::as_created(out)?;
     let bytes = std::fs::metadata(out).with_context(|| format!("reading {}", out.display()))?.len();
-    Ok(GgufSummary { tensors: plan.len() + model.extra_tensors()?.len(), merged_projections: written, bytes })
+    Ok((done, bytes))
 }
 
 /// `OUT`'s folder exists (the file is written beside it, then renamed).
@@ -156,26 +173,13 @@ pub fn export_adapter_gguf(
         ("adapter.type".into(), Value::String("lora".into())),
         ("adapter.lora.alpha".into(), Value::F32(alpha)),
     ];
-    let partial = partial_of(out)?;
-    (|| -> anyhow::Result<()> {
-        let file = std::fs::File::create(&partial).with_context(|| durable::Writing(partial.clone()))?;
-        let infos = tensors.iter().map(|(info, _)| info.clone()).collect();
-        let mut writer = GgufWriter::header(BufWriter::new(file), &metadata, infos)
-            .with_context(|| durable::Writing(partial.clone()))?;
+    let infos = tensors.iter().map(|(info, _)| info.clone()).collect();
+    let ((), bytes) = write_gguf(out, &metadata, infos, |writer, partial| {
         for (info, data) in &tensors {
-            writer.write_tensor(&info.name, data).with_context(|| durable::Writing(partial.clone()))?;
+            writer.write_tensor(&info.name, data).with_context(|| durable::Writing(partial.to_path_buf()))?;
         }
-        let file = writer.finish()?.into_inner().map_err(|e| e.into_error());
-        file.and_then(|f| f.sync_all()).with_context(|| durable::Writing(partial.clone()))
-    })()
-    .inspect_err(|_| {
-        let _ = std::fs::remove_file(&partial);
-    })
-    .map_err(|e| not_created(e, out))?;
-    std::fs::rename(&partial, out)
-        .with_context(|| format!("renaming {} to {}", partial.display(), out.display()))?;
-    durable::as_created(out)?;
-    let bytes = std::fs::metadata(out).with_context(|| format!("reading {}", out.display()))?.len();
+        Ok(())
+    })?;
     Ok(GgufSummary { tensors: tensors.len(), merged_projections: 0, bytes })
 }
 
