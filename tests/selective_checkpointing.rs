@@ -4,14 +4,17 @@
 //! only at another time. Checked on families whose layers keep different things (Gemma 3's
 //! output norms and q/k norms, Qwen3's q/k norms, a sliding window), with packed rows and with
 //! LoRA dropout, whose masks the recompute must reproduce.
-//! `LORA_FT_TEST_DEVICE=cuda` runs it on the GPU in f32, f16 and bf16.
+//! Layers whose activations wait in host memory instead (`LayerKind::Offloaded`: copied out
+//! and back as whole buffers, each tensor rebuilt as the same view) give the same bits too.
+//! `LORA_FT_TEST_DEVICE=cuda` runs it on the GPU in f32, f16 and bf16, the offloaded layers
+//! through page-locked host memory.
 
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use lora_ft::data::{pack, Batch, Example};
 use lora_ft::export::load_adapter;
-use lora_ft::model::activations::KeptLayers;
+use lora_ft::model::activations::{KeptLayers, LayerPlan};
 use lora_ft::model::CausalLm;
 use lora_ft::quant::Quantization;
 
@@ -80,9 +83,16 @@ fn check(name: &str) {
         for seed in [None, Some(7)] {
             let (loss, grads) = run(&mut m, &batch, KeptLayers::none(), seed);
             assert!(grads.iter().flatten().any(|g| g.abs() > 1e-6), "{name}: gradients that can differ");
-            for (what, kept) in
-                [("the last layer kept", KeptLayers::by(|_| 1)), ("every layer kept", KeptLayers::all())]
-            {
+            let offloaded =
+                |kept, offloaded, stride| KeptLayers::by(move |_| LayerPlan { kept, offloaded, stride });
+            for (what, kept) in [
+                ("the last layer kept", KeptLayers::last(1)),
+                ("every layer kept", KeptLayers::all()),
+                // on CUDA in page-locked host memory, each fetched one layer ahead of its backward
+                ("one layer offloaded, one kept", offloaded(1, 1, 1)),
+                ("every layer offloaded", offloaded(0, usize::MAX, 1)),
+                ("the last layer offloaded, the first recomputed", offloaded(0, 1, 1)),
+            ] {
                 let (kept_loss, kept_grads) = run(&mut m, &batch, kept, seed);
                 let differing =
                     grads.iter().flatten().zip(kept_grads.iter().flatten()).filter(|(a, b)| a != b).count();

@@ -30,6 +30,14 @@ def cell(r, k):
     return r.get(k) if r.get(k) is not None else (r.get("error") or "-")
 
 
+def kept_cell(o):
+    """Layers kept whole: on the GPU, + in host memory where some were offloaded."""
+    kept, off = o.get("kept_layers"), o.get("offloaded_layers") or 0
+    if kept is None:
+        return "-"
+    return f"{kept - off} + {off}" if off else str(kept)
+
+
 def read_ours(path):
     rows, errors = {}, []
     for line in open(path):
@@ -129,7 +137,8 @@ def main():
               f"{peak:.0f} TFLOP/s: the same with checkpointing's recomputed forward (the earlier tables' MFU "
               "was 6·N / 790 TFLOP/s).\n")
         if kept:
-            print("kept: the layers lora-ft kept whole from the forward to the backward (selective checkpointing); "
+            print("kept: the layers lora-ft kept whole from the forward to the backward (selective checkpointing), "
+                  "as on the GPU + in page-locked host memory where some were offloaded; "
                   "its HFU leaves their recompute out: (6·N + 8·N_lora + 4·A) − (kept / layers)·(2·N + 2·N_lora + A).\n")
         print("| seq x batch | PEFT tok/s | lora-ft tok/s | speed ratio | PEFT MFU | lora-ft MFU | PEFT HFU "
               "| lora-ft HFU | PEFT peak GiB | lora-ft peak GiB | memory ratio |" + (" kept |" if kept else ""))
@@ -157,7 +166,7 @@ def main():
             row += f"{pct(ref_mfu)} | {pct(o.get('mfu'))} | "
         row += f"{fmt(cell(t, 'peak_alloc_gib'))} | {fmt(cell(o, 'peak_alloc_gib'))} | {fmt(mem) if mem else '-'} |"
         if kept and cfg:
-            row += f" {o.get('kept_layers', '-')} |"
+            row += f" {kept_cell(o)} |"
         print(row)
     for e in errors[:3]:
         print(f"\nlora-ft: {e}")

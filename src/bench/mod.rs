@@ -86,8 +86,12 @@ pub struct TrainRow {
     /// backward; N = all parameters) at `tok_s`, over `PEAK_FLOPS`.
     pub mfu: Option<f64>,
     pub error: Option<String>,
-    /// Layers whose activations the step kept instead of recomputing (`--checkpointing`).
+    /// Layers whose activations the step kept instead of recomputing (`--checkpointing`), on the
+    /// GPU or in host memory.
     pub kept_layers: Option<usize>,
+    /// Of those, the ones kept in page-locked host memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offloaded_layers: Option<usize>,
     /// First shape only: seconds from process start to the end of the first training step
     /// (CUDA context, load and quantization, adapters, kernel JIT, the step itself).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -188,6 +192,8 @@ pub fn train(
         fused_attention: dtype != DType::F32,
         mlp_tiles,
         kept_layers: 0,
+        offloaded_layers: 0,
+        host_budget: if host_offload { crate::plan::host_budget() } else { 0 },
     };
     let budget = crate::memory::VramBudget::of(device, None, gpu_mem).map(|b| b.bytes());
     crate::train::set_checkpointing(&mut lm, checkpointing, run, budget);
@@ -219,6 +225,7 @@ pub fn train(
                 mfu: None,
                 error: Some(oom_or(e)),
                 kept_layers: None,
+                offloaded_layers: None,
                 first_step_s: None,
                 first_steps: None,
                 profile: None,
@@ -308,7 +315,8 @@ fn time_shape(
         loss: Some(loss),
         mfu: Some(tok_s * flops_per_token / PEAK_FLOPS),
         error: None,
-        kept_layers: Some(layers - trainer.model.kept_layers.first_kept(layers, (seq, bs))),
+        kept_layers: Some(trainer.model.kept_layers.plan((seq, bs)).whole(layers)),
+        offloaded_layers: Some(trainer.model.kept_layers.plan((seq, bs)).offloaded.min(layers)),
         first_step_s,
         first_steps: None,
         profile,

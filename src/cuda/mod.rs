@@ -102,6 +102,20 @@ pub fn address(t: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<u64> {
     }
 }
 
+/// The device address and length in elements of the whole buffer `t` views (f32, f16 or
+/// bf16), for copies of the buffer whatever the view.
+pub fn buffer_span(t: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<(u64, usize)> {
+    by_dtype!(t.dtype(), buffer_span_typed(t, stream))
+}
+
+fn buffer_span_typed<T: CudaDType>(t: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<(u64, usize)> {
+    let (storage, _) = t.storage_and_layout();
+    let Storage::Cuda(s) = &*storage else { bail!("this copy runs on CUDA tensors only") };
+    let slice = s.as_cuda_slice::<T>()?;
+    let (ptr, _record) = slice.device_ptr(stream);
+    Ok((ptr, slice.len()))
+}
+
 fn address_typed<T: CudaDType>(t: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<u64> {
     let (storage, layout) = t.storage_and_layout();
     let Storage::Cuda(s) = &*storage else { bail!("this kernel runs on CUDA tensors only") };

@@ -13,6 +13,8 @@
 
 mod activations;
 pub mod init;
+mod keep;
+pub use keep::{host_budget, layer_plan};
 mod optimizer_state;
 
 use serde::Serialize;
@@ -55,8 +57,15 @@ pub struct RunShape {
     pub mlp_tiles: bool,
     /// The last layers whose activations stay from the forward to the backward instead of being
     /// recomputed (selective checkpointing, model/activations/kept.rs); 0: every layer
-    /// checkpointed. `kept_layers` picks it for a budget.
+    /// checkpointed. `keep::layer_plan` picks it for a budget.
     pub kept_layers: usize,
+    /// Layers whose activations wait in page-locked host memory instead of being recomputed
+    /// (`host_offload` on; model/activations/layer_offload.rs), placed so that each fits (the
+    /// planner's `LayerPlan`).
+    pub offloaded_layers: usize,
+    /// Bytes of page-locked host memory those may take (`keep::host_budget`: half the host's
+    /// available memory); 0: none offloaded.
+    pub host_budget: u64,
 }
 
 /// Predicted bytes of each part of the peak, for `tokens` = batch × sequence length per step.
@@ -75,6 +84,12 @@ pub struct Estimate {
     pub kept_activations: u64,
     /// Layers kept.
     pub kept_layers: usize,
+    /// Layers whose activations wait in host memory, and their bytes there (not on the GPU).
+    pub offloaded_layers: usize,
+    pub offloaded_host: u64,
+    /// With offloaded layers: one of them on the device besides the kept ones (leaving at the
+    /// forward's end, or fetched ahead of its backward).
+    pub in_flight: u64,
     /// A kept layer's backward: its activations and its untiled MLP's gradients.
     pub kept_layer_backward: u64,
     /// One backward layer: its recomputed activations and the gated MLP backward's gradients, or
@@ -93,7 +108,7 @@ pub struct Estimate {
     checkpoint_bytes: u64,
     /// One kept layer's activations.
     #[serde(skip)]
-    kept_layer_bytes: u64,
+    pub(crate) kept_layer_bytes: u64,
     /// Whether some layers are recomputed (not all kept).
     #[serde(skip)]
     recomputes: bool,
@@ -110,18 +125,23 @@ impl Estimate {
     pub fn peak(&self) -> u64 {
         let fixed = self.base_weights + self.lora_and_optimizer + self.workspace;
         let kept = self.checkpoints + self.kept_activations;
-        let mut start = kept + self.loss_chunk;
+        let mut start = kept + self.in_flight + self.loss_chunk;
         if self.kept_layers > 0 {
-            start = start.max(kept - self.kept_layer_bytes + self.kept_layer_backward);
+            start = start.max(kept - self.kept_layer_bytes + self.kept_layer_backward + self.in_flight);
+        }
+        if self.offloaded_layers > 0 {
+            // the last layer's backward when it is an offloaded one: every kept layer still
+            // alive, and the next offloaded one fetched ahead
+            start = start.max(kept + self.kept_layer_backward + self.in_flight);
         }
         let end = match self.recomputes {
             true => {
-                start = start.max(self.checkpoints + self.layer_recompute);
+                start = start.max(self.checkpoints + self.layer_recompute + self.in_flight);
                 self.layer_recompute + self.checkpoints.min(self.resident_checkpoints())
             }
             false => self.kept_layer_backward,
         };
-        fixed + start.max(self.gradients + end)
+        fixed + start.max(self.gradients + end + self.in_flight)
     }
 
     /// Bytes of the checkpoints that stay on the device with host offload (checkpoints.rs: two
@@ -186,8 +206,9 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
 
     let largest_weight = dims.iter().map(|&(o, n)| (o * n) as u64).max().unwrap_or(0);
     let kept = (run.kept_layers as u64).min(layers);
+    let offloaded = (run.offloaded_layers as u64).min(layers - kept);
     let checkpoint_bytes = t * h * b;
-    let all_checkpoints = (layers - kept) * checkpoint_bytes;
+    let all_checkpoints = (layers - kept - offloaded) * checkpoint_bytes;
     let kept_layer_bytes = activations::kept_layer_bytes(m, &f, run, t);
     let untiled = RunShape { mlp_tiles: false, ..run.clone() };
     Estimate {
@@ -201,6 +222,9 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
         },
         kept_activations: kept * kept_layer_bytes,
         kept_layers: kept as usize,
+        offloaded_layers: offloaded as usize,
+        offloaded_host: offloaded * kept_layer_bytes,
+        in_flight: if offloaded > 0 { kept_layer_bytes } else { 0 },
         kept_layer_backward: activations::layer_peak(m, &f, &untiled, (seq, batch)),
         layer_recompute: activations::layer_peak(m, &f, run, (seq, batch)),
         loss_chunk: if streamed {
@@ -212,20 +236,8 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
         workspace: FIXED_WORKSPACE + dequantized_slice(largest_weight, tokens, i) * b,
         checkpoint_bytes,
         kept_layer_bytes,
-        recomputes: kept < layers,
+        recomputes: kept + offloaded < layers,
     }
-}
-
-/// The most last layers that can keep their activations at `(seq, batch)` with the predicted
-/// peak within `budget` bytes (`train.checkpointing = "auto"`); 0 where only full checkpointing
-/// fits, or nothing does.
-pub fn kept_layers(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize), budget: u64) -> usize {
-    (0..=m.num_hidden_layers)
-        .rev()
-        .find(|&kept| {
-            estimate(m, &RunShape { kept_layers: kept, ..run.clone() }, (seq, batch)).peak() <= budget
-        })
-        .unwrap_or(0)
 }
 
 /// Values of the frozen tensors beside the projections: every norm (Gemma's four a layer, the
@@ -314,6 +326,8 @@ pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
             crate::config::Checkpointing::None => usize::MAX,
             _ => 0,
         },
+        offloaded_layers: 0,
+        host_budget: if cfg.train.host_offload { host_budget() } else { 0 },
     }
 }
 
@@ -385,12 +399,15 @@ pub fn report(
     auto: bool,
 ) -> String {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let kept = if auto { kept_layers(m, run, (seq, batch), budget) } else { run.kept_layers };
-    let planned = RunShape { kept_layers: kept, ..run.clone() };
+    let plan = match auto {
+        true => layer_plan(m, run, (seq, batch), budget),
+        false => crate::model::activations::LayerPlan { kept: run.kept_layers, ..Default::default() },
+    };
+    let planned = RunShape { kept_layers: plan.kept, offloaded_layers: plan.offloaded, ..run.clone() };
     let e = estimate(m, &planned, (seq, batch));
     let mut out = format!("predicted peak GPU memory at batch {batch} x {seq} tokens:\n");
     let kept_line = format!("kept activations ({} of {} layers)", e.kept_layers, m.num_hidden_layers);
-    for (what, bytes) in [
+    let mut parts = vec![
         ("base weights", e.base_weights),
         ("LoRA + optimizer state", e.lora_and_optimizer),
         ("checkpointed activations", e.checkpoints),
@@ -399,17 +416,28 @@ pub fn report(
         ("loss chunk (not at the same time)", e.loss_chunk),
         ("gradients (at the backward's end)", e.gradients),
         ("workspace", e.workspace),
-    ] {
+    ];
+    if e.offloaded_layers > 0 {
+        parts.insert(4, ("one offloaded layer in flight", e.in_flight));
+    }
+    for (what, bytes) in parts {
         out += &format!("  {what:<36} {:>8.2} GiB\n", gib(bytes));
     }
     out += &format!("  {:<36} {:>8.2} GiB   (budget {:.2} GiB)\n", "peak", gib(e.peak()), gib(budget));
-    out += &match (auto, e.kept_layers) {
-        (true, 0) => "checkpointing auto: every layer is recomputed in the backward (no room to keep one)\n".into(),
-        (true, k) => format!(
-            "checkpointing auto: the last {k} layers keep their activations (no recompute), {} are recomputed\n",
-            m.num_hidden_layers.saturating_sub(k)
+    let recomputed = m.num_hidden_layers.saturating_sub(e.kept_layers + e.offloaded_layers);
+    out += &match (auto, e.kept_layers, e.offloaded_layers) {
+        (true, 0, 0) => "checkpointing auto: every layer is recomputed in the backward (no room to keep one)\n".into(),
+        (true, k, 0) => {
+            format!("checkpointing auto: the last {k} layers keep their activations (no recompute), {recomputed} are recomputed\n")
+        }
+        (true, k, o) => format!(
+            "checkpointing auto: {k} layers keep their activations on the GPU and {o} in page-locked host memory \
+             ({:.2} GiB of the {:.2} GiB allowed, one every {} layers from the last down), {recomputed} are recomputed\n",
+            gib(e.offloaded_host),
+            gib(run.host_budget),
+            plan.stride
         ),
-        (false, _) => String::new(),
+        (false, ..) => String::new(),
     };
     out += "\nlargest batch within the budget:\n";
     let mut seqs = vec![512, 1024, 2048, 4096, seq];

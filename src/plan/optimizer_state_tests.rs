@@ -34,6 +34,8 @@ fn run(optimizer: OptimizerState) -> RunShape {
         fused_attention: true,
         mlp_tiles: true,
         kept_layers: 0,
+        offloaded_layers: 0,
+        host_budget: 0,
     }
 }
 

@@ -120,11 +120,15 @@ fn load_model(
             BatchSize::Fixed(n) => n,
             BatchSize::Auto => 1,
         };
-        let kept = layers - model.kept_layers.first_kept(layers, (seq, batch));
+        let plan = model.kept_layers.plan((seq, batch));
         tracing::info!(
-            "checkpointing auto: at batch {batch} x {seq} the last {kept} of {layers} layers keep their \
-             activations within the budget of {:.2} GiB, the others are recomputed",
-            b.bytes() as f64 / crate::memory::GIB
+            "checkpointing auto: at batch {batch} x {seq} {} of {layers} layers keep their activations on the \
+             GPU within the budget of {:.2} GiB and {} in page-locked host memory (one every {} layers), the \
+             others are recomputed",
+            plan.kept.min(layers),
+            b.bytes() as f64 / crate::memory::GIB,
+            plan.offloaded,
+            plan.stride
         );
     }
     Ok((model, files, base_model))
@@ -145,7 +149,7 @@ pub fn set_checkpointing(
         (Checkpointing::None, _) => KeptLayers::all(),
         (Checkpointing::Auto, Some(budget)) => {
             let m = model.config().clone();
-            KeptLayers::by(move |shape| crate::plan::kept_layers(&m, &run, shape, budget))
+            KeptLayers::by(move |shape| crate::plan::layer_plan(&m, &run, shape, budget))
         }
     };
 }

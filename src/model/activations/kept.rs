@@ -1,61 +1,137 @@
 //! Selective checkpointing: which decoder layers keep their activations from the forward to the
 //! backward instead of only their input. A kept layer's backward reads what its forward left
 //! (layer/mod.rs `forward_saving`); the others are recomputed from their checkpoint. The last
-//! layers are the ones kept: the backward reaches them first, so their activations are freed
-//! before the first recompute needs room, and they push no checkpoint.
+//! layers are the ones kept on the device: the backward reaches them first, so their
+//! activations are freed before the first recompute needs room, and they push no checkpoint.
+//! Where the device has no room left, layers can keep their activations in page-locked host
+//! memory instead (`layer_offload.rs`): each is copied out while the next layers compute and
+//! brought back ahead of its backward, so it costs PCIe time, not a recompute. Those are spread
+//! `stride` layers apart from `stride` layers below the last one down: each copy out has the
+//! forward of the layers after it to hide behind, and each copy in the backward of the layers
+//! above it (the backward starts with the last layer, which is never offloaded).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-type Count = dyn Fn((usize, usize)) -> usize + Send + Sync;
+/// How many layers a step keeps, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LayerPlan {
+    /// Layers whose activations stay on the device: the last ones not offloaded.
+    pub kept: usize,
+    /// Layers whose activations wait in host memory.
+    pub offloaded: usize,
+    /// Layers from one offloaded layer to the next (at least 1).
+    pub stride: usize,
+}
 
-/// The number of last layers kept at a step of `(seq, batch)`, as the memory planner chose it
-/// for the budget (`train.checkpointing`), asked once per shape; never more than the model has.
-/// A run whose measured peak goes over its budget keeps one layer fewer at every shape from then
-/// on (`keep_fewer`) rather than stopping.
+/// What a layer keeps for its backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Its input alone: recomputed in the backward.
+    Recomputed,
+    /// Its activations, on the device.
+    Kept,
+    /// Its activations, in host memory.
+    Offloaded,
+}
+
+impl LayerPlan {
+    /// Every layer recomputed.
+    pub const NONE: Self = Self { kept: 0, offloaded: 0, stride: 1 };
+
+    /// Each of `layers` layers' kind: offloaded ones `stride` layers below the last and every
+    /// `stride` layers down from there, then the highest of the others kept, the rest
+    /// recomputed.
+    pub fn kinds(&self, layers: usize) -> Vec<LayerKind> {
+        let mut kinds = vec![LayerKind::Recomputed; layers];
+        for l in self.offload_positions(layers).take(self.offloaded) {
+            kinds[l] = LayerKind::Offloaded;
+        }
+        let mut kept = 0;
+        for kind in kinds.iter_mut().rev() {
+            if kept == self.kept {
+                break;
+            }
+            if *kind == LayerKind::Recomputed {
+                *kind = LayerKind::Kept;
+                kept += 1;
+            }
+        }
+        kinds
+    }
+
+    /// Where offloaded layers can go, highest first.
+    pub fn offload_positions(&self, layers: usize) -> impl Iterator<Item = usize> {
+        let stride = self.stride.max(1);
+        (0..layers).rev().skip(stride).step_by(stride)
+    }
+
+    /// Layers not recomputed (kept on the device or in host memory), of `layers`.
+    pub fn whole(&self, layers: usize) -> usize {
+        self.kinds(layers).iter().filter(|k| **k != LayerKind::Recomputed).count()
+    }
+}
+
+type Count = dyn Fn((usize, usize)) -> LayerPlan + Send + Sync;
+
+/// The layers kept at a step of `(seq, batch)`, as the memory planner chose them for the budget
+/// (`train.checkpointing`), asked once per shape; never more than the model has. A run whose
+/// measured peak goes over its budget keeps one layer fewer on the device at every shape from
+/// then on (`keep_fewer`) rather than stopping.
 #[derive(Clone)]
 pub struct KeptLayers {
     count: Arc<Count>,
-    /// The count of each shape seen, so that the planner runs once per shape, not per step.
-    chosen: Arc<Mutex<HashMap<(usize, usize), usize>>>,
-    /// Layers taken off every shape's count by `keep_fewer`.
+    /// The plan of each shape seen, so that the planner runs once per shape, not per step.
+    chosen: Arc<Mutex<HashMap<(usize, usize), LayerPlan>>>,
+    /// Layers taken off every shape's device count by `keep_fewer`.
     fewer: Arc<AtomicUsize>,
 }
 
 impl KeptLayers {
     /// Every layer recomputed from its input (`checkpointing = "full"`).
     pub fn none() -> Self {
-        Self::by(|_| 0)
+        Self::by(|_| LayerPlan::NONE)
     }
 
     /// No recompute at all (`checkpointing = "none"`).
     pub fn all() -> Self {
-        Self::by(|_| usize::MAX)
+        Self::by(|_| LayerPlan { kept: usize::MAX, ..LayerPlan::NONE })
     }
 
-    /// `count(seq, batch)` layers, e.g. the planner's choice within a memory budget.
-    pub fn by(count: impl Fn((usize, usize)) -> usize + Send + Sync + 'static) -> Self {
+    /// The last `n` layers kept on the device at every shape.
+    pub fn last(n: usize) -> Self {
+        Self::by(move |_| LayerPlan { kept: n, ..LayerPlan::NONE })
+    }
+
+    /// `count(seq, batch)`, e.g. the planner's choice within a memory budget.
+    pub fn by(count: impl Fn((usize, usize)) -> LayerPlan + Send + Sync + 'static) -> Self {
         Self { count: Arc::new(count), chosen: Default::default(), fewer: Default::default() }
     }
 
-    /// The first layer kept of `layers` at a step of `(seq, batch)` (`layers`: none kept).
-    pub fn first_kept(&self, layers: usize, shape: (usize, usize)) -> usize {
-        let count = *self
+    /// The plan at a step of `(seq, batch)`, less the layers `keep_fewer` took off.
+    pub fn plan(&self, shape: (usize, usize)) -> LayerPlan {
+        let plan = *self
             .chosen
             .lock()
             .expect("the kept-layer memo's lock")
             .entry(shape)
             .or_insert_with(|| (self.count)(shape));
-        layers - count.saturating_sub(self.fewer.load(Ordering::Relaxed)).min(layers)
+        LayerPlan { kept: plan.kept.saturating_sub(self.fewer.load(Ordering::Relaxed)), ..plan }
     }
 
-    /// One layer fewer kept at every shape, where some shape seen keeps one (`layers` in the
-    /// model): whether that was possible. For a step whose peak went over the budget.
+    /// Each of `layers` layers' kind at a step of `(seq, batch)`.
+    pub fn kinds(&self, layers: usize, shape: (usize, usize)) -> Vec<LayerKind> {
+        self.plan(shape).kinds(layers)
+    }
+
+    /// One layer fewer kept on the device at every shape, where some shape seen keeps one
+    /// (`layers` in the model): whether that was possible. For a step whose peak went over the
+    /// budget.
     pub fn keep_fewer(&self, layers: usize) -> bool {
         let fewer = self.fewer.load(Ordering::Relaxed);
         let chosen = self.chosen.lock().expect("the kept-layer memo's lock");
-        let most = chosen.values().map(|&c| c.min(layers)).max().unwrap_or(0);
+        let most = chosen.values().map(|p| p.kept.min(layers)).max().unwrap_or(0);
         if most <= fewer {
             return false;
         }
@@ -73,15 +149,34 @@ impl std::fmt::Debug for KeptLayers {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use LayerKind::{Kept as K, Offloaded as O, Recomputed as R};
+
+    fn kept_count(k: &KeptLayers, layers: usize, shape: (usize, usize)) -> usize {
+        k.kinds(layers, shape).iter().filter(|&&k| k == K).count()
+    }
 
     #[test]
-    fn first_kept_counts_from_the_last_layer() {
-        assert_eq!(KeptLayers::none().first_kept(32, (2048, 8)), 32);
-        assert_eq!(KeptLayers::all().first_kept(32, (2048, 8)), 0);
-        let by_tokens = KeptLayers::by(|(s, b)| 40_000 / (s * b));
-        assert_eq!(by_tokens.first_kept(32, (512, 8)), 23);
-        assert_eq!(by_tokens.first_kept(32, (2048, 8)), 30);
-        assert_eq!(by_tokens.first_kept(32, (512, 1)), 0);
+    fn the_last_layers_are_kept() {
+        assert_eq!(KeptLayers::none().kinds(4, (2048, 8)), [R, R, R, R]);
+        assert_eq!(KeptLayers::all().kinds(4, (2048, 8)), [K, K, K, K]);
+        let by_tokens = KeptLayers::by(|(s, b)| LayerPlan { kept: 40_000 / (s * b), ..LayerPlan::NONE });
+        assert_eq!(kept_count(&by_tokens, 32, (512, 8)), 9);
+        assert_eq!(by_tokens.kinds(32, (512, 8))[23..], [K; 9]);
+        assert_eq!(kept_count(&by_tokens, 32, (2048, 8)), 2);
+        assert_eq!(kept_count(&by_tokens, 32, (512, 1)), 32);
+    }
+
+    #[test]
+    fn offloaded_layers_are_spread_down_from_the_last_and_the_kept_fill_above_the_recomputed() {
+        let plan = LayerPlan { kept: 2, offloaded: 3, stride: 3 };
+        assert_eq!(plan.kinds(10), [O, R, R, O, R, R, O, R, K, K]);
+        assert_eq!(plan.whole(10), 5);
+        // more offloaded than the stride leaves room for: as many as fit
+        let crowded = LayerPlan { kept: 0, offloaded: 9, stride: 4 };
+        assert_eq!(crowded.kinds(10), [R, O, R, R, R, O, R, R, R, R]);
+        // more kept than there are layers left
+        assert_eq!(LayerPlan { kept: 99, offloaded: 2, stride: 1 }.kinds(5), [K, K, O, O, K]);
+        assert_eq!(LayerPlan { kept: 0, offloaded: 99, stride: 1 }.kinds(3), [O, O, R]);
     }
 
     #[test]
@@ -90,26 +185,35 @@ mod tests {
         let counter = asked.clone();
         let kept = KeptLayers::by(move |_| {
             counter.fetch_add(1, Ordering::Relaxed);
-            5
+            LayerPlan { kept: 5, ..LayerPlan::NONE }
         });
         for _ in 0..3 {
-            assert_eq!(kept.first_kept(32, (512, 8)), 27);
-            assert_eq!(kept.clone().first_kept(32, (1024, 4)), 27);
+            assert_eq!(kept_count(&kept, 32, (512, 8)), 5);
+            assert_eq!(kept_count(&kept.clone(), 32, (1024, 4)), 5);
         }
         assert_eq!(asked.load(Ordering::Relaxed), 2);
     }
 
     #[test]
     fn keep_fewer_takes_a_layer_off_every_shape_until_none_is_kept() {
-        let kept = KeptLayers::by(|(s, _)| if s == 512 { 2 } else { 1 });
+        let kept =
+            KeptLayers::by(|(s, _)| LayerPlan { kept: if s == 512 { 2 } else { 1 }, ..LayerPlan::NONE });
         assert!(!kept.keep_fewer(32), "no shape seen yet, nothing to take off");
-        assert_eq!(kept.first_kept(32, (512, 8)), 30);
-        assert_eq!(kept.first_kept(32, (2048, 8)), 31);
+        assert_eq!(kept_count(&kept, 32, (512, 8)), 2);
+        assert_eq!(kept_count(&kept, 32, (2048, 8)), 1);
         assert!(kept.keep_fewer(32));
-        assert_eq!((kept.first_kept(32, (512, 8)), kept.first_kept(32, (2048, 8))), (31, 32));
+        assert_eq!((kept_count(&kept, 32, (512, 8)), kept_count(&kept, 32, (2048, 8))), (1, 0));
         assert!(kept.keep_fewer(32));
-        assert_eq!(kept.first_kept(32, (512, 8)), 32);
+        assert_eq!(kept_count(&kept, 32, (512, 8)), 0);
         assert!(!kept.keep_fewer(32), "every layer is recomputed already");
         assert!(!KeptLayers::none().keep_fewer(32));
+    }
+
+    #[test]
+    fn keep_fewer_leaves_the_offloaded_layers() {
+        let kept = KeptLayers::by(|_| LayerPlan { kept: 1, offloaded: 2, stride: 2 });
+        assert_eq!(kept.kinds(6, (512, 8)), [R, O, R, O, R, K]);
+        assert!(kept.keep_fewer(6));
+        assert_eq!(kept.kinds(6, (512, 8)), [R, O, R, O, R, R]);
     }
 }

@@ -5,8 +5,10 @@
 
 pub mod checkpoints;
 pub mod kept;
+pub mod layer_offload;
 #[cfg(feature = "cuda")]
 pub mod offload;
+pub mod views;
 
 pub use checkpoints::Checkpoints;
-pub use kept::KeptLayers;
+pub use kept::{KeptLayers, LayerKind, LayerPlan};

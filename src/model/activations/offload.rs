@@ -52,6 +52,11 @@ impl CopyStream {
         Ok(Self { device: dev.clone(), compute, copy })
     }
 
+    /// The compute stream (candle's), which the copies are ordered against.
+    pub fn compute_stream(&self) -> Arc<CudaStream> {
+        self.compute.clone()
+    }
+
     /// `bytes` of page-locked host memory (plain: the copy engine both writes and reads it).
     pub fn host_buffer(&self, bytes: usize) -> Result<PinnedHostSlice<u8>> {
         // SAFETY: the bytes are only read back after a copy has written them.
@@ -74,6 +79,22 @@ impl CopyStream {
         self.copy.join(&self.compute).w()?;
         // SAFETY: `host` holds `bytes`; `t` stays alive in the InFlight until the compute stream
         // waits for `done`.
+        unsafe { sys::cuMemcpyDtoHAsync_v2(dst, src, bytes, self.copy.cu_stream()) }.result().w()?;
+        self.in_flight(t)
+    }
+
+    /// Starts copying the whole buffer `t` views (f32, f16 or bf16), whatever the view, into
+    /// `host`; `t` stays alive in the `InFlight` until the compute stream has waited for it.
+    pub fn buffer_to_host(&self, t: Tensor, host: &mut PinnedHostSlice<u8>) -> Result<InFlight> {
+        let (src, elems) = crate::cuda::buffer_span(&t, &self.compute)?;
+        let bytes = elems * t.dtype().size_in_bytes();
+        if bytes > host.len() {
+            bail!("offload: a {bytes} byte buffer does not fit a {} byte host buffer", host.len());
+        }
+        let dst = host.as_mut_ptr().w()? as *mut std::ffi::c_void;
+        self.copy.join(&self.compute).w()?;
+        // SAFETY: `host` holds `bytes`; `t` keeps the buffer alive in the InFlight until the
+        // compute stream waits for `done`.
         unsafe { sys::cuMemcpyDtoHAsync_v2(dst, src, bytes, self.copy.cu_stream()) }.result().w()?;
         self.in_flight(t)
     }

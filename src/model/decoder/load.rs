@@ -161,6 +161,8 @@ impl CausalLm {
             kept_layers: crate::model::activations::KeptLayers::none(),
             #[cfg(feature = "cuda")]
             host_stash: std::sync::OnceLock::new(),
+            #[cfg(feature = "cuda")]
+            layer_stash: std::sync::OnceLock::new(),
         })
     }
 }

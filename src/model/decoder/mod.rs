@@ -13,7 +13,10 @@ use rand::SeedableRng;
 #[cfg(feature = "cuda")]
 use super::activations::checkpoints::host::HostStash;
 use super::activations::checkpoints::Checkpoints;
-use super::activations::KeptLayers;
+#[cfg(feature = "cuda")]
+use super::activations::layer_offload::host::LayerStash;
+use super::activations::layer_offload::OffloadedLayers;
+use super::activations::{KeptLayers, LayerKind};
 use super::arch::{Architecture, ModelConfig};
 use super::layer::{DecoderLayer, KvCache, LayerInput, LayerSaved};
 use super::lora::linear::LoraAdapter;
@@ -52,6 +55,16 @@ pub struct CausalLm {
     pub kept_layers: KeptLayers,
     #[cfg(feature = "cuda")]
     host_stash: std::sync::OnceLock<Option<HostStash>>,
+    #[cfg(feature = "cuda")]
+    layer_stash: std::sync::OnceLock<Option<LayerStash>>,
+}
+
+/// What a training forward keeps for the backward: each layer's kind, where the checkpoints
+/// and the offloaded layers wait.
+struct Keeping<'s, 'a> {
+    kinds: &'s [LayerKind],
+    checkpoints: &'s mut Checkpoints<'a>,
+    offloaded: &'s mut OffloadedLayers<'a>,
 }
 
 /// The result of one training forward + backward on a micro-batch.
@@ -242,33 +255,58 @@ impl CausalLm {
         logits.to_dtype(DType::F32)?.reshape((b, t, self.arch.vocab_size))
     }
 
-    /// Runs the decoder, handing each layer's input to `checkpoints` (when kept for a backward).
-    /// Returns the last output, and the activations of the layers from `first_kept` on
-    /// (those push no checkpoint).
+    /// Runs the decoder; in training (`keeping`), each layer keeps what its kind says: its input
+    /// as a checkpoint, or its activations, returned by layer (kept) or in the offloaded store.
     fn forward_checkpointed(
         &self,
         x: Tensor,
         masks: (&[Option<Tensor>], Option<&PackedRows>),
         seed: Option<u64>,
-        (mut checkpoints, first_kept): (Option<&mut Checkpoints>, usize),
-    ) -> candle_core::Result<(Tensor, Vec<LayerSaved>)> {
+        mut keeping: Option<Keeping>,
+    ) -> candle_core::Result<(Tensor, Vec<Option<LayerSaved>>)> {
         let mut x = x;
-        let mut kept = Vec::with_capacity(self.layers.len().saturating_sub(first_kept));
+        let mut kept: Vec<Option<LayerSaved>> = (0..self.layers.len()).map(|_| None).collect();
         for (l, layer) in self.layers.iter().enumerate() {
             let input = self.layer_input(masks, 0, seed, l);
-            if l >= first_kept {
-                let (next, saved) = layer.forward_saving(&x, &input)?;
-                kept.push(saved);
-                x = next;
+            let Some(k) = keeping.as_mut() else {
+                x = layer.forward(&x, &input, None)?;
                 continue;
-            }
-            let next = layer.forward(&x, &input, None)?;
-            let input = std::mem::replace(&mut x, next);
-            if let Some(c) = checkpoints.as_deref_mut() {
-                c.push(input)?;
+            };
+            match k.kinds[l] {
+                LayerKind::Recomputed => {
+                    let next = layer.forward(&x, &input, None)?;
+                    k.checkpoints.push(std::mem::replace(&mut x, next))?;
+                }
+                LayerKind::Kept => {
+                    let (next, saved) = layer.forward_saving(&x, &input)?;
+                    kept[l] = Some(saved);
+                    x = next;
+                }
+                LayerKind::Offloaded => {
+                    let (next, saved) = layer.forward_saving(&x, &input)?;
+                    k.offloaded.push(l, saved)?;
+                    x = next;
+                }
             }
         }
         Ok((x, kept))
+    }
+
+    /// Where this step's offloaded layers wait: host memory on CUDA with offload on (the copy
+    /// stream made once), else the device.
+    fn offloaded_layers(&self) -> OffloadedLayers<'_> {
+        #[cfg(feature = "cuda")]
+        if self.offload_checkpoints && self.device.is_cuda() {
+            let stash = self.layer_stash.get_or_init(|| {
+                LayerStash::new(&self.device)
+                    .inspect_err(|e| tracing::warn!("offloaded layers stay on the GPU: no copy stream ({e})"))
+                    .ok()
+            });
+            if let Some(stash) = stash {
+                return OffloadedLayers::on_host(stash);
+            }
+        }
+        OffloadedLayers::on_device()
     }
 
     /// Where this step's checkpoints wait: host memory on CUDA with offload on (the copy stream
@@ -292,12 +330,7 @@ impl CausalLm {
     pub fn loss(&self, input_ids: &Tensor, labels: &[i64]) -> candle_core::Result<(f64, usize)> {
         let (b, t) = input_ids.dims2()?;
         let masks = self.attention_masks(t, 0, None)?;
-        let (last, _) = self.forward_checkpointed(
-            self.embed(input_ids)?,
-            (&masks, None),
-            None,
-            (None, self.layers.len()),
-        )?;
+        let (last, _) = self.forward_checkpointed(self.embed(input_ids)?, (&masks, None), None, None)?;
         let last = last.reshape((b * t, self.arch.hidden_size))?;
         let h = rms_norm(&last, &self.norm, self.arch.rms_norm_eps)?;
         let targets = shift_labels(labels, b, t);
@@ -338,13 +371,15 @@ impl CausalLm {
         let masks = self.attention_masks(t, 0, packed.as_ref())?;
         let masks = (masks.as_slice(), packed.as_ref());
         let mut checkpoints = self.checkpoints();
-        let first_kept = self.kept_layers.first_kept(self.layers.len(), (t, b));
-        let (last, mut kept) = self.forward_checkpointed(
-            self.embed(input_ids)?,
-            masks,
-            dropout_seed,
-            (Some(&mut checkpoints), first_kept),
-        )?;
+        let mut offloaded = self.offloaded_layers();
+        let kinds = self.kept_layers.kinds(self.layers.len(), (t, b));
+        let keeping = Keeping { kinds: &kinds, checkpoints: &mut checkpoints, offloaded: &mut offloaded };
+        let (last, mut kept) =
+            self.forward_checkpointed(self.embed(input_ids)?, masks, dropout_seed, Some(keeping))?;
+        // the offloaded layer the backward reaches first comes in behind the loss and the layers
+        // above it
+        let next_offloaded = |below: usize| (0..below).rev().find(|&n| kinds[n] == LayerKind::Offloaded);
+        offloaded.start_backward(next_offloaded(self.layers.len()))?;
         let last = last.reshape((b * t, hidden))?;
         let h = rms_norm(&last, &self.norm, self.arch.rms_norm_eps)?;
         let targets = shift_labels(labels, b, t);
@@ -358,11 +393,12 @@ impl CausalLm {
         let mut per_layer = Vec::with_capacity(self.layers.len());
         for (l, layer) in self.layers.iter().enumerate().rev() {
             let input = self.layer_input(masks, 0, dropout_seed, l);
-            let saved = match l >= first_kept {
-                true => {
-                    kept.pop().ok_or_else(|| candle_core::Error::Msg(format!("layer {l} was not kept")))?
-                }
-                false => layer.recompute(&checkpoints.pop()?, &input)?,
+            let saved = match kinds[l] {
+                LayerKind::Kept => kept[l]
+                    .take()
+                    .ok_or_else(|| candle_core::Error::Msg(format!("layer {l} was not kept")))?,
+                LayerKind::Offloaded => offloaded.pop(l, next_offloaded(l))?,
+                LayerKind::Recomputed => layer.recompute(&checkpoints.pop()?, &input)?,
             };
             let (d_in, grads) = layer.backward(saved, &dx, &input)?;
             dx = d_in;

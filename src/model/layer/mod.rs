@@ -18,6 +18,7 @@ use crate::profile::section;
 
 mod norms;
 mod projections;
+mod saved;
 mod tiles;
 use projections::{backward_shared_input, project_into};
 pub use tiles::{tile_rows, MLP_TILE_VALUES};

@@ -50,6 +50,12 @@ impl LoraGroup {
         Ok(Some(Self { a, scaled_b, scales, ranks, h }))
     }
 
+    /// h = x·aᵀ, the group's one activation (the weights' compute-dtype copies are not), for
+    /// offloading.
+    pub fn activation_mut(&mut self) -> &mut Tensor {
+        &mut self.h
+    }
+
     /// Columns of projection i in h (and rows in a).
     fn span(&self, i: usize) -> (usize, usize) {
         (self.ranks[..i].iter().sum(), self.ranks[i])

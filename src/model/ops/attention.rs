@@ -150,6 +150,15 @@ pub struct AttentionSaved {
 }
 
 impl AttentionSaved {
+    /// The kernel's saved output and statistics (none on the composed path), for offloading.
+    pub fn tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        match &mut self.kernel {
+            Some(KernelSaved::Flash { context, lse }) => vec![context, lse],
+            Some(KernelSaved::Cudnn { context, stats }) => vec![context, stats],
+            None => Vec::new(),
+        }
+    }
+
     /// Which implementation ran the forward: "cudnn", "flash" or "composed".
     pub fn kernel_name(&self) -> &'static str {
         match self.kernel {

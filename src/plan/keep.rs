@@ -1,0 +1,80 @@
+//! Which layers a step keeps for its backward within a memory budget (`train.checkpointing =
+//! "auto"`): as many of the last layers' activations on the GPU as the budget holds, and with
+//! host offload, more in page-locked host memory, as many as the host budget and the PCIe link
+//! allow (model/activations/kept.rs places them, layer_offload.rs moves them).
+
+use super::{estimate, RunShape};
+use crate::model::activations::LayerPlan;
+use crate::model::ModelConfig;
+
+/// GPU FLOPs a layer's forward runs per byte the copy engine moves to or from the host in the
+/// same time: f16 GEMMs at 680 TFLOP/s and 55 GB/s each way measured on the H200
+/// (scripts/bench/pcie_bandwidth.py), less for the layer's other kernels. An offloaded layer's
+/// copy out hides behind the forward of the `stride` layers after it. A GPU on PCIe 4 computes
+/// slower too (an RTX 4090: ~160 TFLOP/s, 25 GB/s), so the ratio errs to the safe side there.
+/// `LORA_FT_OFFLOAD_FLOPS_PER_BYTE` sets another (a GPU with a faster or slower link).
+pub const OFFLOAD_FLOPS_PER_BYTE: f64 = 12_000.0;
+
+fn offload_flops_per_byte() -> f64 {
+    std::env::var("LORA_FT_OFFLOAD_FLOPS_PER_BYTE")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .unwrap_or(OFFLOAD_FLOPS_PER_BYTE)
+}
+
+/// The plan at `(seq, batch)` within `budget` bytes: first the most last layers kept on the
+/// device alone; then, with host offload and a host budget, the mix of kept and offloaded
+/// layers with the fewest recomputed — the offloaded layers' one in flight costs the device a
+/// layer or two of the kept ones.
+pub fn layer_plan(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize), budget: u64) -> LayerPlan {
+    let layers = m.num_hidden_layers;
+    let planned =
+        |kept, offloaded| RunShape { kept_layers: kept, offloaded_layers: offloaded, ..run.clone() };
+    let fits = |kept, offloaded| estimate(m, &planned(kept, offloaded), (seq, batch)).peak() <= budget;
+    let kept = (0..=layers).rev().find(|&k| fits(k, 0)).unwrap_or(0);
+    let alone = LayerPlan { kept, ..LayerPlan::NONE };
+    if !run.host_offload || run.host_budget == 0 || kept == layers {
+        return alone;
+    }
+    let layer_bytes = estimate(m, &planned(0, 0), (seq, batch)).kept_layer_bytes.max(1);
+    let stride = offload_stride(m, (seq, batch), layer_bytes);
+    let positions = LayerPlan { stride, ..LayerPlan::NONE }.offload_positions(layers).count();
+    let room = ((run.host_budget / layer_bytes) as usize).min(positions);
+    for k in (0..=kept).rev() {
+        let offloaded = room.min(layers - k);
+        if offloaded == 0 {
+            break;
+        }
+        if fits(k, offloaded) {
+            // fewer kept on the device only ever means as many or fewer whole layers
+            return match k + offloaded > kept {
+                true => LayerPlan { kept: k, offloaded, stride },
+                false => alone,
+            };
+        }
+    }
+    alone
+}
+
+/// Layers from one offloaded layer to the next: enough forward FLOPs between two for the first
+/// one's copy out (`layer_bytes`) at `OFFLOAD_FLOPS_PER_BYTE`.
+pub fn offload_stride(m: &ModelConfig, (seq, batch): (usize, usize), layer_bytes: u64) -> usize {
+    let (h, i) = (m.hidden_size as f64, m.intermediate_size as f64);
+    let (q, kv) = ((m.num_attention_heads * m.head_dim()) as f64, (m.num_kv_heads() * m.head_dim()) as f64);
+    let params = h * (2.0 * q + 2.0 * kv) + 3.0 * h * i;
+    let tokens = (seq * batch) as f64;
+    // the projections, and causal attention's two products over seq / 2 keys on average
+    let flops = 2.0 * params * tokens + 2.0 * q * seq as f64 * tokens;
+    ((layer_bytes as f64 * offload_flops_per_byte() / flops).ceil() as usize).max(1)
+}
+
+/// Page-locked host memory offloaded activations may take: half the memory the host has
+/// available now (`MemAvailable`), 0 where that is unknown (not Linux).
+pub fn host_budget() -> u64 {
+    let Ok(text) = std::fs::read_to_string("/proc/meminfo") else { return 0 };
+    text.lines()
+        .find_map(|line| line.strip_prefix("MemAvailable:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024 / 2)
+}
