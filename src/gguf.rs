@@ -11,6 +11,7 @@
 
 mod arch;
 pub mod export;
+pub mod export_family;
 mod hparams;
 mod rope;
 mod spm;
