@@ -18,6 +18,7 @@ mod spm;
 mod tensors;
 mod tokenizer;
 mod vocab_out;
+mod vocab_spm_out;
 pub mod writer;
 
 use anyhow::{Context, Result};
