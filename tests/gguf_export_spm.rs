@@ -179,3 +179,40 @@ fn a_broken_tokenizer_model_is_refused() {
         "{err}"
     );
 }
+
+/// Byte-level BPE vocabularies (`gpt2`) of Llama 3, Qwen 2.5 and Mistral Nemo's Tekken: tokens,
+/// types and merges equal tests/fixtures/vocab-gguf's files, and the pre-tokenizer is the name
+/// llama.cpp's vocabulary loader accepts for each (`llama-bpe`, `qwen2`, `tekken`).
+#[test]
+fn bpe_tokenizers_give_llama_cpps_vocabularies_and_pre_tokenizer_names() {
+    let llama = json!({ "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "vocab_size": 128256 });
+    let qwen = json!({ "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+        "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "vocab_size": 152064 });
+    let nemo = json!({ "model_type": "mistral", "hidden_size": 5120, "intermediate_size": 14336,
+        "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "max_position_embeddings": 1024000, "rms_norm_eps": 1e-5, "rope_theta": 1e6, "vocab_size": 131072 });
+    for (name, vocab, family, config) in [
+        ("llama-bpe", "llama3", "llama-3.2", llama),
+        ("qwen2", "qwen2.5", "qwen2.5", qwen),
+        ("tekken", "tekken", "mistral-nemo", nemo),
+    ] {
+        let dir = scratch(name);
+        std::fs::write(dir.0.join("config.json"), config.to_string()).unwrap();
+        let tokenizer = gunzip(&format!("tokenizers/vocab/{vocab}.tokenizer.json.gz"));
+        std::fs::write(dir.0.join("tokenizer.json"), tokenizer).unwrap();
+        let folder = Path::new(FIXTURES).join("tokenizers").join(family);
+        let tokenizer_config = match std::fs::read(folder.join("tokenizer_config.json")) {
+            Ok(bytes) => bytes,
+            Err(_) => gunzip(&format!("tokenizers/{family}/tokenizer_config.json.gz")),
+        };
+        std::fs::write(dir.0.join("tokenizer_config.json"), tokenizer_config).unwrap();
+        let ours = exported(&dir.0);
+        let theirs = reference(name, &dir.0);
+        let keys = ["tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens"];
+        same_keys(name, &ours, &theirs, &keys);
+        same_keys(name, &ours, &theirs, &["tokenizer.ggml.token_type", "tokenizer.ggml.merges"]);
+    }
+}

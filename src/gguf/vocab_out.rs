@@ -35,7 +35,9 @@ pub(super) fn tokenizer_metadata(
     let tokenizer = if has_model_file && !file.is_file() { Json::Null } else { read_json(&file)? };
     let tokenizer_config = read_json(&dir.join("tokenizer_config.json"))?;
     let model = &tokenizer["model"];
-    let sentencepiece = model["byte_fallback"] == true || !tokenizer["normalizer"].is_null();
+    // SentencePiece-style BPE (Llama 2, Mistral 7B, Gemma) falls back to `<0xNN>` pieces; byte-level
+    // BPE has no unknown bytes (Qwen's NFC normalizer does not make it SentencePiece)
+    let sentencepiece = model["byte_fallback"] == true;
     let (tokens, mut keys) = if has_model_file || sentencepiece {
         spm_keys(dir, &tokenizer, vocab_size, &tokenizer_config, config)?
     } else {
