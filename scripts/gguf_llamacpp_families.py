@@ -6,6 +6,8 @@ running the same Hugging Face folder in float64 (the reference).
     python3 scripts/gguf_llamacpp_families.py [--lora-ft BIN] [--families a,b] [--types f16,q8_0]
                                               [--adapter]  (merge each fixture's adapter/ too)
                                               [--lora-gguf] (an --adapter-only file applied by llama.cpp)
+                                              [--model DIR] (a real HF folder instead, e.g. SmolLM2's,
+                                                             with its own tokenizer; --adapter A)
 
 Each fixture is copied to a scratch folder with a tokenizer (256 GPT-2 byte symbols, one merge:
 the tiny models have 256 ids and no tokenizer; the token ids are fed directly, so it only has to
@@ -54,8 +56,10 @@ def bytes_to_unicode():
     return dict(zip(bs, (chr(c) for c in cs)))
 
 
-def prepare(src, dst):
+def prepare(src, dst, real=False):
     shutil.copytree(src, dst)
+    if real:
+        return json.load(open(os.path.join(dst, "config.json")))
     shutil.rmtree(os.path.join(dst, "adapter"), ignore_errors=True)
     vocab = {ch: b for b, ch in sorted(bytes_to_unicode().items())}
     tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
@@ -155,17 +159,21 @@ def main():
     ap.add_argument("--adapter", action="store_true", help="merge each fixture's adapter/ (export-gguf --adapter)")
     ap.add_argument("--lora-gguf", action="store_true",
                     help="apply an export-gguf --adapter-only file in llama.cpp over the base's GGUF")
+    ap.add_argument("--model", default=None, help="a real HF folder (its own tokenizer) instead of the fixtures")
+    ap.add_argument("--adapter-dir", default=None, help="with --model: the adapter for --adapter / --lora-gguf")
     args = ap.parse_args()
     import torch
     failed = 0
     print("| family | file | max abs ref logit | max abs dlogit llama.cpp vs f64 | top-1 agree | e32 | ew | "
           "bound 3ew+e32 | pass |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for fam in args.families.split(","):
+    families = [os.path.basename(args.model.rstrip("/"))] if args.model else args.families.split(",")
+    for fam in families:
         with tempfile.TemporaryDirectory() as tmp:
             folder = os.path.join(tmp, fam)
-            prepare(os.path.join("tests/fixtures", fam), folder)
-            adapter = os.path.join("tests/fixtures", fam, "adapter") if args.adapter or args.lora_gguf else None
+            prepare(args.model or os.path.join("tests/fixtures", fam), folder, real=bool(args.model))
+            fixture_adapter = args.adapter_dir or os.path.join("tests/fixtures", fam, "adapter")
+            adapter = fixture_adapter if args.adapter or args.lora_gguf else None
             cap = WINDOW_CAPS.get(fam)
             seqs = [s[:cap] if cap else s for s in SEQUENCES]
             ref = hf_logits(folder, torch.float64, seqs, adapter=adapter)
