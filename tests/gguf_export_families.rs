@@ -228,7 +228,9 @@ fn gemma_scalar_if(gemma: bool) -> impl FnOnce(&mut Json) {
 #[test]
 fn what_llama_cpp_cannot_run_is_refused() {
     type Case = (&'static str, fn(&mut Json), &'static [&'static str]);
-    let cases: [Case; 5] = [
+    let cases: [Case; 7] = [
+        ("tiny-mistral", |_| {}, &["sliding_window", "5 < max_position_embeddings 128"]),
+        ("tiny-qwen3", |c| c["use_sliding_window"] = json!(true), &["use_sliding_window", "qwen3"]),
         ("tiny-gemma2", |_| {}, &["query_pre_attn_scalar", "24", "1/sqrt(16)"]),
         (
             "tiny-gemma2",

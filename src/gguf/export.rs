@@ -96,6 +96,7 @@ impl GgufModel {
                 allowed.join(" and ")
             );
         }
+        super::export_family::check_sliding_window(&model)?;
         let heads = model.uint("num_attention_heads")? as usize;
         let kv_heads = model.opt_uint("num_key_value_heads")?.map_or(heads, |n| n as usize);
         Ok(Self { heads, kv_heads, ..model })

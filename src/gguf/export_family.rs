@@ -66,6 +66,36 @@ impl Family {
     }
 }
 
+/// Refuses a sliding window llama.cpp would not run: its llama, qwen2 and qwen3 graphs attend
+/// to the whole context (and convert_hf_to_gguf.py drops the setting), so Mistral 7B v0.1's
+/// window of 4096 in a 32768 context, or Qwen's `use_sliding_window`, would be misread.
+pub(super) fn check_sliding_window(model: &GgufModel) -> Result<()> {
+    let config = model.config();
+    let file = model.config_file().display();
+    match model.family() {
+        Family::Llama => {
+            let window = model.opt_uint("sliding_window")?;
+            let context = model.opt_uint("max_position_embeddings")?;
+            if let (Some(window), Some(context)) = (window, context) {
+                if window < context {
+                    bail!(
+                        "{file}: `sliding_window` = {window} < max_position_embeddings {context}: llama.cpp's \
+                         llama graph has no sliding window and would attend past it"
+                    );
+                }
+            }
+        }
+        Family::Qwen2 | Family::Qwen3 if config["use_sliding_window"] == true => {
+            bail!(
+                "{file}: `use_sliding_window` is true: llama.cpp's {} has no sliding window",
+                model.family().arch_name()
+            )
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// The `<arch>.*` keys of a Qwen or Gemma model (Llama's are `GgufModel::metadata`'s own), in
 /// the order the converter adds them; a later key of the same name replaces the earlier, as
 /// gguf-py's writer does.
