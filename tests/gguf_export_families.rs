@@ -197,6 +197,15 @@ fn tensors_round_trip_through_our_import_within_f16_rounding() {
 
         let imported_dir = dir.0.join("imported");
         lora_ft::gguf::import_gguf(&out, &imported_dir).unwrap();
+        if gemma {
+            // each layer's kind comes back (Gemma 3's through the per-layer pattern key)
+            let read = |path: PathBuf| -> Json {
+                serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+            };
+            let (ours, theirs) = (read(imported_dir.join("config.json")), read(dir.0.join("config.json")));
+            assert_eq!(ours["layer_types"], theirs["layer_types"], "{name}");
+            assert_eq!(ours["sliding_window"], theirs["sliding_window"], "{name}");
+        }
         // SAFETY: as above.
         let imported = unsafe { MmapedSafetensors::new(imported_dir.join("model.safetensors")) }.unwrap();
         let mut compared = 0;
