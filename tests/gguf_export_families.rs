@@ -237,7 +237,17 @@ fn gemma_scalar_if(gemma: bool) -> impl FnOnce(&mut Json) {
 #[test]
 fn what_llama_cpp_cannot_run_is_refused() {
     type Case = (&'static str, fn(&mut Json), &'static [&'static str]);
-    let cases: [Case; 7] = [
+    let cases: [Case; 9] = [
+        ("tiny-gemma3", |c| c["text_config"] = json!({ "hidden_size": 64 }), &["text_config", "gemma3_text"]),
+        (
+            "tiny-gemma3",
+            |c| {
+                gemma_scalar(c);
+                c["rope_parameters"]["full_attention"] =
+                    json!({ "rope_type": "yarn", "factor": 8.0, "rope_theta": 1e6 });
+            },
+            &["\"yarn\"", "linear for gemma3"],
+        ),
         ("tiny-mistral", |_| {}, &["sliding_window", "5 < max_position_embeddings 128"]),
         ("tiny-qwen3", |c| c["use_sliding_window"] = json!(true), &["use_sliding_window", "qwen3"]),
         ("tiny-gemma2", |_| {}, &["query_pre_attn_scalar", "24", "1/sqrt(16)"]),

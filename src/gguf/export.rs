@@ -86,6 +86,13 @@ impl GgufModel {
                 config_file.display()
             );
         };
+        if family == Family::Gemma3 && !config["text_config"].is_null() {
+            bail!(
+                "{}: a multimodal Gemma 3 (`text_config`); export-gguf writes the text model \
+                 (Gemma3ForCausalLM, model_type gemma3_text)",
+                config_file.display()
+            );
+        }
         let model =
             Self { config_file: config_file.to_path_buf(), config, family, heads: 0, kv_heads: 0, file_type };
         let allowed: &[&str] = if family == Family::Llama { &["linear", "llama3"] } else { &["linear"] };

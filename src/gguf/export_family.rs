@@ -145,6 +145,15 @@ fn text_model_keys(model: &GgufModel, keys: &mut Keys) -> Result<()> {
         }
     }
     let (full, sliding) = rope_sets(model);
+    // Gemma 3's global set (`full_attention`) escapes GgufModel::read's check of the flat one
+    match full["rope_type"].as_str().or(full["type"].as_str()) {
+        None | Some("default" | "linear") => {}
+        Some(kind) => bail!(
+            "{}: RoPE scaling {kind:?} is not exported yet (export-gguf writes linear for {})",
+            model.config_file().display(),
+            model.family().arch_name()
+        ),
+    }
     if full["rope_type"] == "linear" || full["type"] == "linear" {
         if let Some(factor) = full["factor"].as_f64() {
             keys.put("rope.scaling.type", Value::String("linear".into()));
