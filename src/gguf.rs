@@ -11,12 +11,14 @@
 
 mod arch;
 pub mod export;
+pub mod export_family;
 mod hparams;
 mod rope;
 mod spm;
 mod tensors;
 mod tokenizer;
 mod vocab_out;
+mod vocab_spm_out;
 pub mod writer;
 
 use anyhow::{Context, Result};

@@ -1,9 +1,10 @@
-//! A Hugging Face Llama-family model (config.json, tokenizer files, weights) → what a GGUF file
-//! of it holds, as llama.cpp's `convert_hf_to_gguf.py` writes it (`LlamaModel`): the `llama.*`
-//! and `general.*` keys, the tokenizer keys (`vocab_out.rs`), each tensor's llama.cpp name and
-//! type, and its data with the Q/K rows permuted and quantized as gguf-py quantizes.
+//! A Hugging Face model (config.json, tokenizer files, weights) → what a GGUF file of it holds,
+//! as llama.cpp's `convert_hf_to_gguf.py` writes it: the `general.*` keys, the model's own
+//! (`llama.*` here, as `LlamaModel`; Qwen's and Gemma's in `export_family.rs`), the tokenizer
+//! keys (`vocab_out.rs`), each tensor's llama.cpp name and type, and its data (Q/K rows
+//! permuted for the llama graph, Gemma's norms w + 1) quantized as gguf-py quantizes.
 
-use super::arch::Architecture;
+use super::export_family::{family_keys, Family};
 use super::tensors::{gguf_tensor_name, permute_rows};
 use super::writer::TensorInfo;
 use anyhow::{bail, Context, Result};
@@ -55,12 +56,15 @@ pub struct Planned {
     pub info: TensorInfo,
     /// Head groups of a Q (all heads) or K (the KV heads) weight, whose rows llama.cpp permutes.
     permute: Option<usize>,
+    /// Added to every value before it is stored (Gemma's norms: w + 1).
+    offset: f32,
 }
 
-/// A Llama-family model read for export: its config.json and the numbers the tensors need.
+/// A model read for export: its config.json, its family and the numbers the tensors need.
 pub struct GgufModel {
     config_file: PathBuf,
     config: Json,
+    family: Family,
     heads: usize,
     kv_heads: usize,
     file_type: FileType,
@@ -74,22 +78,32 @@ impl GgufModel {
             .with_context(|| format!("reading {}", config_file.display()))?;
         let config: Json =
             serde_json::from_str(&text).with_context(|| format!("{}: not JSON", config_file.display()))?;
-        let model = Self { config_file: config_file.to_path_buf(), config, heads: 0, kv_heads: 0, file_type };
-        let model_type = model.config["model_type"].as_str().unwrap_or_default();
-        if !matches!(model_type, "llama" | "mistral") {
+        let model_type = config["model_type"].as_str().unwrap_or_default().to_string();
+        let Some(family) = Family::of_model_type(&model_type) else {
             bail!(
-                "{}: model_type {model_type:?}; export-gguf writes the Llama family (llama, mistral) so far",
+                "{}: model_type {model_type:?}; export-gguf writes llama, mistral, qwen2, qwen3, gemma2 \
+                 and gemma3(_text)",
+                config_file.display()
+            );
+        };
+        if family == Family::Gemma3 && !config["text_config"].is_null() {
+            bail!(
+                "{}: a multimodal Gemma 3 (`text_config`); export-gguf writes the text model \
+                 (Gemma3ForCausalLM, model_type gemma3_text)",
                 config_file.display()
             );
         }
-        if let Some((kind, _)) =
-            model.rope_scaling().filter(|(kind, _)| !matches!(*kind, "linear" | "llama3"))
-        {
+        let model =
+            Self { config_file: config_file.to_path_buf(), config, family, heads: 0, kv_heads: 0, file_type };
+        let allowed: &[&str] = if family == Family::Llama { &["linear", "llama3"] } else { &["linear"] };
+        if let Some((kind, _)) = model.rope_scaling().filter(|(kind, _)| !allowed.contains(kind)) {
             bail!(
-                "{}: RoPE scaling {kind:?} is not exported yet (export-gguf writes linear and llama3)",
-                config_file.display()
+                "{}: RoPE scaling {kind:?} is not exported yet (export-gguf writes {} for {model_type})",
+                config_file.display(),
+                allowed.join(" and ")
             );
         }
+        super::export_family::check_sliding_window(&model)?;
         let heads = model.uint("num_attention_heads")? as usize;
         let kv_heads = model.opt_uint("num_key_value_heads")?.map_or(heads, |n| n as usize);
         Ok(Self { heads, kv_heads, ..model })
@@ -141,7 +155,27 @@ impl GgufModel {
         Ok(vec![(info, factors.iter().flat_map(|v| v.to_le_bytes()).collect())])
     }
 
-    fn opt_uint(&self, key: &str) -> Result<Option<u64>> {
+    pub(super) fn config(&self) -> &Json {
+        &self.config
+    }
+
+    pub(super) fn config_file(&self) -> &Path {
+        &self.config_file
+    }
+
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    pub(super) fn heads(&self) -> usize {
+        self.heads
+    }
+
+    pub(super) fn kv_heads(&self) -> usize {
+        self.kv_heads
+    }
+
+    pub(super) fn opt_uint(&self, key: &str) -> Result<Option<u64>> {
         match &self.config[key] {
             Json::Null => Ok(None),
             value => value.as_u64().map(Some).with_context(|| {
@@ -150,11 +184,23 @@ impl GgufModel {
         }
     }
 
-    fn uint(&self, key: &str) -> Result<u64> {
+    pub(super) fn uint(&self, key: &str) -> Result<u64> {
         self.opt_uint(key)?.with_context(|| format!("{}: `{key}` is missing", self.config_file.display()))
     }
 
-    fn float(&self, key: &str) -> Result<Option<f32>> {
+    /// A config number as a GGUF u32.
+    pub(super) fn u32_of(&self, key: &str) -> Result<Value> {
+        let value = self.uint(key)?;
+        u32::try_from(value)
+            .map(Value::U32)
+            .with_context(|| format!("{}: `{key}` = {value} is over 2^32", self.config_file.display()))
+    }
+
+    pub(super) fn required_float(&self, key: &str) -> Result<f32> {
+        self.float(key)?.with_context(|| format!("{}: `{key}` is missing", self.config_file.display()))
+    }
+
+    pub(super) fn float(&self, key: &str) -> Result<Option<f32>> {
         let value = match key {
             "rope_theta" if self.config[key].is_null() => &self.config["rope_parameters"][key],
             _ => &self.config[key],
@@ -167,30 +213,37 @@ impl GgufModel {
         }
     }
 
-    /// Every key of the file: `general.*`, `llama.*` (convert_hf_to_gguf.py's `TextModel` and
-    /// `LlamaModel.set_gguf_parameters`) and the tokenizer's, from the folder of config.json.
+    /// Every key of the file: `general.*`, the model's own (`<arch>.*`, as convert_hf_to_gguf.py's
+    /// model class writes them) and the tokenizer's, from the folder of config.json.
     pub fn metadata(&self, name: &str) -> Result<Vec<(String, Value)>> {
+        let vocab_size = self.uint("vocab_size")?;
+        let string = |s: &str| Value::String(s.to_string());
+        let mut keys: Vec<(String, Value)> = vec![
+            ("general.architecture".into(), string(self.family.arch_name())),
+            ("general.type".into(), string("model")),
+            ("general.name".into(), string(name)),
+        ];
+        match self.family {
+            Family::Llama => keys.extend(self.llama_keys()?),
+            family => keys.extend(family_keys(self, family)?),
+        }
+        keys.push(("general.file_type".into(), Value::U32(self.file_type.id())));
+        keys.push(("general.quantization_version".into(), Value::U32(2)));
+        let dir = self.config_file.parent().unwrap_or(Path::new("."));
+        keys.extend(super::vocab_out::tokenizer_metadata(dir, vocab_size as usize, &self.config)?);
+        Ok(keys)
+    }
+
+    /// The `llama.*` keys (`TextModel` and `LlamaModel.set_gguf_parameters`).
+    fn llama_keys(&self) -> Result<Vec<(String, Value)>> {
         let hidden = self.uint("hidden_size")?;
         let head_dim = self.opt_uint("head_dim")?;
-        let vocab_size = self.uint("vocab_size")?;
-        let eps = self
-            .float("rms_norm_eps")?
-            .with_context(|| format!("{}: `rms_norm_eps` is missing", self.config_file.display()))?;
-        let u32_of = |key: &str| -> Result<Value> {
-            let value = self.uint(key)?;
-            u32::try_from(value)
-                .map(Value::U32)
-                .with_context(|| format!("{}: `{key}` = {value} is over 2^32", self.config_file.display()))
-        };
-        let string = |s: &str| Value::String(s.to_string());
+        let eps = self.required_float("rms_norm_eps")?;
         let mut keys = vec![
-            ("general.architecture", string("llama")),
-            ("general.type", string("model")),
-            ("general.name", string(name)),
-            ("llama.block_count", u32_of("num_hidden_layers")?),
-            ("llama.context_length", u32_of("max_position_embeddings")?),
-            ("llama.embedding_length", u32_of("hidden_size")?),
-            ("llama.feed_forward_length", u32_of("intermediate_size")?),
+            ("llama.block_count", self.u32_of("num_hidden_layers")?),
+            ("llama.context_length", self.u32_of("max_position_embeddings")?),
+            ("llama.embedding_length", self.u32_of("hidden_size")?),
+            ("llama.feed_forward_length", self.u32_of("intermediate_size")?),
             ("llama.attention.head_count", Value::U32(self.heads as u32)),
             ("llama.attention.head_count_kv", Value::U32(self.kv_heads as u32)),
         ];
@@ -199,25 +252,21 @@ impl GgufModel {
         }
         keys.push(("llama.attention.layer_norm_rms_epsilon", Value::F32(eps)));
         if let Some(("linear", scaling)) = self.rope_scaling() {
-            keys.push(("llama.rope.scaling.type", string("linear")));
+            keys.push(("llama.rope.scaling.type", Value::String("linear".into())));
             keys.push((
                 "llama.rope.scaling.factor",
                 Value::F32(self.scaling_float(scaling, "factor", None)? as f32),
             ));
         }
+        // Mistral Nemo: head_dim 128 with hidden / heads = 160
         if let Some(head_dim) = head_dim {
             keys.push(("llama.attention.key_length", Value::U32(head_dim as u32)));
             keys.push(("llama.attention.value_length", Value::U32(head_dim as u32)));
         }
-        keys.push(("general.file_type", Value::U32(self.file_type.id())));
-        keys.push(("llama.vocab_size", u32_of("vocab_size")?));
+        keys.push(("llama.vocab_size", self.u32_of("vocab_size")?));
         let rope_dims = head_dim.unwrap_or(hidden / self.heads.max(1) as u64);
         keys.push(("llama.rope.dimension_count", Value::U32(rope_dims as u32)));
-        keys.push(("general.quantization_version", Value::U32(2)));
-        let mut keys: Vec<(String, Value)> = keys.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-        let dir = self.config_file.parent().unwrap_or(Path::new("."));
-        keys.extend(super::vocab_out::tokenizer_metadata(dir, vocab_size as usize, &self.config)?);
-        Ok(keys)
+        Ok(keys.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
     }
 
     /// The GGUF name, shape and type of Hugging Face tensor `hf_name`; `None` for what llama.cpp
@@ -228,8 +277,20 @@ impl GgufModel {
         if hf_name.ends_with(".rotary_emb.inv_freq") {
             return Ok(None);
         }
-        let Some(name) = gguf_tensor_name(Architecture::Llama, hf_name) else {
-            bail!("tensor {hf_name} has no llama.cpp counterpart in a Llama-family GGUF file");
+        if hf_name == "lm_head.weight" && self.family == Family::Gemma2 {
+            // Gemma2Model skips it: llama.cpp's gemma2 has no output.weight, token_embd is the head
+            if self.config["tie_word_embeddings"] == false {
+                bail!(
+                    "{}: tie_word_embeddings is false, but llama.cpp's gemma2 computes the logits with \
+                     the embedding matrix (it has no output.weight)",
+                    self.config_file.display()
+                );
+            }
+            return Ok(None);
+        }
+        let arch = self.family.arch_name();
+        let Some(name) = gguf_tensor_name(self.family.architecture(), hf_name) else {
+            bail!("tensor {hf_name} has no llama.cpp counterpart in a {arch} GGUF file");
         };
         let dtype = if shape.len() <= 1 || name.ends_with("_norm.weight") || !name.ends_with(".weight") {
             GgmlDType::F32
@@ -240,7 +301,9 @@ impl GgufModel {
                 _ => GgmlDType::F16,
             }
         };
-        let permute = if name.ends_with(".attn_q.weight") {
+        let permute = if self.family != Family::Llama {
+            None
+        } else if name.ends_with(".attn_q.weight") {
             Some(self.heads)
         } else if name.ends_with(".attn_k.weight") {
             Some(self.kv_heads)
@@ -252,13 +315,17 @@ impl GgufModel {
                 bail!("tensor {hf_name} of shape {shape:?} does not split into {groups} heads of even size");
             }
         }
-        Ok(Some(Planned { info: TensorInfo { name, shape: shape.to_vec(), dtype }, permute }))
+        let offset = self.family.stored_offset(hf_name);
+        Ok(Some(Planned { info: TensorInfo { name, shape: shape.to_vec(), dtype }, permute, offset }))
     }
 
     /// The tensor's bytes in the file: rows permuted for Q/K, then converted or quantized.
     pub fn data(&self, planned: &Planned, tensor: &Tensor) -> Result<Vec<u8>> {
         let name = &planned.info.name;
         let mut tensor = tensor.to_dtype(DType::F32)?;
+        if planned.offset != 0.0 {
+            tensor = (tensor + f64::from(planned.offset))?;
+        }
         if let Some(groups) = planned.permute {
             let values = tensor.flatten_all()?.to_vec1::<f32>()?;
             let rows = planned.info.shape[0];

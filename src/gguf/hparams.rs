@@ -6,6 +6,7 @@
 use super::arch::Architecture;
 use super::{rope, Metadata};
 use anyhow::{bail, Result};
+use candle_core::quantized::gguf_file::Value;
 use serde_json::{json, Map, Value as Json};
 
 /// The hyperparameters under `<arch>.*`.
@@ -156,14 +157,16 @@ fn gemma(meta: &Metadata, inputs: &Inputs, config: &mut Json) -> Result<()> {
         config["attn_logit_softcapping"] = json!(attn_cap);
         config["final_logit_softcapping"] = json!(final_cap.or(Some(30.0)));
         config["sliding_window"] = json!(shape.sliding_window.unwrap_or(4096));
-        config["layer_types"] = layer_types(layers, |l| l % 2 == 0);
+        let local = sliding_layers(meta, &key("attention.sliding_window_pattern"), layers, 2)?;
+        config["layer_types"] = layer_types(layers, |l| local[l]);
     } else {
         config["attn_logit_softcapping"] = Json::Null;
         config["final_logit_softcapping"] = json!(final_cap);
         match shape.sliding_window.filter(|&w| w > 0) {
             Some(window) => {
                 config["sliding_window"] = json!(window);
-                config["layer_types"] = layer_types(layers, |l| (l + 1) % 6 != 0);
+                let local = sliding_layers(meta, &key("attention.sliding_window_pattern"), layers, 6)?;
+                config["layer_types"] = layer_types(layers, |l| local[l]);
             }
             None => {
                 config["sliding_window"] = Json::Null;
@@ -172,6 +175,31 @@ fn gemma(meta: &Metadata, inputs: &Inputs, config: &mut Json) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Which layers slide, as llama.cpp's `load_swa_pattern` reads `key`: one bool (or 0/1) per layer,
+/// or a period n (every n-th layer global, the last of each n), else the architecture's period.
+fn sliding_layers(meta: &Metadata, key: &str, layers: usize, default_period: u64) -> Result<Vec<bool>> {
+    if let Some(items) = meta.array(key)? {
+        if items.len() != layers {
+            bail!(
+                "{}: GGUF key `{key}` has {} entries for {layers} layers",
+                meta.file.display(),
+                items.len()
+            );
+        }
+        return items
+            .iter()
+            .map(|item| match item {
+                Value::Bool(b) => Ok(*b),
+                Value::U32(v) => Ok(*v != 0),
+                Value::I32(v) => Ok(*v != 0),
+                other => bail!("{}: GGUF key `{key}` holds {:?}", meta.file.display(), other.value_type()),
+            })
+            .collect();
+    }
+    let period = meta.opt_uint(key)?.unwrap_or(default_period);
+    Ok((0..layers as u64).map(|l| period == 0 || l % period < period - 1).collect())
 }
 
 /// transformers' `layer_types`: each layer's attention, local where `sliding(layer)`.

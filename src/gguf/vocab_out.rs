@@ -1,7 +1,8 @@
-//! A Hugging Face byte-level BPE tokenizer (tokenizer.json, tokenizer_config.json) → the
-//! `tokenizer.*` keys of a GGUF file, as llama.cpp's `convert_hf_to_gguf.py` writes them for a
-//! `gpt2` vocabulary (`get_vocab_base` and gguf-py's `SpecialVocab`): tokens by id, their types,
-//! the merges, the special token ids, the add-bos/eos flags and the chat template.
+//! A Hugging Face tokenizer (tokenizer.json, tokenizer_config.json, tokenizer.model) → the
+//! `tokenizer.*` keys of a GGUF file, as llama.cpp's `convert_hf_to_gguf.py` writes them: a
+//! byte-level BPE as a `gpt2` vocabulary (`get_vocab_base`: tokens by id, their types, the
+//! merges), a SentencePiece one as `llama` (`vocab_spm_out.rs`), then gguf-py's `SpecialVocab`
+//! for both: the special token ids, the add-bos/eos flags and the chat template.
 
 use super::tokenizer::{split_regex, CONTROL, USER_DEFINED};
 use anyhow::{bail, Context, Result};
@@ -10,9 +11,11 @@ use serde_json::Value as Json;
 use std::collections::HashMap;
 use std::path::Path;
 
-/// llama.cpp's token types (`llama_token_type`) of ordinary and missing ids.
-const NORMAL: i32 = 1;
-const UNUSED: i32 = 5;
+/// llama.cpp's token types (`llama_token_type`).
+pub(super) const NORMAL: i32 = 1;
+pub(super) const UNUSED: i32 = 5;
+pub(super) const CONTROL_TYPE: i32 = CONTROL as i32;
+pub(super) const USER_DEFINED_TYPE: i32 = USER_DEFINED as i32;
 
 /// The pre-tokenizer names whose split regex the import knows, tried in this order (the first
 /// name of each regex is the one convert_hf_to_gguf.py writes for the models lora-ft trains).
@@ -27,31 +30,19 @@ pub(super) fn tokenizer_metadata(
     config: &Json,
 ) -> Result<Vec<(String, Value)>> {
     let file = dir.join("tokenizer.json");
-    let tokenizer = read_json(&file)?;
+    let has_model_file = dir.join("tokenizer.model").is_file();
+    // the converter reads tokenizer.model first; tokenizer.json is then not needed
+    let tokenizer = if has_model_file && !file.is_file() { Json::Null } else { read_json(&file)? };
     let tokenizer_config = read_json(&dir.join("tokenizer_config.json"))?;
     let model = &tokenizer["model"];
-    if model["type"] != "BPE" || model["byte_fallback"] == true || !tokenizer["normalizer"].is_null() {
-        bail!(
-            "{}: a SentencePiece-style tokenizer (byte fallback or a normalizer: Llama 2, Mistral 7B); \
-             export-gguf writes byte-level BPE (`gpt2`) vocabularies only so far",
-            file.display()
-        );
-    }
-    let pre = pre_tokenizer_name(&tokenizer["pre_tokenizer"])
-        .with_context(|| format!("{}: pre_tokenizer", file.display()))?;
-    let (tokens, types) = tokens_and_types(&file, &tokenizer, vocab_size)?;
-    let merges = merges(&file, &model["merges"])?;
-
-    let mut keys = vec![
-        ("tokenizer.ggml.model".to_string(), Value::String("gpt2".into())),
-        ("tokenizer.ggml.pre".to_string(), Value::String(pre.into())),
-        (
-            "tokenizer.ggml.tokens".to_string(),
-            Value::Array(tokens.iter().cloned().map(Value::String).collect()),
-        ),
-        ("tokenizer.ggml.token_type".to_string(), Value::Array(types.into_iter().map(Value::I32).collect())),
-        ("tokenizer.ggml.merges".to_string(), Value::Array(merges.into_iter().map(Value::String).collect())),
-    ];
+    // SentencePiece-style BPE (Llama 2, Mistral 7B, Gemma) falls back to `<0xNN>` pieces; byte-level
+    // BPE has no unknown bytes (Qwen's NFC normalizer does not make it SentencePiece)
+    let sentencepiece = model["byte_fallback"] == true;
+    let (tokens, mut keys) = if has_model_file || sentencepiece {
+        spm_keys(dir, &tokenizer, vocab_size, &tokenizer_config, config)?
+    } else {
+        gpt2_keys(&file, &tokenizer, vocab_size)?
+    };
     let ids: HashMap<&str, usize> = tokens.iter().enumerate().map(|(id, t)| (t.as_str(), id)).collect();
     for (name, key) in [
         ("bos", "bos_token_id"),
@@ -78,6 +69,78 @@ pub(super) fn tokenizer_metadata(
         keys.push(("tokenizer.chat_template".to_string(), Value::String(template)));
     }
     Ok(keys)
+}
+
+type VocabKeys = (Vec<String>, Vec<(String, Value)>);
+
+/// A byte-level BPE: `gpt2` with its pre-tokenizer's name and merges.
+fn gpt2_keys(file: &Path, tokenizer: &Json, vocab_size: usize) -> Result<VocabKeys> {
+    let model = &tokenizer["model"];
+    if model["type"] != "BPE" {
+        bail!(
+            "{}: a {} tokenizer; export-gguf writes BPE and SentencePiece ones",
+            file.display(),
+            model["type"]
+        );
+    }
+    let pre = pre_tokenizer_name(&tokenizer["pre_tokenizer"])
+        .with_context(|| format!("{}: pre_tokenizer", file.display()))?;
+    let (tokens, types) = tokens_and_types(file, tokenizer, vocab_size)?;
+    let merges = merges(file, &model["merges"])?;
+    let keys = vec![
+        ("tokenizer.ggml.model".to_string(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".to_string(), Value::String(pre.into())),
+        (
+            "tokenizer.ggml.tokens".to_string(),
+            Value::Array(tokens.iter().cloned().map(Value::String).collect()),
+        ),
+        ("tokenizer.ggml.token_type".to_string(), Value::Array(types.into_iter().map(Value::I32).collect())),
+        ("tokenizer.ggml.merges".to_string(), Value::Array(merges.into_iter().map(Value::String).collect())),
+    ];
+    Ok((tokens, keys))
+}
+
+/// A SentencePiece vocabulary: `llama`, pre-tokenizer `default`, scores instead of merges
+/// (`_set_vocab_sentencepiece`); Gemma writes `add_space_prefix = false` (`Gemma2Model` /
+/// `Gemma3Model.set_vocab`), Llama the tokenizer config's `add_prefix_space` where it has one.
+fn spm_keys(
+    dir: &Path,
+    tokenizer: &Json,
+    vocab_size: usize,
+    tokenizer_config: &Json,
+    config: &Json,
+) -> Result<VocabKeys> {
+    let vocab = if dir.join("tokenizer.model").is_file() {
+        super::vocab_spm_out::from_model_file(dir, vocab_size, tokenizer_config)?
+    } else {
+        super::vocab_spm_out::from_tokenizer_json(dir, tokenizer, vocab_size, tokenizer_config)?
+    };
+    let mut keys = vec![
+        ("tokenizer.ggml.model".to_string(), Value::String("llama".into())),
+        ("tokenizer.ggml.pre".to_string(), Value::String("default".into())),
+        (
+            "tokenizer.ggml.tokens".to_string(),
+            Value::Array(vocab.tokens.iter().cloned().map(Value::String).collect()),
+        ),
+        (
+            "tokenizer.ggml.scores".to_string(),
+            Value::Array(vocab.scores.into_iter().map(Value::F32).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type".to_string(),
+            Value::Array(vocab.types.into_iter().map(Value::I32).collect()),
+        ),
+    ];
+    let model_type = config["model_type"].as_str().unwrap_or_default();
+    let space_prefix = match model_type {
+        "gemma2" | "gemma3" | "gemma3_text" => Some(false),
+        "llama" | "mistral" => tokenizer_config["add_prefix_space"].as_bool(),
+        _ => None,
+    };
+    if let Some(prefix) = space_prefix {
+        keys.push(("tokenizer.ggml.add_space_prefix".to_string(), Value::Bool(prefix)));
+    }
+    Ok((vocab.tokens, keys))
 }
 
 fn read_json(path: &Path) -> Result<Json> {
@@ -149,7 +212,7 @@ fn tokens_and_types(file: &Path, tokenizer: &Json, vocab_size: usize) -> Result<
 }
 
 /// convert_hf_to_gguf.py's `does_token_look_special`: added tokens some models leave unmarked.
-fn looks_special(token: &str) -> bool {
+pub(super) fn looks_special(token: &str) -> bool {
     matches!(token, "<pad>" | "<mask>" | "<2mass>" | "[@BOS@]")
         || (token.starts_with("<|") && token.ends_with("|>"))
         || (token.starts_with("<｜") && token.ends_with("｜>"))
