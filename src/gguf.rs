@@ -12,6 +12,7 @@
 mod arch;
 pub mod export;
 mod hparams;
+pub mod kquants;
 mod rope;
 mod spm;
 mod tensors;
