@@ -68,8 +68,9 @@ pub enum Command {
         adapter: Option<PathBuf>,
         /// The .gguf file to write (its folder must exist).
         out: PathBuf,
-        /// The type of the 2-D weights; norms and other 1-D tensors stay f32.
-        #[arg(long = "type", default_value = "f16", value_parser = ["f16", "bf16", "q8_0"])]
+        /// The type of the 2-D weights; norms and other 1-D tensors stay f32. q4_k_m: llama.cpp's
+        /// Q4_K_M mix (`llama-quantize ... Q4_K_M` without an imatrix), Q4_K/Q6_K blocks.
+        #[arg(long = "type", default_value = "f16", value_parser = ["f32", "f16", "bf16", "q8_0", "q4_k_m"])]
         file_type: String,
         /// The adapter alone as a llama.cpp LoRA file (`llama-cli --lora`, Ollama's `ADAPTER`),
         /// its weights f32, for a GGUF of the base; needs --adapter.

@@ -54,6 +54,8 @@ pub fn export_gguf(
         }
         shards.push(st);
     }
+    let mut infos: Vec<_> = plan.iter_mut().map(|(_, _, planned)| &mut planned.info).collect();
+    model.choose_types(&mut infos)?;
     let metadata = model.metadata(&model_name(source))?;
 
     let extras = model.extra_tensors()?;
