@@ -76,6 +76,10 @@ pub enum Command {
         /// its weights f32, for a GGUF of the base; needs --adapter.
         #[arg(long, requires = "adapter", conflicts_with = "file_type")]
         adapter_only: bool,
+        /// With --adapter-only: the base model's GGUF, the `FROM` of the Ollama Modelfile written
+        /// beside OUT (OUT.Modelfile); without it `FROM ./BASE.gguf` is left to fill in.
+        #[arg(long, requires = "adapter_only")]
+        base_gguf: Option<PathBuf>,
     },
     /// Predict peak GPU memory of a config's run before loading anything, and the largest batch
     /// that fits at each sequence length.

@@ -13,6 +13,7 @@ mod arch;
 pub mod export;
 mod hparams;
 pub mod kquants;
+pub mod modelfile;
 mod q4km;
 mod rope;
 mod spm;
