@@ -2,9 +2,10 @@
 //! it (no importance matrix, no overrides) for the Llama family: llama.cpp's
 //! `llama_tensor_get_type_impl` and `tensor_type_fallback` (src/llama-quant.cpp, ggml-org
 //! llama.cpp as of commit 007dbbf, the rules llama-cpp-python 0.3.36's build applies; checked on
-//! SmolLM2 by tests/golden/gguf_q4km_smollm2.json). Q4_K by default; Q6_K for `output.weight`
-//! (or `token_embd.weight` when the file has no `output.weight`: tied embeddings), and for
-//! `attn_v` and `ffn_down` on the layers `use_more_bits` picks; Q8_0 for the output/tied
+//! SmolLM2 and a synthetic 80-layer Llama, tests/golden/gguf_q4km_*.json). Q4_K by default; Q6_K
+//! for `output.weight` (or `token_embd.weight` when the file has no `output.weight`: tied
+//! embeddings), and for `attn_v` and `ffn_down` on the layers `use_more_bits` picks; Q8_0 for the
+//! output/tied
 //! embedding when a row does not split into blocks of 256; a 70B-shaped Llama (80 layers,
 //! grouped KV heads) gets Q5_K for its other `attn_v`. Then the fallbacks where a row does not
 //! split into the type's blocks: Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, and F16 if that does
