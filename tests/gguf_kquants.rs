@@ -2,7 +2,8 @@
 //! rows (tests/golden/gguf_kquants.json, from ggml's `ggml_quantize_chunk` through
 //! scripts/golden/gguf_kquants.py) byte for byte, in each type a Q4_K_M file holds.
 
-use candle_core::quantized::GgmlDType;
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
 use lora_ft::gguf::export::quantize;
 use lora_ft::gguf::kquants;
 use serde_json::Value as Json;
@@ -54,13 +55,17 @@ fn k_quant_and_q5_0_blocks_equal_llama_cpps_byte_for_byte() {
 /// Why the port: candle's own Q4_K quantizer (an older llama.cpp search, other rounding) gives
 /// other blocks than today's llama.cpp on most golden rows.
 #[test]
-fn candle_q4k_is_not_llama_cpp() {
+fn candle_q4k_is_not_llama_cpps() {
     let cases = golden();
     let differing = cases
         .iter()
         .filter(|case| {
-            hex(&quantize(&values(case), GgmlDType::Q4K).unwrap()) != case["q4_k"].as_str().unwrap()
+            let x = values(case);
+            let tensor = Tensor::from_slice(&x, x.len(), &Device::Cpu).unwrap();
+            let candle = QTensor::quantize(&tensor, GgmlDType::Q4K).unwrap().data().unwrap().into_owned();
+            hex(&candle) != case["q4_k"].as_str().unwrap()
         })
         .count();
+    // 12 of the 14 with candle-core 0.11.1: all but the zero and the constant rows
     assert!(differing > cases.len() / 2, "candle's Q4_K differs on only {differing} of {} rows", cases.len());
 }
