@@ -56,7 +56,7 @@ pub enum Command {
         dtype: String,
     },
     /// Fold an adapter into its base model and write the result as one GGUF file that llama.cpp
-    /// loads (Llama family, byte-level BPE tokenizers).
+    /// loads (Llama family, byte-level BPE tokenizers), and an Ollama Modelfile beside it.
     ExportGguf {
         /// Hub repo id or local HF folder of the base model.
         #[arg(long)]
