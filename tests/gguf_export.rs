@@ -349,6 +349,7 @@ fn ollama_modelfiles_are_written_beside_the_gguf() {
     let model = model.to_str().unwrap();
     let summary = lora_ft::merge::export_adapter_gguf(model, "main", &adapter, &lora, None).unwrap();
     let text = std::fs::read_to_string(&summary.modelfile).unwrap();
+    assert!(text.contains("\n# FROM: replace ./BASE.gguf by the base model's GGUF"), "{text}");
     assert!(text.contains("\nFROM ./BASE.gguf\nADAPTER ./lora.gguf\n"), "{text}");
     assert!(summary.warnings[0].contains("--base-gguf"), "{:?}", summary.warnings);
     let summary = lora_ft::merge::export_adapter_gguf(model, "main", &adapter, &lora, Some(&out)).unwrap();

@@ -240,7 +240,11 @@ fn write_modelfile(
         }
     };
     let dir = config.parent().unwrap_or(Path::new("."));
-    let (text, warning) = modelfile::modelfile(&from, adapter.as_deref(), dir)?;
+    let (mut text, warning) = modelfile::modelfile(&from, adapter.as_deref(), dir)?;
+    if base == Some(None) {
+        let note = "# FROM: replace ./BASE.gguf by the base model's GGUF (lora-ft export-gguf --model M BASE.gguf)\n";
+        text = text.replacen("FROM ", &format!("{note}FROM "), 1);
+    }
     warnings.extend(warning);
     let path = modelfile::path_beside(out);
     std::fs::write(&path, text).with_context(|| durable::Writing(path.clone()))?;
