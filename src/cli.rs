@@ -56,7 +56,8 @@ pub enum Command {
         dtype: String,
     },
     /// Fold an adapter into its base model and write the result as one GGUF file that llama.cpp
-    /// loads (Llama, Mistral, Qwen 2/3, Gemma 2/3; byte-level BPE tokenizers).
+    /// loads (Llama, Mistral, Qwen 2/3, Gemma 2/3; byte-level BPE and SentencePiece tokenizers),
+    /// and an Ollama Modelfile beside it.
     ExportGguf {
         /// Hub repo id or local HF folder of the base model.
         #[arg(long)]
@@ -68,13 +69,18 @@ pub enum Command {
         adapter: Option<PathBuf>,
         /// The .gguf file to write (its folder must exist).
         out: PathBuf,
-        /// The type of the 2-D weights; norms and other 1-D tensors stay f32.
-        #[arg(long = "type", default_value = "f16", value_parser = ["f16", "bf16", "q8_0"])]
+        /// The type of the 2-D weights; norms and other 1-D tensors stay f32. q4_k_m: llama.cpp's
+        /// Q4_K_M mix (`llama-quantize ... Q4_K_M` without an imatrix), Q4_K/Q6_K blocks.
+        #[arg(long = "type", default_value = "f16", value_parser = ["f32", "f16", "bf16", "q8_0", "q4_k_m"])]
         file_type: String,
         /// The adapter alone as a llama.cpp LoRA file (`llama-cli --lora`, Ollama's `ADAPTER`),
         /// its weights f32, for a GGUF of the base; needs --adapter.
         #[arg(long, requires = "adapter", conflicts_with = "file_type")]
         adapter_only: bool,
+        /// With --adapter-only: the base model's GGUF, the `FROM` of the Ollama Modelfile written
+        /// beside OUT (OUT.Modelfile); without it `FROM ./BASE.gguf` is left to fill in.
+        #[arg(long, requires = "adapter_only")]
+        base_gguf: Option<PathBuf>,
     },
     /// Predict peak GPU memory of a config's run before loading anything, and the largest batch
     /// that fits at each sequence length.

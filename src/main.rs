@@ -163,12 +163,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&report)?);
             Ok(())
         }
-        Command::ExportGguf { model, revision, adapter, out, file_type, adapter_only } => {
+        Command::ExportGguf { model, revision, adapter, out, file_type, adapter_only, base_gguf } => {
             let file_type = lora_ft::gguf::export::FileType::parse(&file_type)?;
             let summary = match (adapter_only, adapter.as_deref()) {
-                (true, Some(adapter)) => {
-                    lora_ft::merge::export_adapter_gguf(&model, &revision, adapter, &out)?
-                }
+                (true, Some(adapter)) => lora_ft::merge::export_adapter_gguf(
+                    &model,
+                    &revision,
+                    adapter,
+                    &out,
+                    base_gguf.as_deref(),
+                )?,
                 _ => lora_ft::merge::export_gguf(&model, &revision, adapter.as_deref(), &out, file_type)?,
             };
             println!(
@@ -178,6 +182,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 summary.merged_projections,
                 summary.bytes
             );
+            println!("wrote {} (ollama create NAME -f {0})", summary.modelfile.display());
+            summary.warnings.iter().for_each(|w| eprintln!("warning: {w}"));
             Ok(())
         }
         Command::Merge { model, revision, adapter, out_dir, dtype } => {

@@ -132,6 +132,7 @@ fn check_header(ours: &Content, original: &Content, file_type: FileType) {
 /// steps by up to 2^-11·d: 0.5·d + 127·2^-11·d, with 1e-5 relative slack for f32 arithmetic.
 fn bound(merged: &[f32], file_type: FileType) -> Vec<f32> {
     match file_type {
+        FileType::F32 => vec![0.0; merged.len()],
         FileType::F16 => merged.iter().map(|x| x.abs() * 2f32.powi(-11) + 2f32.powi(-25)).collect(),
         FileType::BF16 => merged.iter().map(|x| x.abs() * 2f32.powi(-8)).collect(),
         FileType::Q8_0 => merged
@@ -142,6 +143,7 @@ fn bound(merged: &[f32], file_type: FileType) -> Vec<f32> {
                 std::iter::repeat_n(bound, block.len())
             })
             .collect(),
+        FileType::Q4KM => unreachable!("q4_k_m is checked against llama.cpp's bytes (tests/gguf_q4km.rs)"),
     }
 }
 
@@ -239,14 +241,14 @@ fn bad_input_is_refused_and_leaves_no_gguf_behind() {
     assert!(left.is_empty(), "left behind: {left:?}");
     // an unknown --type, through the library and the command line
     let err = FileType::parse("q4_0").unwrap_err().to_string();
-    assert!(err.contains("\"q4_0\"") && err.contains("f16, bf16 or q8_0"), "{err}");
+    assert!(err.contains("\"q4_0\"") && err.contains("q8_0 or q4_k_m"), "{err}");
     let cli = std::process::Command::new(env!("CARGO_BIN_EXE_lora-ft"))
         .args(["export-gguf", "--model", model.to_str().unwrap(), "--type", "q4_0"])
         .arg(&out)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&cli.stderr);
-    assert!(!cli.status.success() && stderr.contains("q4_0") && stderr.contains("q8_0"), "{stderr}");
+    assert!(!cli.status.success() && stderr.contains("q4_0") && stderr.contains("q4_k_m"), "{stderr}");
     assert!(!out.exists());
 }
 
@@ -265,7 +267,7 @@ fn adapter_only_holds_a_and_b_as_llama_cpp_reads_them() {
     random_adapter(&adapter);
     let out = root.0.join("lora.gguf");
     let summary =
-        lora_ft::merge::export_adapter_gguf(model.to_str().unwrap(), "main", &adapter, &out).unwrap();
+        lora_ft::merge::export_adapter_gguf(model.to_str().unwrap(), "main", &adapter, &out, None).unwrap();
     assert_eq!(summary.tensors, 180, "{summary:?}");
     let mut file = std::fs::File::open(&out).unwrap();
     let content = Content::read(&mut file).unwrap();
@@ -314,4 +316,49 @@ fn adapter_only_holds_a_and_b_as_llama_cpp_reads_them() {
             assert_eq!(read("lora_b"), want, "{key}: lora_b is B in llama.cpp's row order");
         }
     }
+}
+
+/// export-gguf writes OUT.Modelfile beside OUT.gguf: FROM the file, Ollama's ChatML template for
+/// SmolLM2's, its default system prompt, its end-of-turn token as the stop; --adapter-only: FROM
+/// the base (--base-gguf, absolute) or a placeholder with a warning, and ADAPTER the file.
+#[test]
+fn ollama_modelfiles_are_written_beside_the_gguf() {
+    let model = lora_ft::fixtures::smollm2_dir();
+    let root = scratch("modelfile");
+    let out = root.0.join("smol.gguf");
+    let summary =
+        lora_ft::merge::export_gguf(model.to_str().unwrap(), "main", None, &out, FileType::F16).unwrap();
+    assert_eq!(summary.modelfile, root.0.join("smol.Modelfile"));
+    assert!(summary.warnings.is_empty(), "{:?}", summary.warnings);
+    let text = std::fs::read_to_string(&summary.modelfile).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(lines[0], "FROM ./smol.gguf");
+    assert!(
+        text.contains("TEMPLATE \"\"\"{{- if .Messages }}\n{{- if .System }}<|im_start|>system\n"),
+        "{text}"
+    );
+    assert!(text.contains(
+        "\nSYSTEM \"\"\"You are a helpful AI assistant named SmolLM, trained by Hugging Face\"\"\"\n"
+    ));
+    assert_eq!(text.matches("PARAMETER stop").count(), 1);
+    assert!(text.ends_with("PARAMETER stop \"<|im_end|>\"\n"), "{text}");
+
+    let adapter = root.0.join("adapter");
+    random_adapter(&adapter);
+    let lora = root.0.join("lora.gguf");
+    let model = model.to_str().unwrap();
+    let summary = lora_ft::merge::export_adapter_gguf(model, "main", &adapter, &lora, None).unwrap();
+    let text = std::fs::read_to_string(&summary.modelfile).unwrap();
+    assert!(text.contains("\n# FROM: replace ./BASE.gguf by the base model's GGUF"), "{text}");
+    assert!(text.contains("\nFROM ./BASE.gguf\nADAPTER ./lora.gguf\n"), "{text}");
+    assert!(summary.warnings[0].contains("--base-gguf"), "{:?}", summary.warnings);
+    let summary = lora_ft::merge::export_adapter_gguf(model, "main", &adapter, &lora, Some(&out)).unwrap();
+    let text = std::fs::read_to_string(&summary.modelfile).unwrap();
+    let base = std::fs::canonicalize(&out).unwrap();
+    assert!(text.contains(&format!("\nFROM {}\nADAPTER ./lora.gguf\n", base.display())), "{text}");
+    assert!(summary.warnings.is_empty());
+    let missing = root.0.join("missing.gguf");
+    let err =
+        lora_ft::merge::export_adapter_gguf(model, "main", &adapter, &lora, Some(&missing)).unwrap_err();
+    assert!(format!("{err:#}").contains("no such file"), "{err:#}");
 }

@@ -17,35 +17,46 @@ use std::path::{Path, PathBuf};
 /// The `--type` of the 2-D weights (llama.cpp's `LlamaFileType`, `general.file_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileType {
+    F32,
     F16,
     BF16,
     Q8_0,
+    /// llama.cpp's `Q4_K_M` mix (`q4km.rs`).
+    Q4KM,
 }
 
 impl FileType {
     pub fn parse(name: &str) -> Result<Self> {
         match name {
+            "f32" => Ok(Self::F32),
             "f16" => Ok(Self::F16),
             "bf16" => Ok(Self::BF16),
             "q8_0" => Ok(Self::Q8_0),
-            other => bail!("--type {other:?}: export-gguf writes f16, bf16 or q8_0"),
+            "q4_k_m" => Ok(Self::Q4KM),
+            other => bail!("--type {other:?}: export-gguf writes f32, f16, bf16, q8_0 or q4_k_m"),
         }
     }
 
-    /// `general.file_type`: `MOSTLY_F16` = 1, `MOSTLY_Q8_0` = 7, `MOSTLY_BF16` = 32.
+    /// `general.file_type`: `ALL_F32` = 0, `MOSTLY_F16` = 1, `MOSTLY_Q8_0` = 7,
+    /// `MOSTLY_Q4_K_M` = 15, `MOSTLY_BF16` = 32.
     pub fn id(self) -> u32 {
         match self {
+            Self::F32 => 0,
             Self::F16 => 1,
             Self::Q8_0 => 7,
+            Self::Q4KM => 15,
             Self::BF16 => 32,
         }
     }
 
     pub fn weight_type(self) -> GgmlDType {
         match self {
+            Self::F32 => GgmlDType::F32,
             Self::F16 => GgmlDType::F16,
             Self::BF16 => GgmlDType::BF16,
             Self::Q8_0 => GgmlDType::Q8_0,
+            // each weight's type is chosen over the whole file (`choose_types`)
+            Self::Q4KM => GgmlDType::Q4K,
         }
     }
 }
@@ -297,6 +308,7 @@ impl GgufModel {
         } else {
             let dtype = self.file_type.weight_type();
             match shape.last() {
+                _ if self.file_type == FileType::Q4KM => dtype,
                 Some(cols) if cols % dtype.block_size() == 0 => dtype,
                 _ => GgmlDType::F16,
             }
@@ -322,22 +334,28 @@ impl GgufModel {
     /// The tensor's bytes in the file: rows permuted for Q/K, then converted or quantized.
     pub fn data(&self, planned: &Planned, tensor: &Tensor) -> Result<Vec<u8>> {
         let name = &planned.info.name;
-        let mut tensor = tensor.to_dtype(DType::F32)?;
+        let mut values = tensor.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
         if planned.offset != 0.0 {
-            tensor = (tensor + f64::from(planned.offset))?;
+            values.iter_mut().for_each(|v| *v += planned.offset);
         }
         if let Some(groups) = planned.permute {
-            let values = tensor.flatten_all()?.to_vec1::<f32>()?;
-            let rows = planned.info.shape[0];
-            tensor = Tensor::from_vec(
-                permute_rows(&values, rows, groups),
-                planned.info.shape.as_slice(),
-                tensor.device(),
-            )?;
+            values = permute_rows(&values, planned.info.shape[0], groups);
         }
-        let quantized = QTensor::quantize(&tensor, planned.info.dtype)
-            .with_context(|| format!("tensor {name}: converting to {:?}", planned.info.dtype))?;
-        Ok(quantized.data()?.into_owned())
+        quantize_rows(&values, &planned.info.shape, planned.info.dtype)
+            .with_context(|| format!("tensor {name}: converting to {:?}", planned.info.dtype))
+    }
+
+    /// `--type q4_k_m`: each planned tensor's type as llama.cpp's Q4_K_M picks it, over the
+    /// whole file (whether it has an `output.weight`, the layer count); other types as planned.
+    pub fn choose_types(&self, infos: &mut [&mut TensorInfo]) -> Result<()> {
+        if self.file_type != FileType::Q4KM {
+            return Ok(());
+        }
+        let layers = self.uint("num_hidden_layers")? as usize;
+        super::q4km::choose_types(
+            infos,
+            super::q4km::Shape { layers, heads: self.heads, kv_heads: self.kv_heads },
+        )
     }
 }
 
@@ -382,8 +400,26 @@ impl GgufModel {
 
 /// The quantized blocks of `values` in `dtype` (for the golden tests against gguf-py).
 pub fn quantize(values: &[f32], dtype: GgmlDType) -> Result<Vec<u8>> {
-    let tensor = Tensor::from_slice(values, values.len(), &candle_core::Device::Cpu)?;
-    Ok(QTensor::quantize(&tensor, dtype)?.data()?.into_owned())
+    quantize_rows(values, &[values.len()], dtype)
+}
+
+/// The bytes of a row-major tensor of `shape` in `dtype`: the K-quants and Q5_0 by llama.cpp's
+/// reference quantizers (`kquants.rs`), the rest by candle (F32/F16/BF16/Q8_0, equal to gguf-py).
+fn quantize_rows(values: &[f32], shape: &[usize], dtype: GgmlDType) -> Result<Vec<u8>> {
+    let cols = *shape.last().unwrap_or(&0);
+    if !cols.is_multiple_of(dtype.block_size()) {
+        bail!("rows of {cols} values do not split into {dtype:?} blocks of {}", dtype.block_size());
+    }
+    Ok(match dtype {
+        GgmlDType::Q4K => super::kquants::quantize_q4_k(values),
+        GgmlDType::Q5K => super::kquants::quantize_q5_k(values),
+        GgmlDType::Q6K => super::kquants::quantize_q6_k(values),
+        GgmlDType::Q5_0 => super::kquants::quantize_q5_0(values),
+        _ => {
+            let tensor = Tensor::from_slice(values, shape, &candle_core::Device::Cpu)?;
+            QTensor::quantize(&tensor, dtype)?.data()?.into_owned()
+        }
+    })
 }
 
 #[cfg(test)]

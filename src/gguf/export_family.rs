@@ -66,9 +66,10 @@ impl Family {
     }
 }
 
-/// Refuses a sliding window llama.cpp would not run: its llama, qwen2 and qwen3 graphs attend
-/// to the whole context (and convert_hf_to_gguf.py drops the setting), so Mistral 7B v0.1's
-/// window of 4096 in a 32768 context, or Qwen's `use_sliding_window`, would be misread.
+/// A sliding window llama.cpp would not run: its llama, qwen2 and qwen3 graphs attend to the
+/// whole context. Mistral 7B v0.1's window of 4096 in a 32768 context is dropped with a warning,
+/// as convert_hf_to_gguf.py drops it (every GGUF of that model runs so, and rows up to the window
+/// are computed alike); Qwen's `use_sliding_window` is refused.
 pub(super) fn check_sliding_window(model: &GgufModel) -> Result<()> {
     let config = model.config();
     let file = model.config_file().display();
@@ -78,9 +79,10 @@ pub(super) fn check_sliding_window(model: &GgufModel) -> Result<()> {
             let context = model.opt_uint("max_position_embeddings")?;
             if let (Some(window), Some(context)) = (window, context) {
                 if window < context {
-                    bail!(
+                    tracing::warn!(
                         "{file}: `sliding_window` = {window} < max_position_embeddings {context}: llama.cpp's \
-                         llama graph has no sliding window and would attend past it"
+                         llama graph has no sliding window, so the GGUF attends past {window} positions (as \
+                         llama.cpp's own converter writes this model); rows up to {window} tokens are computed alike"
                     );
                 }
             }

@@ -21,6 +21,10 @@ pub struct GgufSummary {
     pub tensors: usize,
     pub merged_projections: usize,
     pub bytes: u64,
+    /// The Ollama Modelfile written beside the GGUF file (`gguf/modelfile.rs`).
+    pub modelfile: PathBuf,
+    /// What the user should know about the Modelfile (no TEMPLATE, a FROM to fill in).
+    pub warnings: Vec<String>,
 }
 
 /// Writes the model `source` (folder or Hub id) with the adapter in `adapter_dir` merged (none:
@@ -54,6 +58,8 @@ pub fn export_gguf(
         }
         shards.push(st);
     }
+    let mut infos: Vec<_> = plan.iter_mut().map(|(_, _, planned)| &mut planned.info).collect();
+    model.choose_types(&mut infos)?;
     let metadata = model.metadata(&model_name(source))?;
 
     let extras = model.extra_tensors()?;
@@ -74,7 +80,14 @@ pub fn export_gguf(
         }
         Ok(merged)
     })?;
-    Ok(GgufSummary { tensors: plan.len() + extras.len(), merged_projections: written, bytes })
+    let (modelfile, warnings) = write_modelfile(out, &config, None)?;
+    Ok(GgufSummary {
+        tensors: plan.len() + extras.len(),
+        merged_projections: written,
+        bytes,
+        modelfile,
+        warnings,
+    })
 }
 
 /// Writes a GGUF file of `metadata` and `infos` to `out`: `tensors` writes each tensor's data in
@@ -138,8 +151,12 @@ pub fn export_adapter_gguf(
     revision: &str,
     adapter_dir: &Path,
     out: &Path,
+    base_gguf: Option<&Path>,
 ) -> anyhow::Result<GgufSummary> {
     check_out_folder(out)?;
+    if let Some(base) = base_gguf.filter(|base| !base.is_file()) {
+        bail!("--base-gguf {}: no such file", base.display());
+    }
     let (config, weights) = crate::hub::config_and_weights(source, revision)?;
     let model = GgufModel::read(&config, FileType::F16)?;
     let deltas = AdapterDeltas::load(adapter_dir)?;
@@ -180,7 +197,8 @@ pub fn export_adapter_gguf(
         }
         Ok(())
     })?;
-    Ok(GgufSummary { tensors: tensors.len(), merged_projections: 0, bytes })
+    let (modelfile, warnings) = write_modelfile(out, &config, Some(base_gguf))?;
+    Ok(GgufSummary { tensors: tensors.len(), merged_projections: 0, bytes, modelfile, warnings })
 }
 
 fn write_tensor<W: Write>(
@@ -192,6 +210,45 @@ fn write_tensor<W: Write>(
 ) -> anyhow::Result<()> {
     let data = model.data(planned, tensor)?;
     writer.write_tensor(&planned.info.name, &data).with_context(|| durable::Writing(partial.to_path_buf()))
+}
+
+/// Writes `OUT.Modelfile` beside `out` for the model of `config` (its folder's chat template):
+/// `FROM ./OUT.gguf`, or for an adapter file (`base` is `Some`) `FROM` the base's GGUF (made
+/// absolute; without one, a `./BASE.gguf` to replace, with a warning) and `ADAPTER ./OUT.gguf`.
+fn write_modelfile(
+    out: &Path,
+    config: &Path,
+    base: Option<Option<&Path>>,
+) -> anyhow::Result<(PathBuf, Vec<String>)> {
+    use crate::gguf::modelfile;
+    let own = format!("./{}", out.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
+    let mut warnings = Vec::new();
+    let (from, adapter) = match base {
+        None => (own, None),
+        Some(Some(base)) => {
+            let base =
+                std::fs::canonicalize(base).with_context(|| format!("--base-gguf {}", base.display()))?;
+            (base.display().to_string(), Some(own))
+        }
+        Some(None) => {
+            warnings.push(
+                "the Modelfile's FROM is a placeholder, ./BASE.gguf: set it to the base model's GGUF \
+                 (export-gguf of --model without --adapter), or pass --base-gguf"
+                    .to_string(),
+            );
+            ("./BASE.gguf".to_string(), Some(own))
+        }
+    };
+    let dir = config.parent().unwrap_or(Path::new("."));
+    let (mut text, warning) = modelfile::modelfile(&from, adapter.as_deref(), dir)?;
+    if base == Some(None) {
+        let note = "# FROM: replace ./BASE.gguf by the base model's GGUF (lora-ft export-gguf --model M BASE.gguf)\n";
+        text = text.replacen("FROM ", &format!("{note}FROM "), 1);
+    }
+    warnings.extend(warning);
+    let path = modelfile::path_beside(out);
+    std::fs::write(&path, text).with_context(|| durable::Writing(path.clone()))?;
+    Ok((path, warnings))
 }
 
 /// `general.name`: the model folder's name, or the Hub repo's without its owner.

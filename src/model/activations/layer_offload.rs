@@ -60,7 +60,10 @@ impl<'a> OffloadedLayers<'a> {
     /// the backward reaches first, starts on its way in behind the layers above it.
     pub fn start_backward(&mut self, first: Option<usize>) -> Result<()> {
         match &mut self.store {
-            Store::Device(_) => Ok(()),
+            Store::Device(_) => {
+                let _ = first; // on the device already
+                Ok(())
+            }
             #[cfg(feature = "cuda")]
             Store::Host(h) => h.start_backward(first),
             #[cfg(not(feature = "cuda"))]
