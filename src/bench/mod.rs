@@ -193,6 +193,7 @@ pub fn train(
         mlp_tiles,
         kept_layers: 0,
         offloaded_layers: 0,
+        offload_stride: 1,
         host_budget: if host_offload { crate::plan::host_budget() } else { 0 },
     };
     let budget = crate::memory::VramBudget::of(device, None, gpu_mem).map(|b| b.bytes());

@@ -29,15 +29,21 @@ fn offload_flops_per_byte() -> f64 {
 /// layer or two of the kept ones.
 pub fn layer_plan(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize), budget: u64) -> LayerPlan {
     let layers = m.num_hidden_layers;
-    let planned =
-        |kept, offloaded| RunShape { kept_layers: kept, offloaded_layers: offloaded, ..run.clone() };
-    let fits = |kept, offloaded| estimate(m, &planned(kept, offloaded), (seq, batch)).peak() <= budget;
-    let kept = (0..=layers).rev().find(|&k| fits(k, 0)).unwrap_or(0);
+    let planned = |kept, offloaded, offload_stride| RunShape {
+        kept_layers: kept,
+        offloaded_layers: offloaded,
+        offload_stride,
+        ..run.clone()
+    };
+    let fits = |kept, offloaded, stride| {
+        estimate(m, &planned(kept, offloaded, stride), (seq, batch)).peak() <= budget
+    };
+    let kept = (0..=layers).rev().find(|&k| fits(k, 0, 1)).unwrap_or(0);
     let alone = LayerPlan { kept, ..LayerPlan::NONE };
     if !run.host_offload || run.host_budget == 0 || kept == layers {
         return alone;
     }
-    let layer_bytes = estimate(m, &planned(0, 0), (seq, batch)).kept_layer_bytes.max(1);
+    let layer_bytes = estimate(m, &planned(0, 0, 1), (seq, batch)).kept_layer_bytes.max(1);
     let stride = offload_stride(m, (seq, batch), layer_bytes);
     let positions = LayerPlan { stride, ..LayerPlan::NONE }.offload_positions(layers).count();
     let room = ((run.host_budget / layer_bytes) as usize).min(positions);
@@ -46,7 +52,7 @@ pub fn layer_plan(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize),
         if offloaded == 0 {
             break;
         }
-        if fits(k, offloaded) {
+        if fits(k, offloaded, stride) {
             // fewer kept on the device only ever means as many or fewer whole layers
             return match k + offloaded > kept {
                 true => LayerPlan { kept: k, offloaded, stride },

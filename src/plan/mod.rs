@@ -63,6 +63,9 @@ pub struct RunShape {
     /// (`host_offload` on; model/activations/layer_offload.rs), placed so that each fits (the
     /// planner's `LayerPlan`).
     pub offloaded_layers: usize,
+    /// Layers from one offloaded layer to the next (`LayerPlan::stride`); the highest is this
+    /// many below the last layer, so the kept layers above it are freed before its backward.
+    pub offload_stride: usize,
     /// Bytes of page-locked host memory those may take (`keep::host_budget`: half the host's
     /// available memory); 0: none offloaded.
     pub host_budget: u64,
@@ -90,6 +93,10 @@ pub struct Estimate {
     /// With offloaded layers: one of them on the device besides the kept ones (leaving at the
     /// forward's end, or fetched ahead of its backward).
     pub in_flight: u64,
+    /// The kept layers' activations still alive at the highest offloaded layer's backward
+    /// (those above it are done).
+    #[serde(skip)]
+    kept_below_offloaded: u64,
     /// A kept layer's backward: its activations and its untiled MLP's gradients.
     pub kept_layer_backward: u64,
     /// One backward layer: its recomputed activations and the gated MLP backward's gradients, or
@@ -130,9 +137,10 @@ impl Estimate {
             start = start.max(kept - self.kept_layer_bytes + self.kept_layer_backward + self.in_flight);
         }
         if self.offloaded_layers > 0 {
-            // the last layer's backward when it is an offloaded one: every kept layer still
-            // alive, and the next offloaded one fetched ahead
-            start = start.max(kept + self.kept_layer_backward + self.in_flight);
+            // the highest offloaded layer's backward: the kept layers below it, and the next
+            // offloaded one fetched ahead
+            let below = self.checkpoints + self.kept_below_offloaded;
+            start = start.max(below + self.kept_layer_backward + self.in_flight);
         }
         let end = match self.recomputes {
             true => {
@@ -225,6 +233,8 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
         offloaded_layers: offloaded as usize,
         offloaded_host: offloaded * kept_layer_bytes,
         in_flight: if offloaded > 0 { kept_layer_bytes } else { 0 },
+        // the layers above the highest offloaded one are kept ones where there are that many
+        kept_below_offloaded: kept.saturating_sub(run.offload_stride.max(1) as u64) * kept_layer_bytes,
         kept_layer_backward: activations::layer_peak(m, &f, &untiled, (seq, batch)),
         layer_recompute: activations::layer_peak(m, &f, run, (seq, batch)),
         loss_chunk: if streamed {
@@ -327,6 +337,7 @@ pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
             _ => 0,
         },
         offloaded_layers: 0,
+        offload_stride: 1,
         host_budget: if cfg.train.host_offload { host_budget() } else { 0 },
     }
 }
@@ -403,7 +414,12 @@ pub fn report(
         true => layer_plan(m, run, (seq, batch), budget),
         false => crate::model::activations::LayerPlan { kept: run.kept_layers, ..Default::default() },
     };
-    let planned = RunShape { kept_layers: plan.kept, offloaded_layers: plan.offloaded, ..run.clone() };
+    let planned = RunShape {
+        kept_layers: plan.kept,
+        offloaded_layers: plan.offloaded,
+        offload_stride: plan.stride,
+        ..run.clone()
+    };
     let e = estimate(m, &planned, (seq, batch));
     let mut out = format!("predicted peak GPU memory at batch {batch} x {seq} tokens:\n");
     let kept_line = format!("kept activations ({} of {} layers)", e.kept_layers, m.num_hidden_layers);

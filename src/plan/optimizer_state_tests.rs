@@ -35,6 +35,7 @@ fn run(optimizer: OptimizerState) -> RunShape {
         mlp_tiles: true,
         kept_layers: 0,
         offloaded_layers: 0,
+        offload_stride: 1,
         host_budget: 0,
     }
 }

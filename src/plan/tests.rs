@@ -49,6 +49,7 @@ fn bench_run() -> RunShape {
         mlp_tiles: false,
         kept_layers: 0,
         offloaded_layers: 0,
+        offload_stride: 1,
         host_budget: 0,
     }
 }
@@ -495,11 +496,13 @@ fn offloaded_layers_replace_recomputes_within_both_budgets() {
     for (shape, stride) in [((512, 8), 3), ((2048, 8), 3), ((2048, 4), 3)] {
         let kept = layer_plan(&m, &alone, shape, budget).kept;
         let plan = layer_plan(&m, &run, shape, budget);
-        let e = estimate(
-            &m,
-            &RunShape { kept_layers: plan.kept, offloaded_layers: plan.offloaded, ..run.clone() },
-            shape,
-        );
+        let planned = |kept| RunShape {
+            kept_layers: kept,
+            offloaded_layers: plan.offloaded,
+            offload_stride: plan.stride,
+            ..run.clone()
+        };
+        let e = estimate(&m, &planned(plan.kept), shape);
         println!("{shape:?}: {kept} kept alone; {plan:?}, peak {:.2} GiB", e.peak() as f64 / GIB);
         assert_eq!(plan.stride, stride, "{shape:?}");
         assert!(plan.kept < kept && plan.kept + 2 >= kept, "{shape:?}: {plan:?} against {kept} alone");
@@ -507,8 +510,10 @@ fn offloaded_layers_replace_recomputes_within_both_budgets() {
         assert!(e.peak() <= budget && e.offloaded_host <= run.host_budget, "{shape:?}");
         assert_eq!(e.in_flight, e.kept_layer_bytes, "{shape:?}: one offloaded layer on the device");
         // one more on the device does not fit
-        let more = RunShape { kept_layers: plan.kept + 1, offloaded_layers: plan.offloaded, ..run.clone() };
-        assert!(plan.whole(40) == 40 || estimate(&m, &more, shape).peak() > budget, "{shape:?}");
+        assert!(
+            plan.whole(40) == 40 || estimate(&m, &planned(plan.kept + 1), shape).peak() > budget,
+            "{shape:?}"
+        );
     }
     // 512 x 8: nothing left to recompute
     assert_eq!(layer_plan(&m, &run, (512, 8), budget).whole(40), 40);
