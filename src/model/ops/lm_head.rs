@@ -162,7 +162,7 @@ pub mod host {
                 None => None,
                 Some(scale) => {
                     let d_rows = stats.d_rows(&self.table.gather(&tgt)?, scale)?;
-                    Some(hidden.zeros_like()?.index_add(&idx, &d_rows, 0)?)
+                    Some(crate::model::ops::rows::rows_among(hidden, &rows, &d_rows)?)
                 }
             };
             Ok(LossOutput { loss_sum, n_tokens: n, d_hidden })

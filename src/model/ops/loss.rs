@@ -72,15 +72,11 @@ pub fn cross_entropy(
     }
     let d_hidden = match grad_scale {
         None => None,
-        Some(_) => {
-            let zeros = hidden.zeros_like()?;
-            Some(if rows.is_empty() {
-                zeros
-            } else {
-                let idx = Tensor::new(rows.as_slice(), device)?;
-                zeros.index_add(&idx, &Tensor::cat(&d_rows, 0)?, 0)?
-            })
-        }
+        Some(_) => Some(if rows.is_empty() {
+            hidden.zeros_like()?
+        } else {
+            super::rows::rows_among(hidden, &rows, &Tensor::cat(&d_rows, 0)?)?
+        }),
     };
     Ok(LossOutput { loss_sum, n_tokens: rows.len(), d_hidden })
 }

@@ -10,6 +10,7 @@ pub mod mlp;
 pub mod norm;
 pub mod product_sum;
 pub mod rope;
+pub mod rows;
 pub mod softcap;
 #[cfg(test)]
 pub(crate) mod test_util;
