@@ -48,8 +48,8 @@ impl View {
             dims.push(inner);
         }
         t = t.reshape(dims)?;
-        for j in 1..order.len() {
-            t = t.narrow(j, corner[j], size(j))?;
+        for (j, &at) in corner.iter().enumerate().take(order.len()).skip(1) {
+            t = t.narrow(j, at, size(j))?;
         }
         if trailing.is_some() {
             t = t.narrow(order.len(), corner[order.len()], 1)?.squeeze(order.len())?;
