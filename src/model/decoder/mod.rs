@@ -296,15 +296,8 @@ impl CausalLm {
     /// stream made once), else the device.
     fn offloaded_layers(&self) -> OffloadedLayers<'_> {
         #[cfg(feature = "cuda")]
-        if self.offload_checkpoints && self.device.is_cuda() {
-            let stash = self.layer_stash.get_or_init(|| {
-                LayerStash::new(&self.device)
-                    .inspect_err(|e| tracing::warn!("offloaded layers stay on the GPU: no copy stream ({e})"))
-                    .ok()
-            });
-            if let Some(stash) = stash {
-                return OffloadedLayers::on_host(stash);
-            }
+        if let Some(stash) = self.host_side(&self.layer_stash, LayerStash::new, "offloaded layers") {
+            return OffloadedLayers::on_host(stash);
         }
         OffloadedLayers::on_device()
     }
@@ -313,17 +306,30 @@ impl CausalLm {
     /// made once), else the device.
     fn checkpoints(&self) -> Checkpoints<'_> {
         #[cfg(feature = "cuda")]
-        if self.offload_checkpoints && self.device.is_cuda() {
-            let stash = self.host_stash.get_or_init(|| {
-                HostStash::new(&self.device)
-                    .inspect_err(|e| tracing::warn!("checkpoints stay on the GPU: no copy stream ({e})"))
-                    .ok()
-            });
-            if let Some(stash) = stash {
-                return Checkpoints::on_host(stash);
-            }
+        if let Some(stash) = self.host_side(&self.host_stash, HostStash::new, "checkpoints") {
+            return Checkpoints::on_host(stash);
         }
         Checkpoints::on_device()
+    }
+
+    /// A host-memory store with its copy stream, made at its first use on CUDA with offload on;
+    /// `None` elsewhere, or (warned once) where the stream cannot be made.
+    #[cfg(feature = "cuda")]
+    fn host_side<'s, T>(
+        &self,
+        cell: &'s std::sync::OnceLock<Option<T>>,
+        make: fn(&Device) -> candle_core::Result<T>,
+        what: &str,
+    ) -> Option<&'s T> {
+        if !(self.offload_checkpoints && self.device.is_cuda()) {
+            return None;
+        }
+        let made = cell.get_or_init(|| {
+            make(&self.device)
+                .inspect_err(|e| tracing::warn!("{what} stay on the GPU: no copy stream ({e})"))
+                .ok()
+        });
+        made.as_ref()
     }
 
     /// Summed loss over trained tokens (eval mode, no gradients).
