@@ -36,10 +36,11 @@ impl<'a> OffloadedLayers<'a> {
         Self { store: Store::Device(HashMap::new()) }
     }
 
-    /// In `stash`'s host buffers.
+    /// In `stash`'s host buffers, for this step's offloaded `layers` (the other layers' buffers,
+    /// from steps of other shapes, are freed: the host memory stays that of one plan).
     #[cfg(feature = "cuda")]
-    pub fn on_host(stash: &'a host::LayerStash) -> Self {
-        Self { store: Store::Host(host::HostLayers::new(stash)) }
+    pub fn on_host(stash: &'a host::LayerStash, layers: &[usize]) -> Result<Self> {
+        Ok(Self { store: Store::Host(host::HostLayers::new(stash, layers)?) })
     }
 
     /// Layer `layer`'s activations after its forward.
@@ -131,6 +132,8 @@ pub mod host {
         stash: &'a LayerStash,
         host: MutexGuard<'a, HashMap<usize, Vec<PinnedHostSlice<u8>>>>,
         out: HashMap<usize, Out>,
+        /// Layers whose host buffers could not be had: kept on the device (warned once).
+        kept: HashMap<usize, LayerSaved>,
         /// The copies out of the last layer pushed.
         leaving: Vec<InFlight>,
         /// The next layer the backward wants, on its way in.
@@ -138,9 +141,21 @@ pub mod host {
     }
 
     impl<'a> HostLayers<'a> {
-        pub fn new(stash: &'a LayerStash) -> Self {
-            let host = stash.buffers.lock().unwrap_or_else(|e| e.into_inner());
-            Self { stash, host, out: HashMap::new(), leaving: Vec::new(), fetched: None }
+        pub fn new(stash: &'a LayerStash, layers: &[usize]) -> Result<Self> {
+            let mut host = stash.buffers.lock().unwrap_or_else(|e| e.into_inner());
+            if host.keys().any(|l| !layers.contains(l)) {
+                // no copy may still read or write a buffer that is freed
+                stash.copies.synchronize()?;
+                host.retain(|l, _| layers.contains(l));
+            }
+            Ok(Self {
+                stash,
+                host,
+                out: HashMap::new(),
+                kept: HashMap::new(),
+                leaving: Vec::new(),
+                fetched: None,
+            })
         }
 
         /// The last layer's copies out done (the compute stream waits for them, the host does
@@ -157,7 +172,6 @@ pub mod host {
             let stream = self.stash.copies.compute_stream();
             let (mut bases, mut buffers, mut sources) = (Vec::new(), Vec::new(), Vec::<Tensor>::new());
             let mut views = Vec::new();
-            let mut placeholder: Option<Tensor> = None;
             for t in saved.activations_mut() {
                 if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
                     views.push(None); // stays on the device
@@ -179,25 +193,20 @@ pub mod host {
                     }
                 };
                 views.push(Some((buffer, View::of(t))));
-                let empty = match &placeholder {
-                    Some(p) => p.clone(),
-                    None => placeholder.insert(Tensor::zeros(1, DType::F32, t.device())?).clone(),
-                };
-                *t = empty;
             }
-            let host = self.host.entry(layer).or_default();
-            for (i, (elems, dtype)) in buffers.iter().enumerate() {
-                let bytes = elems * dtype.size_in_bytes();
-                if host.get(i).is_none_or(|b| b.len() < bytes) {
-                    // the old buffer's last copy must be done before it is freed
-                    self.stash.copies.synchronize()?;
-                    let fresh = self.stash.copies.host_buffer(bytes)?;
-                    match host.get_mut(i) {
-                        Some(b) => *b = fresh,
-                        None => host.push(fresh),
-                    }
+            if !self.reserve(layer, &buffers)? {
+                self.kept.insert(layer, saved);
+                return Ok(());
+            }
+            // the saved struct lets go of its activations; `sources` holds each buffer until its
+            // copy is done
+            let placeholder = Tensor::zeros(1, DType::F32, &self.stash.copies.device())?;
+            for (t, view) in saved.activations_mut().into_iter().zip(&views) {
+                if view.is_some() {
+                    *t = placeholder.clone();
                 }
             }
+            let host = self.host.get_mut(&layer).expect("reserved");
             for (i, source) in sources.into_iter().enumerate() {
                 self.leaving.push(self.stash.copies.buffer_to_host(source, &mut host[i])?);
             }
@@ -205,9 +214,40 @@ pub mod host {
             Ok(())
         }
 
+        /// Layer `layer`'s host buffers, at least `buffers` large, allocated or grown; `false`
+        /// (warned once) where the driver refuses page-locked memory: the layer then stays on
+        /// the device.
+        fn reserve(&mut self, layer: usize, buffers: &[(usize, DType)]) -> Result<bool> {
+            let host = self.host.entry(layer).or_default();
+            for (i, (elems, dtype)) in buffers.iter().enumerate() {
+                let bytes = elems * dtype.size_in_bytes();
+                if host.get(i).is_none_or(|b| b.len() < bytes) {
+                    // the old buffer's last copy must be done before it is freed
+                    self.stash.copies.synchronize()?;
+                    let fresh = match self.stash.copies.host_buffer(bytes) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            static WARNED: std::sync::Once = std::sync::Once::new();
+                            WARNED.call_once(|| {
+                                tracing::warn!(
+                                    "an offloaded layer stays on the GPU: page-locked host memory refused ({e})"
+                                )
+                            });
+                            return Ok(false);
+                        }
+                    };
+                    match host.get_mut(i) {
+                        Some(b) => *b = fresh,
+                        None => host.push(fresh),
+                    }
+                }
+            }
+            Ok(true)
+        }
+
         pub fn start_backward(&mut self, first: Option<usize>) -> Result<()> {
             self.finish_leaving()?;
-            if let Some(first) = first {
+            if let Some(first) = first.filter(|f| self.out.contains_key(f)) {
                 self.fetched = Some((first, self.fetch(first)?));
             }
             Ok(())
@@ -215,6 +255,12 @@ pub mod host {
 
         pub fn pop(&mut self, layer: usize, next: Option<usize>) -> Result<LayerSaved> {
             self.finish_leaving()?;
+            if let Some(saved) = self.kept.remove(&layer) {
+                if let Some(next) = next.filter(|n| self.out.contains_key(n)) {
+                    self.fetched = Some((next, self.fetch(next)?));
+                }
+                return Ok(saved);
+            }
             let incoming = match self.fetched.take() {
                 Some((l, copies)) if l == layer => copies,
                 _ => self.fetch(layer)?,
@@ -224,7 +270,7 @@ pub mod host {
                 .remove(&layer)
                 .ok_or_else(|| candle_core::Error::Msg(format!("layer {layer} was not offloaded")))?;
             let buffers = incoming.into_iter().map(InFlight::finish).collect::<Result<Vec<_>>>()?;
-            if let Some(next) = next {
+            if let Some(next) = next.filter(|n| self.out.contains_key(n)) {
                 self.fetched = Some((next, self.fetch(next)?));
             }
             for (t, view) in saved.activations_mut().into_iter().zip(&views) {

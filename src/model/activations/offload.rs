@@ -52,6 +52,11 @@ impl CopyStream {
         Ok(Self { device: dev.clone(), compute, copy })
     }
 
+    /// The device the copies go to and from.
+    pub fn device(&self) -> Device {
+        Device::Cuda(self.device.clone())
+    }
+
     /// The compute stream (candle's), which the copies are ordered against.
     pub fn compute_stream(&self) -> Arc<CudaStream> {
         self.compute.clone()

@@ -292,14 +292,16 @@ impl CausalLm {
         Ok((x, kept))
     }
 
-    /// Where this step's offloaded layers wait: host memory on CUDA with offload on (the copy
-    /// stream made once), else the device.
-    fn offloaded_layers(&self) -> OffloadedLayers<'_> {
+    /// Where this step's offloaded layers (of `kinds`) wait: host memory on CUDA with offload on
+    /// (the copy stream made once), else the device.
+    fn offloaded_layers(&self, kinds: &[LayerKind]) -> candle_core::Result<OffloadedLayers<'_>> {
         #[cfg(feature = "cuda")]
         if let Some(stash) = self.host_side(&self.layer_stash, LayerStash::new, "offloaded layers") {
-            return OffloadedLayers::on_host(stash);
+            let layers: Vec<usize> = (0..kinds.len()).filter(|&l| kinds[l] == LayerKind::Offloaded).collect();
+            return OffloadedLayers::on_host(stash, &layers);
         }
-        OffloadedLayers::on_device()
+        let _ = kinds; // all on the device
+        Ok(OffloadedLayers::on_device())
     }
 
     /// Where this step's checkpoints wait: host memory on CUDA with offload on (the copy stream
@@ -377,8 +379,8 @@ impl CausalLm {
         let masks = self.attention_masks(t, 0, packed.as_ref())?;
         let masks = (masks.as_slice(), packed.as_ref());
         let mut checkpoints = self.checkpoints();
-        let mut offloaded = self.offloaded_layers();
         let kinds = self.kept_layers.kinds(self.layers.len(), (t, b));
+        let mut offloaded = self.offloaded_layers(&kinds)?;
         let keeping = Keeping { kinds: &kinds, checkpoints: &mut checkpoints, offloaded: &mut offloaded };
         let (last, mut kept) =
             self.forward_checkpointed(self.embed(input_ids)?, masks, dropout_seed, Some(keeping))?;
