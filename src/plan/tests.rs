@@ -1,5 +1,7 @@
 use super::*;
 
+mod offload;
+
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// The layers kept on the device alone (no host budget in these runs: nothing offloaded).
@@ -476,58 +478,4 @@ fn kept_layer_estimates_are_within_the_band_of_the_measured_peaks() {
             within_band(name, &m, &run, &[(seq, batch, peak)]);
         }
     }
-}
-
-/// With a host budget, layers that do not fit the device keep their activations in host memory
-/// instead of being recomputed: Llama-2-13B on a 24 GB card at the benchmark's shapes. The one
-/// layer in flight costs the device a kept layer or two; the offloaded ones are spaced so that
-/// each copy out hides behind the forward of the layers between (`offload_stride`); the plan's
-/// peak stays within the budget and the host bytes within the host budget.
-#[test]
-fn offloaded_layers_replace_recomputes_within_both_budgets() {
-    let m = config(
-        r#"{"vocab_size": 32000, "hidden_size": 5120, "intermediate_size": 13824,
-            "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40,
-            "max_position_embeddings": 4096}"#,
-    );
-    let budget = (0.90 * 24.0 * GIB) as u64;
-    let alone = RunShape { mlp_tiles: true, ..offload_run() };
-    let run = RunShape { host_budget: 64 << 30, ..alone.clone() };
-    for (shape, stride) in [((512, 8), 3), ((2048, 8), 3), ((2048, 4), 3)] {
-        let kept = layer_plan(&m, &alone, shape, budget).kept;
-        let plan = layer_plan(&m, &run, shape, budget);
-        let planned = |kept| RunShape {
-            kept_layers: kept,
-            offloaded_layers: plan.offloaded,
-            offload_stride: plan.stride,
-            ..run.clone()
-        };
-        let e = estimate(&m, &planned(plan.kept), shape);
-        println!("{shape:?}: {kept} kept alone; {plan:?}, peak {:.2} GiB", e.peak() as f64 / GIB);
-        assert_eq!(plan.stride, stride, "{shape:?}");
-        assert!(plan.kept < kept && plan.kept + 2 >= kept, "{shape:?}: {plan:?} against {kept} alone");
-        assert!(plan.whole(40) > kept, "{shape:?}: fewer recomputed than with the device alone");
-        assert!(e.peak() <= budget && e.offloaded_host <= run.host_budget, "{shape:?}");
-        assert_eq!(e.in_flight, e.kept_layer_bytes, "{shape:?}: one offloaded layer on the device");
-        // one more on the device does not fit
-        assert!(
-            plan.whole(40) == 40 || estimate(&m, &planned(plan.kept + 1), shape).peak() > budget,
-            "{shape:?}"
-        );
-    }
-    // 512 x 8: nothing left to recompute
-    assert_eq!(layer_plan(&m, &run, (512, 8), budget).whole(40), 40);
-    // a small host budget offloads what it holds, and no host budget nothing
-    let small = RunShape { host_budget: 12 << 30, ..run.clone() };
-    let plan = layer_plan(&m, &small, (2048, 8), budget);
-    let layer = estimate(&m, &small, (2048, 8)).kept_layer_bytes;
-    assert_eq!(plan.offloaded as u64, (12u64 << 30) / layer);
-    assert_eq!(layer_plan(&m, &alone, (2048, 8), budget).offloaded, 0);
-    let no_offload = RunShape { host_offload: false, ..run.clone() };
-    assert_eq!(layer_plan(&m, &no_offload, (2048, 8), budget).offloaded, 0);
-    let text = report(&m, &run, (2048, 8), budget, true);
-    assert!(
-        text.contains("in page-locked host memory") && text.contains("one offloaded layer in flight"),
-        "{text}"
-    );
 }
