@@ -12,25 +12,29 @@
 
 use std::collections::HashMap;
 
-use candle_core::Result;
+use candle_core::{Result, Tensor};
 
-use crate::model::layer::LayerSaved;
-
-/// The offloaded layers of one step.
-pub struct OffloadedLayers<'a> {
-    store: Store<'a>,
+/// What a layer keeps for its backward, as offloading sees it (layer/saved.rs for a decoder
+/// layer): its activation tensors, listed in the same order every time.
+pub trait SavedActivations {
+    fn activations_mut(&mut self) -> Vec<&mut Tensor>;
 }
 
-enum Store<'a> {
-    Device(HashMap<usize, LayerSaved>),
+/// The offloaded layers of one step.
+pub struct OffloadedLayers<'a, S> {
+    store: Store<'a, S>,
+}
+
+enum Store<'a, S> {
+    Device(HashMap<usize, S>),
     #[cfg(feature = "cuda")]
-    Host(host::HostLayers<'a>),
+    Host(host::HostLayers<'a, S>),
     #[cfg(not(feature = "cuda"))]
     #[allow(dead_code)]
     Never(std::marker::PhantomData<&'a ()>),
 }
 
-impl<'a> OffloadedLayers<'a> {
+impl<'a, S: SavedActivations> OffloadedLayers<'a, S> {
     /// Kept on the device (no host memory: the CPU, or offload off).
     pub fn on_device() -> Self {
         Self { store: Store::Device(HashMap::new()) }
@@ -44,7 +48,7 @@ impl<'a> OffloadedLayers<'a> {
     }
 
     /// Layer `layer`'s activations after its forward.
-    pub fn push(&mut self, layer: usize, saved: LayerSaved) -> Result<()> {
+    pub fn push(&mut self, layer: usize, saved: S) -> Result<()> {
         match &mut self.store {
             Store::Device(map) => {
                 map.insert(layer, saved);
@@ -74,7 +78,7 @@ impl<'a> OffloadedLayers<'a> {
 
     /// Layer `layer`'s activations on the device for its backward; `next`, the offloaded layer
     /// the backward reaches after it, starts on its way in.
-    pub fn pop(&mut self, layer: usize, next: Option<usize>) -> Result<LayerSaved> {
+    pub fn pop(&mut self, layer: usize, next: Option<usize>) -> Result<S> {
         match &mut self.store {
             // `next` is on the device already
             Store::Device(map) => map.remove(&layer).ok_or_else(|| {
@@ -99,7 +103,7 @@ pub mod host {
 
     use super::super::offload::{CopyStream, InFlight};
     use super::super::views::View;
-    use crate::model::layer::LayerSaved;
+    use super::SavedActivations;
 
     /// The copy stream and each offloaded layer's host buffers (one per device buffer), kept
     /// from step to step (pinning is slow) and grown when a step's activations are larger.
@@ -122,25 +126,25 @@ pub mod host {
 
     /// A layer while its activations are out: the saved struct holding placeholders, each
     /// activation's buffer and view, and each buffer's length and dtype.
-    struct Out {
-        saved: LayerSaved,
+    struct Out<S> {
+        saved: S,
         views: Vec<Option<(usize, View)>>,
         buffers: Vec<(usize, DType)>,
     }
 
-    pub struct HostLayers<'a> {
+    pub struct HostLayers<'a, S> {
         stash: &'a LayerStash,
         host: MutexGuard<'a, HashMap<usize, Vec<PinnedHostSlice<u8>>>>,
-        out: HashMap<usize, Out>,
+        out: HashMap<usize, Out<S>>,
         /// Layers whose host buffers could not be had: kept on the device (warned once).
-        kept: HashMap<usize, LayerSaved>,
+        kept: HashMap<usize, S>,
         /// The copies out of the last layer pushed.
         leaving: Vec<InFlight>,
         /// The next layer the backward wants, on its way in.
         fetched: Option<(usize, Vec<InFlight>)>,
     }
 
-    impl<'a> HostLayers<'a> {
+    impl<'a, S: SavedActivations> HostLayers<'a, S> {
         pub fn new(stash: &'a LayerStash, layers: &[usize]) -> Result<Self> {
             let mut host = stash.buffers.lock().unwrap_or_else(|e| e.into_inner());
             if host.keys().any(|l| !layers.contains(l)) {
@@ -167,7 +171,7 @@ pub mod host {
             Ok(())
         }
 
-        pub fn push(&mut self, layer: usize, mut saved: LayerSaved) -> Result<()> {
+        pub fn push(&mut self, layer: usize, mut saved: S) -> Result<()> {
             self.finish_leaving()?;
             let stream = self.stash.copies.compute_stream();
             let (mut bases, mut buffers, mut sources) = (Vec::new(), Vec::new(), Vec::<Tensor>::new());
@@ -253,7 +257,7 @@ pub mod host {
             Ok(())
         }
 
-        pub fn pop(&mut self, layer: usize, next: Option<usize>) -> Result<LayerSaved> {
+        pub fn pop(&mut self, layer: usize, next: Option<usize>) -> Result<S> {
             self.finish_leaving()?;
             if let Some(saved) = self.kept.remove(&layer) {
                 if let Some(next) = next.filter(|n| self.out.contains_key(n)) {

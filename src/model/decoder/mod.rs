@@ -64,7 +64,7 @@ pub struct CausalLm {
 struct Keeping<'s, 'a> {
     kinds: &'s [LayerKind],
     checkpoints: &'s mut Checkpoints<'a>,
-    offloaded: &'s mut OffloadedLayers<'a>,
+    offloaded: &'s mut OffloadedLayers<'a, LayerSaved>,
 }
 
 /// The result of one training forward + backward on a micro-batch.
@@ -294,7 +294,7 @@ impl CausalLm {
 
     /// Where this step's offloaded layers (of `kinds`) wait: host memory on CUDA with offload on
     /// (the copy stream made once), else the device.
-    fn offloaded_layers(&self, kinds: &[LayerKind]) -> candle_core::Result<OffloadedLayers<'_>> {
+    fn offloaded_layers(&self, kinds: &[LayerKind]) -> candle_core::Result<OffloadedLayers<'_, LayerSaved>> {
         #[cfg(feature = "cuda")]
         if let Some(stash) = self.host_side(&self.layer_stash, LayerStash::new, "offloaded layers") {
             let layers: Vec<usize> = (0..kinds.len()).filter(|&l| kinds[l] == LayerKind::Offloaded).collect();

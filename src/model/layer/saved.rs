@@ -5,11 +5,12 @@
 use candle_core::Tensor;
 
 use super::LayerSaved;
+use crate::model::activations::layer_offload::SavedActivations;
 
-impl LayerSaved {
+impl SavedActivations for LayerSaved {
     /// Every activation tensor the backward reads, in a fixed order; not the LoRA weights'
     /// compute-dtype copies, which are small and not activations.
-    pub fn activations_mut(&mut self) -> Vec<&mut Tensor> {
+    fn activations_mut(&mut self) -> Vec<&mut Tensor> {
         let mut out: Vec<&mut Tensor> = Vec::new();
         let a = &mut self.attn;
         out.push(&mut a.x);
