@@ -16,11 +16,20 @@ use crate::model::ModelConfig;
 pub const OFFLOAD_FLOPS_PER_BYTE: f64 = 12_000.0;
 
 fn offload_flops_per_byte() -> f64 {
-    std::env::var("LORA_FT_OFFLOAD_FLOPS_PER_BYTE")
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-        .filter(|v| v.is_finite() && *v > 0.0)
-        .unwrap_or(OFFLOAD_FLOPS_PER_BYTE)
+    let Ok(text) = std::env::var("LORA_FT_OFFLOAD_FLOPS_PER_BYTE") else { return OFFLOAD_FLOPS_PER_BYTE };
+    match text.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => v,
+        _ => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "LORA_FT_OFFLOAD_FLOPS_PER_BYTE={text:?} is not a positive number: planning with \
+                     {OFFLOAD_FLOPS_PER_BYTE}"
+                )
+            });
+            OFFLOAD_FLOPS_PER_BYTE
+        }
+    }
 }
 
 /// The plan at `(seq, batch)` within `budget` bytes: first the most last layers kept on the

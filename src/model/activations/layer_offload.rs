@@ -116,12 +116,6 @@ pub mod host {
         pub fn new(device: &Device) -> Result<Self> {
             Ok(Self { copies: CopyStream::new(device)?, buffers: Mutex::new(HashMap::new()) })
         }
-
-        /// Bytes of page-locked host memory held.
-        pub fn host_bytes(&self) -> usize {
-            let buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-            buffers.values().flatten().map(|b| b.len()).sum()
-        }
     }
 
     /// A layer while its activations are out: the saved struct holding placeholders, each
