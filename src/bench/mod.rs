@@ -1,5 +1,6 @@
 //! `lora-ft bench`: measurements to set beside the reference stack's, printed as JSON lines.
 
+use crate::model::activations::LayerKind;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -306,6 +307,8 @@ fn time_shape(
     let profile = crate::profile::enabled()
         .then(|| sections.into_iter().map(|(name, s, _)| (name.to_string(), s / steps as f64)).collect());
     let pool = pool_memory(&device);
+    // what the steps kept: the layers placed, not the plan's counts
+    let kinds = trainer.model.kept_layers.kinds(layers, (seq, bs));
     Ok(TrainRow {
         seq,
         bs,
@@ -316,8 +319,8 @@ fn time_shape(
         loss: Some(loss),
         mfu: Some(tok_s * flops_per_token / PEAK_FLOPS),
         error: None,
-        kept_layers: Some(trainer.model.kept_layers.plan((seq, bs)).whole(layers)),
-        offloaded_layers: Some(trainer.model.kept_layers.plan((seq, bs)).offloaded.min(layers)),
+        kept_layers: Some(kinds.iter().filter(|&&k| k != LayerKind::Recomputed).count()),
+        offloaded_layers: Some(kinds.iter().filter(|&&k| k == LayerKind::Offloaded).count()),
         first_step_s,
         first_steps: None,
         profile,
