@@ -83,8 +83,9 @@ fn check(name: &str) {
         for seed in [None, Some(7)] {
             let (loss, grads) = run(&mut m, &batch, KeptLayers::none(), seed);
             assert!(grads.iter().flatten().any(|g| g.abs() > 1e-6), "{name}: gradients that can differ");
-            let offloaded =
-                |kept, offloaded, stride| KeptLayers::by(move |_| LayerPlan { kept, offloaded, stride });
+            let offloaded = |kept, offloaded, stride| {
+                KeptLayers::by(move |_| LayerPlan { kept, offloaded, stride, lm_head_resident: false })
+            };
             for (what, kept) in [
                 ("the last layer kept", KeptLayers::last(1)),
                 ("every layer kept", KeptLayers::all()),

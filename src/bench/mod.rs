@@ -110,6 +110,10 @@ pub struct TrainRow {
     /// first step's own sections ("first step: NAME", seconds) — where a cold start goes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub startup: Option<Vec<(String, f64)>>,
+    /// With `LORA_FT_TIMELINE=1`: the timed steps' marks as (name, GPU ms, host ms) from the
+    /// first one's start (profile.rs `timeline`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Vec<(String, f64, f64)>>,
 }
 
 /// What `bench train` sets beyond the model and the shapes.
@@ -195,6 +199,7 @@ pub fn train(
         kept_layers: 0,
         offloaded_layers: 0,
         offload_stride: 1,
+        lm_head_resident: false,
         host_budget: if host_offload { crate::plan::host_budget() } else { 0 },
     };
     let budget = crate::memory::VramBudget::of(device, None, gpu_mem).map(|b| b.bytes());
@@ -232,6 +237,7 @@ pub fn train(
                 first_steps: None,
                 profile: None,
                 startup: None,
+                timeline: None,
             },
         };
         report(&row);
@@ -294,6 +300,9 @@ fn time_shape(
     }
     device.synchronize()?;
     crate::profile::take(); // the warm-up steps' sections
+    if crate::profile::timeline::enabled() {
+        crate::profile::timeline::take()?; // and marks
+    }
     let started = Instant::now();
     let mut loss = f64::NAN;
     for step in 2..2 + steps {
@@ -301,6 +310,7 @@ fn time_shape(
     }
     device.synchronize()?;
     let step_s = started.elapsed().as_secs_f64() / steps as f64;
+    let timeline = crate::profile::timeline::enabled().then(crate::profile::timeline::take).transpose()?;
     let tok_s = (seq * bs) as f64 / step_s;
     let flops_per_token = 6.0 * trainer.model.config().parameter_count() as f64;
     let sections = crate::profile::take();
@@ -325,6 +335,7 @@ fn time_shape(
         first_steps: None,
         profile,
         startup,
+        timeline,
     })
 }
 

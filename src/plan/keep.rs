@@ -3,6 +3,7 @@
 //! host offload, more in page-locked host memory, as many as the host budget and the PCIe link
 //! allow (model/activations/kept.rs places them, layer_offload.rs moves them).
 
+use super::activations::Family;
 use super::{estimate, RunShape};
 use crate::model::activations::LayerPlan;
 use crate::model::ModelConfig;
@@ -35,8 +36,30 @@ fn offload_flops_per_byte() -> f64 {
 /// The plan at `(seq, batch)` within `budget` bytes: first the most last layers kept on the
 /// device alone; then, with host offload and a host budget, the mix of kept and offloaded
 /// layers with the fewest recomputed — the offloaded layers' one in flight costs the device a
-/// layer or two of the kept ones.
-pub fn layer_plan(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize), budget: u64) -> LayerPlan {
+/// layer or two of the kept ones. An lm_head that host offload would stream stays on the device
+/// where that recomputes no more layers: streaming it costs two passes over the PCIe link per
+/// step (12 ms for Llama-2-13B's on an H200), more than the loss's GEMMs at short rows.
+pub fn layer_plan(m: &ModelConfig, run: &RunShape, shape: (usize, usize), budget: u64) -> LayerPlan {
+    let streamed = plan_for(m, &RunShape { lm_head_resident: false, ..run.clone() }, shape, budget);
+    let streamable = run.host_offload && !m.tied_embeddings() && !Family::of(m).logit_softcap;
+    if !streamable {
+        return streamed;
+    }
+    let layers = m.num_hidden_layers;
+    let resident = plan_for(m, &RunShape { lm_head_resident: true, ..run.clone() }, shape, budget);
+    match resident.whole(layers) >= streamed.whole(layers) {
+        true => LayerPlan { lm_head_resident: true, ..resident },
+        false => streamed,
+    }
+}
+
+/// `layer_plan` with lm_head where `run` says.
+pub(super) fn plan_for(
+    m: &ModelConfig,
+    run: &RunShape,
+    (seq, batch): (usize, usize),
+    budget: u64,
+) -> LayerPlan {
     let layers = m.num_hidden_layers;
     let planned = |kept, offloaded, offload_stride| RunShape {
         kept_layers: kept,
@@ -64,7 +87,7 @@ pub fn layer_plan(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize),
         if fits(k, offloaded, stride) {
             // fewer kept on the device only ever means as many or fewer whole layers
             return match k + offloaded > kept {
-                true => LayerPlan { kept: k, offloaded, stride },
+                true => LayerPlan { kept: k, offloaded, stride, lm_head_resident: false },
                 false => alone,
             };
         }

@@ -69,6 +69,9 @@ pub struct RunShape {
     /// Bytes of page-locked host memory those may take (`keep::host_budget`: half the host's
     /// available memory); 0: none offloaded.
     pub host_budget: u64,
+    /// With `host_offload`, an untied lm_head on the device all the same (`LayerPlan::
+    /// lm_head_resident`): the loss reads it there instead of streaming it.
+    pub lm_head_resident: bool,
 }
 
 /// Predicted bytes of each part of the peak, for `tokens` = batch × sequence length per step.
@@ -190,7 +193,7 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
     let tables_on_device = if m.tied_embeddings() || !run.embeddings_on_host { 1 } else { 0 };
     // an untied lm_head is streamed from the host with offload (model/lm_head.rs), unless the
     // logits are soft-capped (the streamed loss does not cap)
-    let streamed = run.host_offload && !m.tied_embeddings() && !f.logit_softcap;
+    let streamed = run.host_offload && !run.lm_head_resident && !m.tied_embeddings() && !f.logit_softcap;
     let lm_head = if m.tied_embeddings() || streamed { 0 } else { table };
     let base_weights =
         layers * projections + lm_head + tables_on_device * table + small_tensors(m, &f, seq) * b;
@@ -338,6 +341,7 @@ pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
         },
         offloaded_layers: 0,
         offload_stride: 1,
+        lm_head_resident: false,
         host_budget: if cfg.train.host_offload { host_budget() } else { 0 },
     }
 }
@@ -418,6 +422,7 @@ pub fn report(
         kept_layers: plan.kept,
         offloaded_layers: plan.offloaded,
         offload_stride: plan.stride,
+        lm_head_resident: plan.lm_head_resident,
         ..run.clone()
     };
     let e = estimate(m, &planned, (seq, batch));
@@ -455,6 +460,9 @@ pub fn report(
         ),
         (false, ..) => String::new(),
     };
+    if plan.lm_head_resident {
+        out += "lm_head stays on the GPU at this shape (streamed from host memory where it would cost a layer)\n";
+    }
     out += "\nlargest batch within the budget:\n";
     let mut seqs = vec![512, 1024, 2048, 4096, seq];
     seqs.sort_unstable();

@@ -36,6 +36,7 @@ fn run(optimizer: OptimizerState) -> RunShape {
         kept_layers: 0,
         offloaded_layers: 0,
         offload_stride: 1,
+        lm_head_resident: false,
         host_budget: 0,
     }
 }

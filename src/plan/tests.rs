@@ -52,6 +52,7 @@ fn bench_run() -> RunShape {
         kept_layers: 0,
         offloaded_layers: 0,
         offload_stride: 1,
+        lm_head_resident: false,
         host_budget: 0,
     }
 }

@@ -147,6 +147,7 @@ impl Trainer {
         // exactly a bigger batch (what HF's Trainer does with num_items_in_batch) and the sum of
         // the ranks' gradients is the one-process gradient.
         let loss_scale = self.scaler.scale();
+        crate::profile::timeline::start(self.model.device())?;
         let local = self.local_step(step, micro_batches, loss_scale / trained as f64)?;
         let device = self.model.device().clone();
         let collective = &*self.collective;
@@ -156,6 +157,7 @@ impl Trainer {
         // the gradients are read twice per step (norm, update) and never rewritten.
         let inv_scale = 1.0 / loss_scale;
         let grad_norm = section("clip", &device, || grad_norm(&grads, inv_scale))?;
+        crate::profile::timeline::mark(&device, || "clip".into())?;
         // Every rank holds the same summed gradients, so the same norm; the overflow decision is
         // still agreed explicitly (any rank's inf/nan skips the step everywhere), in the one
         // round that also sums the loss and tokens and agrees on a stop request.
@@ -172,6 +174,7 @@ impl Trainer {
             let lr = self.schedule.lr_at(step);
             section("optimizer", &device, || self.optimizer.step_scaled(&grads, grad_mult, lr))
                 .context(Phase("optimizer"))?;
+            crate::profile::timeline::mark(&device, || "optimizer".into())?;
         }
         let loss = loss_sum / trained as f64;
         let tokens = tokens as usize;
@@ -192,6 +195,7 @@ impl Trainer {
                 .model
                 .forward_backward_packed(&ids, &batch.labels, &batch.seq_lens, grad_scale, Some(seed))
                 .context(Phase("forward and backward"))?;
+            crate::profile::timeline::mark(self.model.device(), || "forward and backward returned".into())?;
             loss_sum += out.loss_sum;
             tokens += batch.batch_size * batch.seq_len;
             grads = Some(match grads {

@@ -23,6 +23,9 @@ pub struct LayerPlan {
     pub offloaded: usize,
     /// Layers from one offloaded layer to the next (at least 1).
     pub stride: usize,
+    /// An lm_head otherwise streamed from host memory for the loss (ops/lm_head.rs) stays on the
+    /// device for this shape: its bytes cost no layer a recompute.
+    pub lm_head_resident: bool,
 }
 
 /// What a layer keeps for its backward.
@@ -38,7 +41,7 @@ pub enum LayerKind {
 
 impl LayerPlan {
     /// Every layer recomputed.
-    pub const NONE: Self = Self { kept: 0, offloaded: 0, stride: 1 };
+    pub const NONE: Self = Self { kept: 0, offloaded: 0, stride: 1, lm_head_resident: false };
 
     /// Each of `layers` layers' kind: offloaded ones `stride` layers below the last and every
     /// `stride` layers down from there, then the highest of the others kept, the rest
@@ -168,15 +171,21 @@ mod tests {
 
     #[test]
     fn offloaded_layers_are_spread_down_from_the_last_and_the_kept_fill_above_the_recomputed() {
-        let plan = LayerPlan { kept: 2, offloaded: 3, stride: 3 };
+        let plan = LayerPlan { kept: 2, offloaded: 3, stride: 3, lm_head_resident: false };
         assert_eq!(plan.kinds(10), [O, R, R, O, R, R, O, R, K, K]);
         assert_eq!(plan.whole(10), 5);
         // more offloaded than the stride leaves room for: as many as fit
-        let crowded = LayerPlan { kept: 0, offloaded: 9, stride: 4 };
+        let crowded = LayerPlan { kept: 0, offloaded: 9, stride: 4, lm_head_resident: false };
         assert_eq!(crowded.kinds(10), [R, O, R, R, R, O, R, R, R, R]);
         // more kept than there are layers left
-        assert_eq!(LayerPlan { kept: 99, offloaded: 2, stride: 1 }.kinds(5), [K, K, O, O, K]);
-        assert_eq!(LayerPlan { kept: 0, offloaded: 99, stride: 1 }.kinds(3), [O, O, R]);
+        assert_eq!(
+            LayerPlan { kept: 99, offloaded: 2, stride: 1, lm_head_resident: false }.kinds(5),
+            [K, K, O, O, K]
+        );
+        assert_eq!(
+            LayerPlan { kept: 0, offloaded: 99, stride: 1, lm_head_resident: false }.kinds(3),
+            [O, O, R]
+        );
     }
 
     #[test]
@@ -211,7 +220,8 @@ mod tests {
 
     #[test]
     fn keep_fewer_leaves_the_offloaded_layers() {
-        let kept = KeptLayers::by(|_| LayerPlan { kept: 1, offloaded: 2, stride: 2 });
+        let kept =
+            KeptLayers::by(|_| LayerPlan { kept: 1, offloaded: 2, stride: 2, lm_head_resident: false });
         assert_eq!(kept.kinds(6, (512, 8)), [R, O, R, O, R, K]);
         assert!(kept.keep_fewer(6));
         assert_eq!(kept.kinds(6, (512, 8)), [R, O, R, O, R, R]);

@@ -27,6 +27,7 @@ use super::ops::lm_head::LmHead;
 use super::ops::loss::shift_labels;
 use super::ops::{rms_norm, rms_norm_backward, Rope};
 use super::packing::PackedRows;
+use crate::profile::timeline;
 
 /// Rows of the cross-entropy processed at once by default (the memory planner counts them).
 pub const LOSS_CHUNK_ROWS: usize = 1024;
@@ -288,6 +289,7 @@ impl CausalLm {
                     x = next;
                 }
             }
+            timeline::mark(&self.device, || format!("forward {l} {:?}", k.kinds[l]))?;
         }
         Ok((x, kept))
     }
@@ -379,11 +381,14 @@ impl CausalLm {
         let masks = self.attention_masks(t, 0, packed.as_ref())?;
         let masks = (masks.as_slice(), packed.as_ref());
         let mut checkpoints = self.checkpoints();
-        let kinds = self.kept_layers.kinds(self.layers.len(), (t, b));
+        let plan = self.kept_layers.plan((t, b));
+        self.lm_head.set_resident(plan.lm_head_resident)?;
+        let kinds = plan.kinds(self.layers.len());
         let mut offloaded = self.offloaded_layers(&kinds)?;
         let keeping = Keeping { kinds: &kinds, checkpoints: &mut checkpoints, offloaded: &mut offloaded };
-        let (last, mut kept) =
-            self.forward_checkpointed(self.embed(input_ids)?, masks, dropout_seed, Some(keeping))?;
+        let x = self.embed(input_ids)?;
+        timeline::mark(&self.device, || "embedding".into())?;
+        let (last, mut kept) = self.forward_checkpointed(x, masks, dropout_seed, Some(keeping))?;
         // the offloaded layer the backward reaches first comes in behind the loss and the layers
         // above it
         let next_offloaded = |below: usize| (0..below).rev().find(|&n| kinds[n] == LayerKind::Offloaded);
@@ -395,6 +400,7 @@ impl CausalLm {
             let cap = self.arch.final_logit_softcap;
             self.lm_head.cross_entropy(&h, &targets, Some(grad_scale), self.loss_chunk_rows, cap)
         })?;
+        timeline::mark(&self.device, || "loss".into())?;
         let d_h = out.d_hidden.expect("asked for the gradient");
         let mut dx =
             rms_norm_backward(&last, &self.norm, self.arch.rms_norm_eps, &d_h)?.reshape((b, t, hidden))?;
@@ -411,6 +417,7 @@ impl CausalLm {
             let (d_in, grads) = layer.backward(saved, &dx, &input)?;
             dx = d_in;
             per_layer.push(grads);
+            timeline::mark(&self.device, || format!("backward {l} {:?}", kinds[l]))?;
         }
         per_layer.reverse();
         let grads = per_layer

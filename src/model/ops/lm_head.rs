@@ -28,7 +28,10 @@ impl LmHead {
         let logits = match self {
             Self::Device(w) => h.matmul(&w.t()?)?,
             #[cfg(feature = "cuda")]
-            Self::Host(w) => w.logits(h)?,
+            Self::Host(w) => match w.resident() {
+                Some(w) => h.matmul(&w.t()?)?,
+                None => w.logits(h)?,
+            },
         };
         match softcap {
             None => Ok(logits),
@@ -50,11 +53,30 @@ impl LmHead {
         match self {
             Self::Device(w) => cross_entropy(hidden, w, targets, grad_scale, chunk_rows, softcap),
             #[cfg(feature = "cuda")]
+            Self::Host(w) if w.resident().is_some() => {
+                let w = w.resident().expect("checked");
+                cross_entropy(hidden, &w, targets, grad_scale, chunk_rows, softcap)
+            }
+            #[cfg(feature = "cuda")]
             Self::Host(_) if softcap.is_some() => {
                 candle_core::bail!("a streamed lm_head does not soft-cap the logits")
             }
             #[cfg(feature = "cuda")]
             Self::Host(w) => w.cross_entropy(hidden, targets, grad_scale),
+        }
+    }
+
+    /// A streamed lm_head kept on the device as well (`true`, a copy of the host table) or
+    /// streamed again (`false`, the copy freed): the step's plan (`LayerPlan::
+    /// lm_head_resident`). An lm_head on the device stays there.
+    pub fn set_resident(&self, on: bool) -> Result<()> {
+        match self {
+            Self::Device(_) => {
+                let _ = on; // nothing to move
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Self::Host(w) => w.set_resident(on),
         }
     }
 
@@ -70,7 +92,7 @@ impl LmHead {
 
 #[cfg(feature = "cuda")]
 pub mod host {
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
     use candle_core::{DType, Device, Result, Shape, Tensor};
 
@@ -85,6 +107,8 @@ pub mod host {
         copies: CopyStream,
         hidden: usize,
         chunk_rows: usize,
+        /// A device copy of the whole table, for the shapes whose plan has room for it.
+        resident: Mutex<Option<Tensor>>,
     }
 
     impl HostLmHead {
@@ -103,7 +127,28 @@ pub mod host {
                 copies: CopyStream::new(w.device())?,
                 hidden,
                 chunk_rows: chunk_rows.max(1),
+                resident: Mutex::new(None),
             }))
+        }
+
+        /// The device copy, when there is one.
+        pub fn resident(&self) -> Option<Tensor> {
+            self.resident.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        }
+
+        /// Copies the table to the device (once) or frees that copy.
+        pub fn set_resident(&self, on: bool) -> Result<()> {
+            let mut resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+            match (on, resident.is_some()) {
+                (true, false) => {
+                    let shape = Shape::from((self.table.rows(), self.hidden));
+                    let copy = self.copies.to_device(self.table.pinned(), 0, &shape, self.table.dtype())?;
+                    *resident = Some(copy.finish()?);
+                }
+                (false, true) => *resident = None,
+                _ => {}
+            }
+            Ok(())
         }
 
         /// Each chunk's first row and its rows on the device, the next one's copy overlapping.
@@ -205,6 +250,15 @@ pub mod host {
                 let want_logits = f32_of(hidden.matmul(&head.t().unwrap()).unwrap());
                 let err = max_abs(&(logits - &want_logits).unwrap()) / max_abs(&want_logits);
                 assert!(err < tol, "{dtype:?} logits {err}");
+                // kept on the device for a shape: the device loss itself, to the bit; freed again
+                let head = super::super::LmHead::Host(streamed);
+                head.set_resident(true).unwrap();
+                let resident = head.cross_entropy(&hidden, &targets, Some(0.25), 4, None).unwrap();
+                assert_eq!(resident.loss_sum, want.loss_sum, "{dtype:?}");
+                assert_eq!(max_abs(&(f32_of(resident.d_hidden.unwrap()) - &wd).unwrap()), 0.0, "{dtype:?}");
+                head.set_resident(false).unwrap();
+                let super::super::LmHead::Host(streamed) = head else { unreachable!() };
+                assert!(streamed.resident().is_none());
             }
         }
     }

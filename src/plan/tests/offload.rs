@@ -1,6 +1,7 @@
 //! The layers the planner keeps in host memory (`keep.rs`).
 
 use super::*;
+use crate::model::activations::LayerPlan;
 
 /// With a host budget, layers that do not fit the device keep their activations in host memory
 /// instead of being recomputed: Llama-2-13B on a 24 GB card at the benchmark's shapes. The one
@@ -24,6 +25,7 @@ fn offloaded_layers_replace_recomputes_within_both_budgets() {
             kept_layers: kept,
             offloaded_layers: plan.offloaded,
             offload_stride: plan.stride,
+            lm_head_resident: plan.lm_head_resident,
             ..run.clone()
         };
         let e = estimate(&m, &planned(plan.kept), shape);
@@ -54,4 +56,61 @@ fn offloaded_layers_replace_recomputes_within_both_budgets() {
         text.contains("in page-locked host memory") && text.contains("one offloaded layer in flight"),
         "{text}"
     );
+}
+
+/// lm_head stays on the device at a shape where its bytes cost no layer its activations (the
+/// loss then reads no PCIe), and is streamed where they would.
+#[test]
+fn lm_head_stays_on_the_device_where_it_costs_no_layer() {
+    let m = llama2_13b_40();
+    let budget = (0.90 * 24.0 * GIB) as u64;
+    let run = RunShape { mlp_tiles: true, host_budget: 64 << 30, ..offload_run() };
+    let head = |resident| RunShape { lm_head_resident: resident, ..run.clone() };
+    assert_eq!(
+        estimate(&m, &head(true), (512, 8)).base_weights - estimate(&m, &head(false), (512, 8)).base_weights,
+        32000 * 5120 * 2
+    );
+    let mut seen = [false, false];
+    for shape in [(512, 2), (512, 8), (2048, 4), (2048, 8), (4096, 8)] {
+        let plan = layer_plan(&m, &run, shape, budget);
+        let (streamed, resident) =
+            (keep::plan_for(&m, &head(false), shape, budget), keep::plan_for(&m, &head(true), shape, budget));
+        println!("{shape:?}: {plan:?}; streamed {streamed:?}, resident {resident:?}");
+        match plan.lm_head_resident {
+            true => {
+                assert_eq!(plan, LayerPlan { lm_head_resident: true, ..resident }, "{shape:?}");
+                assert!(resident.whole(40) >= streamed.whole(40), "{shape:?}");
+            }
+            false => {
+                assert_eq!(plan, streamed, "{shape:?}");
+                assert!(resident.whole(40) < streamed.whole(40), "{shape:?}");
+            }
+        }
+        let planned = RunShape {
+            kept_layers: plan.kept,
+            offloaded_layers: plan.offloaded,
+            offload_stride: plan.stride,
+            ..head(plan.lm_head_resident)
+        };
+        assert!(estimate(&m, &planned, shape).peak() <= budget, "{shape:?}");
+        seen[plan.lm_head_resident as usize] = true;
+    }
+    assert_eq!(seen, [true, true], "both choices at these shapes");
+    assert!(
+        layer_plan(&m, &run, (512, 8), budget).lm_head_resident,
+        "512 x 8: 40 whole layers beside the head"
+    );
+    // without offload the head is on the device anyway: nothing to choose
+    let no_offload = RunShape { host_offload: false, ..run.clone() };
+    assert!(!layer_plan(&m, &no_offload, (512, 8), budget).lm_head_resident);
+    let text = report(&m, &run, (512, 8), budget, true);
+    assert!(text.contains("lm_head stays on the GPU"), "{text}");
+}
+
+fn llama2_13b_40() -> ModelConfig {
+    config(
+        r#"{"vocab_size": 32000, "hidden_size": 5120, "intermediate_size": 13824,
+            "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40,
+            "max_position_embeddings": 4096}"#,
+    )
 }
