@@ -102,8 +102,8 @@ fn check(name: &str) {
                 assert_eq!(differing, 0, "{name} {dtype:?} {seed:?} {what}: gradients");
             }
         }
-        // lm_head streamed from host memory over the link the offloaded layers come back on:
-        // the first one is fetched after the loss instead of beside it (its own rounding, so
+        // lm_head streamed from host memory over the link the offloaded layers come back on, one
+        // of them fetched while the loss streams (the streamed loss rounds its own way, so
         // against full checkpointing with the head streamed too)
         let mut m = model(name, dtype, &dev);
         if dev.is_cuda() && m.stream_lm_head().unwrap() {

@@ -61,20 +61,8 @@ impl<'a, S: SavedActivations> OffloadedLayers<'a, S> {
         }
     }
 
-    /// The forward is done: the last layer's copies out finish (the compute stream waits for
-    /// them, and their device memory is back in the pool).
-    pub fn finish_forward(&mut self) -> Result<()> {
-        match &mut self.store {
-            Store::Device(_) => Ok(()),
-            #[cfg(feature = "cuda")]
-            Store::Host(h) => h.finish_leaving(),
-            #[cfg(not(feature = "cuda"))]
-            Store::Never(_) => unreachable!(),
-        }
-    }
-
-    /// The forward is done (`finish_forward`), and `first`, the offloaded layer the backward
-    /// reaches first, starts on its way in behind the layers above it.
+    /// The forward is done: the last layer's copies out finish, and `first`, the offloaded layer
+    /// the backward reaches first, starts on its way in behind the layers above it.
     pub fn start_backward(&mut self, first: Option<usize>) -> Result<()> {
         match &mut self.store {
             Store::Device(_) => {
@@ -170,7 +158,7 @@ pub mod host {
 
         /// The last layer's copies out done (the compute stream waits for them, the host does
         /// not), and its device memory back in the pool.
-        pub fn finish_leaving(&mut self) -> Result<()> {
+        fn finish_leaving(&mut self) -> Result<()> {
             for copy in self.leaving.drain(..) {
                 drop(copy.finish()?);
             }

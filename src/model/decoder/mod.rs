@@ -390,13 +390,10 @@ impl CausalLm {
         timeline::mark(&self.device, || "embedding".into())?;
         let (last, mut kept) = self.forward_checkpointed(x, masks, dropout_seed, Some(keeping))?;
         // the offloaded layer the backward reaches first comes in behind the loss and the layers
-        // above it; behind those layers alone where the loss streams lm_head over the same link
+        // above it (where the loss streams lm_head over the same link too, fetching it after the
+        // loss instead measured no faster: Qwen3-14B 512 x 8 on an H200, 8,549 against 8,557 tok/s)
         let next_offloaded = |below: usize| (0..below).rev().find(|&n| kinds[n] == LayerKind::Offloaded);
-        let streams_head = self.lm_head.streams();
-        match streams_head {
-            true => offloaded.finish_forward()?,
-            false => offloaded.start_backward(next_offloaded(self.layers.len()))?,
-        }
+        offloaded.start_backward(next_offloaded(self.layers.len()))?;
         let last = last.reshape((b * t, hidden))?;
         let h = rms_norm(&last, &self.norm, self.arch.rms_norm_eps)?;
         let targets = shift_labels(labels, b, t);
@@ -405,9 +402,6 @@ impl CausalLm {
             self.lm_head.cross_entropy(&h, &targets, Some(grad_scale), self.loss_chunk_rows, cap)
         })?;
         timeline::mark(&self.device, || "loss".into())?;
-        if streams_head {
-            offloaded.start_backward(next_offloaded(self.layers.len()))?;
-        }
         let d_h = out.d_hidden.expect("asked for the gradient");
         let mut dx =
             rms_norm_backward(&last, &self.norm, self.arch.rms_norm_eps, &d_h)?.reshape((b, t, hidden))?;

@@ -80,15 +80,6 @@ impl LmHead {
         }
     }
 
-    /// Whether the loss streams it from host memory (no device copy this shape).
-    pub fn streams(&self) -> bool {
-        match self {
-            Self::Device(_) => false,
-            #[cfg(feature = "cuda")]
-            Self::Host(w) => w.resident().is_none(),
-        }
-    }
-
     /// The tensor, when it is on the device.
     pub fn on_device(&self) -> Option<&Tensor> {
         match self {
