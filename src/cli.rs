@@ -94,6 +94,10 @@ pub enum Command {
         /// Gemma 2's soft caps ran it.
         #[arg(long, default_value = "fused", value_parser = ["fused", "composed"])]
         attention: String,
+        /// The training machine's memory (64GiB, 128GB, 256), of which offloaded layers may take
+        /// half [default: half of what this machine has available now].
+        #[arg(long)]
+        host_mem: Option<String>,
     },
     /// Write a commented training config for a model, with the batch size and max_seq_len the
     /// memory planner fits on the card.
@@ -278,11 +282,15 @@ pub fn parse_quantization(name: &str) -> Quantization {
 
 /// "24GiB", "24GB" (read as GiB, as cards are sold) or "24" → bytes.
 pub fn parse_gib(text: &str) -> anyhow::Result<u64> {
+    parse_size("--gpu-mem", text)
+}
+
+/// A size in GiB given to `flag` (24GiB, 48GB, 80), in bytes.
+pub fn parse_size(flag: &str, text: &str) -> anyhow::Result<u64> {
     let number =
         text.trim().trim_end_matches(['B', 'b']).trim_end_matches(['i', 'I']).trim_end_matches(['G', 'g']);
-    let gib: f64 =
-        number.trim().parse().with_context(|| format!("--gpu-mem {text:?}: expected e.g. 24GiB"))?;
-    anyhow::ensure!(gib > 0.0 && gib < 1e6, "--gpu-mem {text:?}: expected a positive size in GiB");
+    let gib: f64 = number.trim().parse().with_context(|| format!("{flag} {text:?}: expected e.g. 24GiB"))?;
+    anyhow::ensure!(gib > 0.0 && gib < 1e6, "{flag} {text:?}: expected a positive size in GiB");
     Ok((gib * (1u64 << 30) as f64) as u64)
 }
 

@@ -197,8 +197,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Estimate { config, gpu_mem, attention } => {
-            plan_commands::estimate(&config, &gpu_mem, &attention)
+        Command::Estimate { config, gpu_mem, attention, host_mem } => {
+            plan_commands::estimate(&config, &gpu_mem, &attention, host_mem.as_deref())
         }
         Command::Init { model, revision, gpu_mem, data, out, force } => {
             plan_commands::init(&model, &revision, &gpu_mem, &data, out, force)

@@ -7,12 +7,13 @@ use std::path::Path;
 use anyhow::Context;
 use lora_ft::config::{BatchSize, Config};
 
-use crate::cli::parse_gib;
+use crate::cli::{parse_gib, parse_size};
 
 /// `lora-ft estimate`: the planner's parts of the peak at the config's shape (with
 /// `train.checkpointing = "auto"`, the layers it keeps), the largest batch per sequence length and
-/// the longest row per card, from config.json alone.
-pub fn estimate(config: &Path, gpu_mem: &str, attention: &str) -> anyhow::Result<()> {
+/// the longest row per card, from config.json alone. `host_mem`: the training machine's memory,
+/// half of which offloaded layers may take (else half of this machine's available memory).
+pub fn estimate(config: &Path, gpu_mem: &str, attention: &str, host_mem: Option<&str>) -> anyhow::Result<()> {
     let cfg = Config::from_file(config)?;
     let config_json = lora_ft::hub::config_json(&cfg.model.expanded_source(), &cfg.model.revision)?;
     let model = lora_ft::model::ModelConfig::from_file(&config_json)?;
@@ -20,6 +21,9 @@ pub fn estimate(config: &Path, gpu_mem: &str, attention: &str) -> anyhow::Result
     let budget = lora_ft::memory::VramBudget::new(total, cfg.train.max_vram_fraction).bytes();
     let mut run = lora_ft::plan::run_shape(&cfg);
     run.fused_attention &= attention == "fused";
+    if let (Some(host_mem), true) = (host_mem, cfg.train.host_offload) {
+        run.host_budget = parse_size("--host-mem", host_mem)? / 2;
+    }
     let shape = (cfg.data.max_seq_len, estimated_batch(&cfg, &model, &run, budget));
     let auto = cfg.train.checkpointing == lora_ft::config::Checkpointing::Auto;
     print!("{}", lora_ft::plan::report(&model, &run, shape, budget, auto));

@@ -200,3 +200,48 @@ fn the_ready_configs_headers_are_the_planners_predictions() {
     }
     assert_eq!(checked, 8);
 }
+
+/// `lora-ft estimate --host-mem`: the plan for the training machine's memory, not this one's.
+/// Llama-2-13B at 8 x 512 on 24 GB offloads 9 layers of 0.45 GiB: 64 GiB of host memory (32
+/// allowed) holds them all, 8 GiB (4 allowed) 8 of them, and one more layer is recomputed.
+#[test]
+fn estimate_plans_for_the_host_memory_it_is_given() {
+    let dir = TempDir::new("estimate");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let text = std::fs::read_to_string(Path::new(root).join("configs/mistral-7b.toml")).unwrap();
+    let text = text
+        .replace(
+            "\"mistralai/Mistral-7B-v0.1\"",
+            &format!("\"{root}/tests/fixtures/bench-models/llama2-13b\""),
+        )
+        .replace("max_seq_len = 1024", "max_seq_len = 512")
+        .replace("batch_size = 4", "batch_size = 8")
+        .replace("grad_accum = 4", "grad_accum = 1")
+        .replace("dropout = 0.05", "dropout = 0.0");
+    let config = dir.0.join("l13.toml");
+    std::fs::write(&config, text).unwrap();
+    let estimate = |host: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_lora-ft"))
+            .args(["estimate", config.to_str().unwrap(), "--gpu-mem", "24", "--host-mem", host])
+            .current_dir(root)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), stderr(&out))
+    };
+    let (ok, big, err) = estimate("64GiB");
+    assert!(ok, "{err}");
+    assert!(
+        big.contains("31 layers keep their activations on the GPU and 9 in page-locked host memory"),
+        "{big}"
+    );
+    assert!(big.contains("of the 32.00 GiB allowed") && big.contains("0 are recomputed"), "{big}");
+    let (ok, small, err) = estimate("8GB");
+    assert!(ok, "{err}");
+    assert!(
+        small.contains("and 8 in page-locked host memory") && small.contains("of the 4.00 GiB allowed"),
+        "{small}"
+    );
+    assert!(small.contains("1 are recomputed"), "{small}");
+    let (ok, _, err) = estimate("lots");
+    assert!(!ok && err.contains("--host-mem \"lots\""), "{err}");
+}
