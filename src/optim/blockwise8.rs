@@ -26,6 +26,8 @@
 //! parameter's last block read code 128 (state1) and 0 (state2) with a zero gradient, as the
 //! kernel's padded loads do, and take part in the maximum.
 
+use crate::quant::dynamic::Bracket;
+
 /// Elements per quantization block of the 8-bit state.
 pub const BLOCK: usize = 256;
 /// bitsandbytes' `min_8bit_size` default: smaller parameters keep 32-bit state.
@@ -99,35 +101,7 @@ fn fma(a: f32, b: f32, c: f32) -> f32 {
 /// going to the code toward the middle of the search. `signed` sets the lower bound the search
 /// starts from (-1 or 0).
 pub fn quantize(code: &[f32; 256], signed: bool, x: f32) -> u8 {
-    let (mut pivot, mut upper_pivot, mut lower_pivot) = (127usize, 255usize, 0usize);
-    let (mut lower, mut upper) = (if signed { -1.0f32 } else { 0.0 }, 1.0f32);
-    let mut val = code[pivot];
-    let mut i = 64;
-    while i > 0 {
-        if x > val {
-            lower_pivot = pivot;
-            lower = val;
-            pivot += i;
-        } else {
-            upper_pivot = pivot;
-            upper = val;
-            pivot -= i;
-        }
-        val = code[pivot];
-        i >>= 1;
-    }
-    let chosen = if x > val {
-        if x > (upper + val) * 0.5 {
-            upper_pivot
-        } else {
-            pivot
-        }
-    } else if x < (lower + val) * 0.5 {
-        lower_pivot
-    } else {
-        pivot
-    };
-    chosen as u8
+    Bracket::search(code, if signed { -1.0 } else { 0.0 }, x).nearer(x)
 }
 
 /// One quantization block of an 8-bit parameter, in place: `p`, `g`, `state1`, `state2` are the

@@ -66,41 +66,65 @@ fn generate(signed: bool) -> [f32; 256] {
 /// bracket of the search, so the kernel's exact comparisons are reproduced here.
 #[inline]
 pub fn quantize_value(code: &[f32; 256], x: f32) -> u8 {
-    let (mut pivot, mut upper_pivot, mut lower_pivot) = (127usize, 255usize, 0usize);
-    let (mut lower, mut upper) = (-1.0f32, 1.0f32);
-    let mut val = code[pivot];
-    let mut step = 64;
-    while step > 0 {
-        if x > val {
-            lower_pivot = pivot;
-            lower = val;
-            pivot += step;
-        } else {
-            upper_pivot = pivot;
-            upper = val;
-            pivot -= step;
+    let mut b = Bracket::search(code, -1.0, x);
+    if b.upper_pivot == 255 {
+        b.upper = code[255];
+    }
+    if b.lower_pivot == 0 {
+        b.lower = code[0];
+    }
+    b.nearer(x)
+}
+
+/// Where the binary search of bitsandbytes' quantizers (`dQuantize`, and the 8-bit optimizers'
+/// `quantize_2D`) ends: the last pivot and its value, and the bracket around it.
+pub(crate) struct Bracket {
+    pivot: usize,
+    val: f32,
+    lower_pivot: usize,
+    upper_pivot: usize,
+    lower: f32,
+    upper: f32,
+}
+
+impl Bracket {
+    /// Seven halvings from the middle (127) of the sorted `code`, the bracket starting at
+    /// [`lower`, 1].
+    #[inline]
+    pub(crate) fn search(code: &[f32; 256], lower: f32, x: f32) -> Self {
+        let mut b = Self { pivot: 127, val: code[127], lower_pivot: 0, upper_pivot: 255, lower, upper: 1.0 };
+        let mut step = 64;
+        while step > 0 {
+            if x > b.val {
+                (b.lower_pivot, b.lower) = (b.pivot, b.val);
+                b.pivot += step;
+            } else {
+                (b.upper_pivot, b.upper) = (b.pivot, b.val);
+                b.pivot -= step;
+            }
+            b.val = code[b.pivot];
+            step >>= 1;
         }
-        val = code[pivot];
-        step >>= 1;
+        b
     }
-    if upper_pivot == 255 {
-        upper = code[255];
-    }
-    if lower_pivot == 0 {
-        lower = code[0];
-    }
-    let chosen = if x > val {
-        if x > (upper + val) * 0.5 {
-            upper_pivot
+
+    /// The last pivot or the bracket's end on x's side, whichever is nearer by the midpoint
+    /// between their values; a tie goes to the pivot.
+    #[inline]
+    pub(crate) fn nearer(&self, x: f32) -> u8 {
+        let chosen = if x > self.val {
+            if x > (self.upper + self.val) * 0.5 {
+                self.upper_pivot
+            } else {
+                self.pivot
+            }
+        } else if x < (self.lower + self.val) * 0.5 {
+            self.lower_pivot
         } else {
-            pivot
-        }
-    } else if x < (lower + val) * 0.5 {
-        lower_pivot
-    } else {
-        pivot
-    };
-    chosen as u8
+            self.pivot
+        };
+        chosen as u8
+    }
 }
 
 /// The largest |x| of a block as the kernel reduces it: `fmaxf` from -FLT_MAX (NaN ignored), with

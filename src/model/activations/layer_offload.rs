@@ -176,10 +176,12 @@ pub mod host {
                     continue;
                 }
                 let (mut base, mut elems) = crate::cuda::buffer_span(t, &stream)?;
-                if !View::of(t).rebuildable(elems) {
+                let mut view = View::of(t);
+                if !view.rebuildable(elems) {
                     // a view the ops cannot rebuild: its values in a buffer of their own
                     *t = t.copy()?;
                     (base, elems) = crate::cuda::buffer_span(t, &stream)?;
+                    view = View::of(t);
                 }
                 let buffer = match bases.iter().position(|&b| b == base) {
                     Some(i) => i,
@@ -190,7 +192,7 @@ pub mod host {
                         bases.len() - 1
                     }
                 };
-                views.push(Some((buffer, View::of(t))));
+                views.push(Some((buffer, view)));
             }
             if !self.reserve(layer, &buffers)? {
                 self.kept.insert(layer, saved);
