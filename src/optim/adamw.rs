@@ -94,13 +94,7 @@ impl AdamW {
             self.step += 1;
             return self.fused_step(grads, grad_mult, lr);
         }
-        if grad_mult == 1.0 {
-            return self.step(grads, lr);
-        }
-        let scaled = grads
-            .iter()
-            .map(|g| g.to_dtype(DType::F32)?.affine(grad_mult, 0.0))
-            .collect::<candle_core::Result<Vec<_>>>()?;
+        let scaled = super::clip::scaled_grads(grads, grad_mult)?;
         self.step(&scaled, lr)
     }
 

@@ -45,6 +45,18 @@ pub fn grad_norm(grads: &[Tensor], inv_scale: f64) -> Result<f64> {
     Ok(Tensor::stack(&norms, 0)?.sqr()?.sum_all()?.sqrt()?.to_scalar::<f32>()? as f64)
 }
 
+/// `grads · grad_mult` (the loss-scale and clipping factor) for an optimizer's composed step: the
+/// gradients as they are at 1, else widened to f32 first (an f16 gradient times 1/loss_scale would
+/// underflow in f16).
+pub(crate) fn scaled_grads(grads: &[Tensor], grad_mult: f64) -> Result<std::borrow::Cow<'_, [Tensor]>> {
+    if grad_mult == 1.0 {
+        return Ok(std::borrow::Cow::Borrowed(grads));
+    }
+    let scaled =
+        grads.iter().map(|g| g.to_dtype(DType::F32)?.affine(grad_mult, 0.0)).collect::<Result<Vec<_>>>()?;
+    Ok(std::borrow::Cow::Owned(scaled))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
