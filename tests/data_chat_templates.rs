@@ -5,14 +5,13 @@
 //! family's turn markers, independently of lora-ft's prefix rendering. Tool calling:
 //! tests/golden/chat_tools.json from scripts/golden/chat_tools.py, the same way.
 
-use std::io::Read;
+mod common;
+use common::Scratch;
 use std::path::{Path, PathBuf};
 
 use lora_ft::config::{SystemMessage, TruncationSide};
 use lora_ft::data::{read_messages_jsonl, ChatTokenizer, Conversation, Message, TokenizedDataset};
 use serde::Deserialize;
-
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizers");
 
 #[derive(Deserialize)]
 struct Golden {
@@ -50,40 +49,8 @@ fn golden() -> Golden {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-/// A tokenizer folder assembled from the fixtures (gzip files decompressed), removed on drop.
-struct Folder(PathBuf);
-
-impl Drop for Folder {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn gunzip(path: &Path) -> Vec<u8> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()).read_to_end(&mut out).unwrap();
-    out
-}
-
-fn folder(family: &str, vocab: &str) -> Folder {
-    // tests run side by side: each folder its own
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("lora-ft-tok-{family}-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let fixtures = Path::new(FIXTURES);
-    let tokenizer = gunzip(&fixtures.join("vocab").join(format!("{vocab}.tokenizer.json.gz")));
-    std::fs::write(dir.join("tokenizer.json"), tokenizer).unwrap();
-    for entry in std::fs::read_dir(fixtures.join(family)).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_str().unwrap().to_string();
-        match name.strip_suffix(".gz") {
-            Some(plain) => std::fs::write(dir.join(plain), gunzip(&path)).unwrap(),
-            None => std::fs::write(dir.join(name), std::fs::read(&path).unwrap()).unwrap(),
-        }
-    }
-    Folder(dir)
+fn folder(family: &str, vocab: &str) -> Scratch {
+    common::tokenizer_folder(family, vocab)
 }
 
 fn tokenizer(family: &Family, dir: &Path, policy: SystemMessage) -> ChatTokenizer {

@@ -4,14 +4,16 @@
 //! against the llama.cpp-made GGUF it came from, its weights through our own `import` against
 //! the merged model within f16's and q8_0's rounding; and bad input refused with nothing left.
 
+mod common;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::GgmlDType;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
+use common::Scratch;
 use lora_ft::gguf::export::{quantize, FileType};
 use serde_json::Value as Json;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -35,19 +37,8 @@ fn q8_0_f16_and_bf16_blocks_equal_gguf_py_byte_for_byte() {
     }
 }
 
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn scratch(name: &str) -> Scratch {
-    let dir = std::env::temp_dir().join(format!("lora-ft-gguf-export-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    Scratch(dir)
+    Scratch::new(&format!("gguf-export-{name}"))
 }
 
 /// A PEFT adapter for SmolLM2's q, k and down projections of every layer, random A and B.

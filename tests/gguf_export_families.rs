@@ -6,21 +6,15 @@
 //! equal to the Hugging Face weight within f16 rounding; `--adapter-only` with llama.cpp's names
 //! and no row permutation; what llama.cpp cannot run as transformers does, refused.
 
+mod common;
 use candle_core::quantized::gguf_file::Content;
 use candle_core::quantized::GgmlDType;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::Device;
+use common::Scratch;
 use lora_ft::gguf::export::FileType;
 use serde_json::{json, Value as Json};
 use std::path::{Path, PathBuf};
-
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
@@ -46,12 +40,8 @@ fn byte_symbols() -> Vec<String> {
 /// A copy of fixture `name` (no adapter) with a byte-level tokenizer of its 256 ids, config.json
 /// changed by `edit`.
 fn folder(name: &str, edit: impl FnOnce(&mut Json)) -> Scratch {
-    // tests run in parallel: each folder its own
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("lora-ft-gguf-fam-{name}-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = Scratch::new(&format!("gguf-fam-{name}"));
+    let dir = scratch.0.clone();
     let src = fixture(name);
     std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
     let mut config: Json =
@@ -67,7 +57,7 @@ fn folder(name: &str, edit: impl FnOnce(&mut Json)) -> Scratch {
     });
     std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
     std::fs::write(dir.join("tokenizer_config.json"), "{}").unwrap();
-    Scratch(dir)
+    scratch
 }
 
 /// llama.cpp scales Gemma's queries by 1/√head_dim: the fixtures' scalar 24 is refused (below).

@@ -9,22 +9,16 @@
 //! The special ids, add-bos/eos and `add_space_prefix` agree too; each folder's config.json is
 //! the real model's (Mistral 7B, Gemma 2 2B, Gemma 3 4B), so its `<arch>.*` keys are written.
 
+mod common;
 use candle_core::quantized::gguf_file::{Content, Value};
+use common::Scratch;
 use lora_ft::gguf::export::{FileType, GgufModel};
 use serde_json::json;
 use std::collections::HashMap;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
-
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn gunzip(path: &str) -> Vec<u8> {
     let mut bytes = Vec::new();
@@ -34,10 +28,7 @@ fn gunzip(path: &str) -> Vec<u8> {
 }
 
 fn scratch(name: &str) -> Scratch {
-    let dir = std::env::temp_dir().join(format!("lora-ft-gguf-spm-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    Scratch(dir)
+    Scratch::new(&format!("gguf-spm-{name}"))
 }
 
 /// The metadata export-gguf writes for the folder `dir` (config.json and tokenizer files).

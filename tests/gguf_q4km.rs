@@ -5,13 +5,15 @@
 //! the same for a synthetic 80-layer Llama (tests/golden/gguf_q4km_llama80.json): untied output,
 //! llama.cpp's 70B rule for attn_v (Q5_K).
 
+mod common;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
+use common::Scratch;
 use lora_ft::gguf::export::FileType;
 use serde_json::Value as Json;
 use std::io::{Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 fn ggml_name(dtype: GgmlDType) -> &'static str {
     match dtype {
@@ -53,19 +55,8 @@ fn check_against_golden(out: &Path, golden: &str) -> Vec<(&'static str, i32)> {
     counts.into_iter().collect()
 }
 
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn scratch(name: &str) -> Scratch {
-    let dir = std::env::temp_dir().join(format!("lora-ft-gguf-q4km-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    Scratch(dir)
+    Scratch::new(&format!("gguf-q4km-{name}"))
 }
 
 /// SmolLM2: tied embeddings, rows of 576 (most weights fall back to Q5_0 and Q8_0), 30 layers.

@@ -10,8 +10,10 @@
 //! scripts/golden/vocab_gguf.py and vocab_gguf_spm.py as llama.cpp's converter does; see
 //! tests/fixtures/vocab-gguf/README.md.
 
+mod common;
+use common::Scratch;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value as Json;
@@ -19,19 +21,10 @@ use serde_json::Value as Json;
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/vocab-gguf");
 const SEP: &str = "\n__ggml_vocab_test__\n";
 
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Decompresses `ggml-vocab-<name>.gguf.gz` and imports it with the `lora-ft` binary.
 fn import(name: &str) -> (Scratch, tokenizers::Tokenizer) {
-    let dir = std::env::temp_dir().join(format!("lora-ft-vocab-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = Scratch::new(&format!("vocab-{name}"));
+    let dir = scratch.0.clone();
     let gguf = dir.join(format!("ggml-vocab-{name}.gguf"));
     let mut bytes = Vec::new();
     let packed = Path::new(FIXTURES).join(format!("ggml-vocab-{name}.gguf.gz"));
@@ -45,7 +38,7 @@ fn import(name: &str) -> (Scratch, tokenizers::Tokenizer) {
     assert!(stdout.contains("tensors: 0"), "{stdout}");
     assert!(!out.join("model.safetensors").exists() && !out.join("config.json").exists());
     let tokenizer = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
-    (Scratch(dir), tokenizer)
+    (scratch, tokenizer)
 }
 
 /// The `.inp` texts and the `.out` ids, in llama.cpp's format.

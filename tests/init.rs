@@ -3,28 +3,17 @@
 //! predicted peak fits the card; it refuses an unknown family, a card too small and an existing
 //! file without --force.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::Scratch;
+use std::path::Path;
 use std::process::{Command, Output};
 
 use lora_ft::config::{BatchSize, Config};
 use lora_ft::memory::VramBudget;
 use lora_ft::model::ModelConfig;
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("lora-ft-init-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+fn scratch(name: &str) -> Scratch {
+    Scratch::new(&format!("init-{name}"))
 }
 
 fn init(args: &[&str], envs: &[(&str, &Path)]) -> Output {
@@ -57,7 +46,7 @@ fn check_written(file: &Path, source: &str, model: &ModelConfig, gib: u64) -> Co
 
 #[test]
 fn a_local_folder_and_its_refusals() {
-    let dir = TempDir::new("folder");
+    let dir = scratch("folder");
     let out = dir.0.join("qwen3-14b.toml");
     let folder = "tests/fixtures/bench-models/qwen3-14b";
     let model =
@@ -111,7 +100,7 @@ fn a_local_folder_and_its_refusals() {
 /// message folded.
 #[test]
 fn a_gguf_file() {
-    let dir = TempDir::new("gguf");
+    let dir = scratch("gguf");
     let out = dir.0.join("g.toml");
     let gguf = "tests/fixtures/gguf/tiny-gemma2.gguf";
     let run = init(&[gguf, "--out", out.to_str().unwrap()], &[("LORA_FT_CACHE", &dir.0.join("cache"))]);
@@ -128,7 +117,7 @@ fn a_gguf_file() {
 /// config.json, as hf-hub lays them out), with a data file of its own.
 #[test]
 fn a_hub_repo_id_from_the_cache() {
-    let dir = TempDir::new("hub");
+    let dir = scratch("hub");
     let repo = dir.0.join("hub/models--Qwen--Qwen3-8B");
     let snapshot = repo.join("snapshots/0123abcd");
     std::fs::create_dir_all(&snapshot).unwrap();
@@ -206,7 +195,7 @@ fn the_ready_configs_headers_are_the_planners_predictions() {
 /// allowed) holds them all, 8 GiB (4 allowed) 8 of them, and one more layer is recomputed.
 #[test]
 fn estimate_plans_for_the_host_memory_it_is_given() {
-    let dir = TempDir::new("estimate");
+    let dir = scratch("estimate");
     let root = env!("CARGO_MANIFEST_DIR");
     let text = std::fs::read_to_string(Path::new(root).join("configs/mistral-7b.toml")).unwrap();
     let text = text

@@ -8,14 +8,13 @@
 //!   assistant tool-call turn rendered by the template, with the prompt before it stripped and
 //!   its tokens decoded as generation decodes them, parses back into the calls it was rendered from.
 
-use std::io::Read;
+mod common;
+use common::Scratch;
 use std::path::{Path, PathBuf};
 
 use lora_ft::data::{message_tool_calls, parse_tool_calls, ChatTokenizer, Conversation, Message};
 use lora_ft::generate::decode_reply;
 use serde_json::Value as Json;
-
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizers");
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -61,37 +60,8 @@ fn chatml_tools_renders_like_transformers() {
     );
 }
 
-/// A tokenizer folder assembled from the fixtures (gzip files decompressed), removed on drop.
-struct Folder(PathBuf);
-
-impl Drop for Folder {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn gunzip(path: &Path) -> Vec<u8> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()).read_to_end(&mut out).unwrap();
-    out
-}
-
-fn folder(family: &str, vocab: &str) -> Folder {
-    let dir = std::env::temp_dir().join(format!("lora-ft-toolcalls-{family}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let fixtures = Path::new(FIXTURES);
-    let tokenizer = gunzip(&fixtures.join("vocab").join(format!("{vocab}.tokenizer.json.gz")));
-    std::fs::write(dir.join("tokenizer.json"), tokenizer).unwrap();
-    for entry in std::fs::read_dir(fixtures.join(family)).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_str().unwrap().to_string();
-        match name.strip_suffix(".gz") {
-            Some(plain) => std::fs::write(dir.join(plain), gunzip(&path)).unwrap(),
-            None => std::fs::write(dir.join(name), std::fs::read(&path).unwrap()).unwrap(),
-        }
-    }
-    Folder(dir)
+fn folder(family: &str, vocab: &str) -> Scratch {
+    common::tokenizer_folder(family, vocab)
 }
 
 const TOOLS: &str = r#"[{"type": "function", "function": {"name": "lookup_order", "description": "Look up an order.", "parameters": {"type": "object", "properties": {"order_id": {"type": "string", "description": "The order number."}}, "required": ["order_id"]}}},

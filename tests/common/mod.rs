@@ -122,3 +122,55 @@ fn normal(state: &mut u64) -> f32 {
     let (u1, u2) = (next().max(1e-300), next());
     ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
 }
+
+/// A fresh folder under the system's temp dir for one test (`tag` names it; the process id and
+/// a counter keep tests that run side by side apart), removed on drop.
+#[allow(dead_code)]
+pub struct Scratch(pub PathBuf);
+
+#[allow(dead_code)]
+impl Scratch {
+    pub fn new(tag: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("lora-ft-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The bytes of a gzip file.
+#[allow(dead_code)]
+pub fn gunzip(path: &Path) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()).read_to_end(&mut out).unwrap();
+    out
+}
+
+/// A tokenizer folder assembled from tests/fixtures/tokenizers: `family`'s files (gzip ones
+/// decompressed) and `vocab`'s tokenizer.json.
+#[allow(dead_code)]
+pub fn tokenizer_folder(family: &str, vocab: &str) -> Scratch {
+    let folder = Scratch::new(&format!("tok-{family}"));
+    let dir = &folder.0;
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers");
+    let tokenizer = gunzip(&fixtures.join("vocab").join(format!("{vocab}.tokenizer.json.gz")));
+    std::fs::write(dir.join("tokenizer.json"), tokenizer).unwrap();
+    for entry in std::fs::read_dir(fixtures.join(family)).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        match name.strip_suffix(".gz") {
+            Some(plain) => std::fs::write(dir.join(plain), gunzip(&path)).unwrap(),
+            None => std::fs::write(dir.join(name), std::fs::read(&path).unwrap()).unwrap(),
+        }
+    }
+    folder
+}
