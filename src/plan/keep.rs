@@ -3,7 +3,6 @@
 //! host offload, more in page-locked host memory, as many as the host budget and the PCIe link
 //! allow (model/activations/kept.rs places them, layer_offload.rs moves them).
 
-use super::activations::Family;
 use super::{estimate, RunShape};
 use crate::model::activations::LayerPlan;
 use crate::model::ModelConfig;
@@ -41,9 +40,9 @@ fn offload_flops_per_byte() -> f64 {
 /// a step (Llama-2-13B's 313 MiB in ~6 ms at the H200's 55 GB/s, Qwen3-14B's 1.56 GB in ~28 ms),
 /// longer than the loss's own GEMMs at short rows.
 pub fn layer_plan(m: &ModelConfig, run: &RunShape, shape: (usize, usize), budget: u64) -> LayerPlan {
-    let streamed = plan_for(m, &RunShape { lm_head_resident: false, ..run.clone() }, shape, budget);
-    let streamable = run.host_offload && !m.tied_embeddings() && !Family::of(m).logit_softcap;
-    if !streamable {
+    let streamed_run = RunShape { lm_head_resident: false, ..run.clone() };
+    let streamed = plan_for(m, &streamed_run, shape, budget);
+    if !streamed_run.streams_lm_head(m) {
         return streamed;
     }
     let layers = m.num_hidden_layers;
@@ -62,21 +61,17 @@ pub(super) fn plan_for(
     budget: u64,
 ) -> LayerPlan {
     let layers = m.num_hidden_layers;
-    let planned = |kept, offloaded, offload_stride| RunShape {
-        kept_layers: kept,
-        offloaded_layers: offloaded,
-        offload_stride,
-        ..run.clone()
-    };
     let fits = |kept, offloaded, stride| {
-        estimate(m, &planned(kept, offloaded, stride), (seq, batch)).peak() <= budget
+        let plan = LayerPlan { kept, offloaded, stride, lm_head_resident: run.lm_head_resident };
+        estimate(m, &run.planned(&plan), (seq, batch)).peak() <= budget
     };
     let kept = (0..=layers).rev().find(|&k| fits(k, 0, 1)).unwrap_or(0);
     let alone = LayerPlan { kept, ..LayerPlan::NONE };
     if !run.host_offload || run.host_budget == 0 || kept == layers {
         return alone;
     }
-    let layer_bytes = estimate(m, &planned(0, 0, 1), (seq, batch)).kept_layer_bytes.max(1);
+    let none = LayerPlan { lm_head_resident: run.lm_head_resident, ..LayerPlan::NONE };
+    let layer_bytes = estimate(m, &run.planned(&none), (seq, batch)).kept_layer_bytes.max(1);
     let stride = offload_stride(m, (seq, batch), layer_bytes);
     let positions = LayerPlan { stride, ..LayerPlan::NONE }.offload_positions(layers).count();
     let room = ((run.host_budget / layer_bytes) as usize).min(positions);

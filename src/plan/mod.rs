@@ -74,6 +74,26 @@ pub struct RunShape {
     pub lm_head_resident: bool,
 }
 
+impl RunShape {
+    /// This run with `plan`'s layers kept, offloaded and spaced, and its lm_head placement.
+    pub fn planned(&self, plan: &crate::model::activations::LayerPlan) -> Self {
+        Self {
+            kept_layers: plan.kept,
+            offloaded_layers: plan.offloaded,
+            offload_stride: plan.stride,
+            lm_head_resident: plan.lm_head_resident,
+            ..self.clone()
+        }
+    }
+
+    /// Whether the loss streams lm_head from host memory (model/lm_head.rs): an untied head with
+    /// host offload, unless the logits are soft-capped (the streamed loss does not cap) or the
+    /// plan keeps it on the device.
+    pub(crate) fn streams_lm_head(&self, m: &ModelConfig) -> bool {
+        self.host_offload && !self.lm_head_resident && !m.tied_embeddings() && !Family::of(m).logit_softcap
+    }
+}
+
 /// Predicted bytes of each part of the peak, for `tokens` = batch × sequence length per step.
 #[derive(Debug, Clone, Serialize)]
 pub struct Estimate {
@@ -191,9 +211,7 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
     let projections: u64 = dims.iter().map(|&(o, n)| stored_weight_bytes((o * n) as u64, run)).sum();
     let table = m.vocab_size as u64 * h * b;
     let tables_on_device = if m.tied_embeddings() || !run.embeddings_on_host { 1 } else { 0 };
-    // an untied lm_head is streamed from the host with offload (model/lm_head.rs), unless the
-    // logits are soft-capped (the streamed loss does not cap)
-    let streamed = run.host_offload && !run.lm_head_resident && !m.tied_embeddings() && !f.logit_softcap;
+    let streamed = run.streams_lm_head(m);
     let lm_head = if m.tied_embeddings() || streamed { 0 } else { table };
     let base_weights =
         layers * projections + lm_head + tables_on_device * table + small_tensors(m, &f, seq) * b;
@@ -418,14 +436,7 @@ pub fn report(
         true => layer_plan(m, run, (seq, batch), budget),
         false => crate::model::activations::LayerPlan { kept: run.kept_layers, ..Default::default() },
     };
-    let planned = RunShape {
-        kept_layers: plan.kept,
-        offloaded_layers: plan.offloaded,
-        offload_stride: plan.stride,
-        lm_head_resident: plan.lm_head_resident,
-        ..run.clone()
-    };
-    let e = estimate(m, &planned, (seq, batch));
+    let e = estimate(m, &run.planned(&plan), (seq, batch));
     let mut out = format!("predicted peak GPU memory at batch {batch} x {seq} tokens:\n");
     let kept_line = format!("kept activations ({} of {} layers)", e.kept_layers, m.num_hidden_layers);
     let mut parts = vec![

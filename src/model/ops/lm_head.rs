@@ -53,16 +53,13 @@ impl LmHead {
         match self {
             Self::Device(w) => cross_entropy(hidden, w, targets, grad_scale, chunk_rows, softcap),
             #[cfg(feature = "cuda")]
-            Self::Host(w) if w.resident().is_some() => {
-                let w = w.resident().expect("checked");
-                cross_entropy(hidden, &w, targets, grad_scale, chunk_rows, softcap)
-            }
-            #[cfg(feature = "cuda")]
-            Self::Host(_) if softcap.is_some() => {
-                candle_core::bail!("a streamed lm_head does not soft-cap the logits")
-            }
-            #[cfg(feature = "cuda")]
-            Self::Host(w) => w.cross_entropy(hidden, targets, grad_scale),
+            Self::Host(w) => match w.resident() {
+                Some(w) => cross_entropy(hidden, &w, targets, grad_scale, chunk_rows, softcap),
+                None if softcap.is_some() => {
+                    candle_core::bail!("a streamed lm_head does not soft-cap the logits")
+                }
+                None => w.cross_entropy(hidden, targets, grad_scale),
+            },
         }
     }
 

@@ -21,13 +21,7 @@ fn offloaded_layers_replace_recomputes_within_both_budgets() {
     for (shape, stride) in [((512, 8), 3), ((2048, 8), 3), ((2048, 4), 3)] {
         let kept = layer_plan(&m, &alone, shape, budget).kept;
         let plan = layer_plan(&m, &run, shape, budget);
-        let planned = |kept| RunShape {
-            kept_layers: kept,
-            offloaded_layers: plan.offloaded,
-            offload_stride: plan.stride,
-            lm_head_resident: plan.lm_head_resident,
-            ..run.clone()
-        };
+        let planned = |kept| run.planned(&LayerPlan { kept, ..plan });
         let e = estimate(&m, &planned(plan.kept), shape);
         println!("{shape:?}: {kept} kept alone; {plan:?}, peak {:.2} GiB", e.peak() as f64 / GIB);
         assert_eq!(plan.stride, stride, "{shape:?}");
@@ -86,13 +80,7 @@ fn lm_head_stays_on_the_device_where_it_costs_no_layer() {
                 assert!(resident.whole(40) < streamed.whole(40), "{shape:?}");
             }
         }
-        let planned = RunShape {
-            kept_layers: plan.kept,
-            offloaded_layers: plan.offloaded,
-            offload_stride: plan.stride,
-            ..head(plan.lm_head_resident)
-        };
-        assert!(estimate(&m, &planned, shape).peak() <= budget, "{shape:?}");
+        assert!(estimate(&m, &run.planned(&plan), shape).peak() <= budget, "{shape:?}");
         seen[plan.lm_head_resident as usize] = true;
     }
     assert_eq!(seen, [true, true], "both choices at these shapes");
