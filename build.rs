@@ -24,7 +24,7 @@ use std::process::Command;
 const ARCHS: &str = "80,86,89,90,100,120";
 
 /// The kernels of src/cuda/, each compiled to `$OUT_DIR/<name>.fatbin`.
-const KERNELS: [&str; 11] = [
+const KERNELS: [&str; 12] = [
     "nf4",
     "adafactor",
     "adamw",
@@ -36,6 +36,7 @@ const KERNELS: [&str; 11] = [
     "cross_entropy",
     "embedding",
     "rope",
+    "lora_weights",
 ];
 const CUDA_HEADERS: [&str; 5] = [
     "src/cuda/dtype.cuh",

@@ -12,12 +12,15 @@ use half::{bf16, f16};
 
 use super::{cuda_device, view, wrap};
 
-/// `lhs · op(rhs)`, row-major, its dims checked by the caller (`model::ops::product_sum`):
-/// `lhs` `[m, k]`, `rhs` `[k, n]`, or `[n, k]` when `rhs_transposed`.
+/// `alpha · op(lhs) · op(rhs)`, row-major, its dims checked by the caller
+/// (`model::ops::product_sum`): `lhs` `[m, k]`, or `[k, m]` when `lhs_transposed`; `rhs`
+/// `[k, n]`, or `[n, k]` when `rhs_transposed`.
 pub struct Operands<'a> {
     pub lhs: &'a Tensor,
     pub rhs: &'a Tensor,
+    pub lhs_transposed: bool,
     pub rhs_transposed: bool,
+    pub alpha: f64,
     pub m: usize,
     pub k: usize,
     pub n: usize,
@@ -183,21 +186,25 @@ where
     CudaBlas: Gemm<T>,
 {
     let (m, k, n) = p.dims()?;
-    let (lhs, rhs) = (p.lhs.contiguous()?, p.rhs.contiguous()?);
+    let ((lhs, ldl), (rhs, ldr)) = (operand(p.lhs)?, operand(p.rhs)?);
     let dev = cuda_device(&lhs)?;
-    let cfg = GemmConfig {
-        transa: if p.rhs_transposed {
+    let op = |transposed: bool| {
+        if transposed {
             cublasOperation_t::CUBLAS_OP_T
         } else {
             cublasOperation_t::CUBLAS_OP_N
-        },
-        transb: cublasOperation_t::CUBLAS_OP_N,
+        }
+    };
+    // a row-major [r, c] operand with row stride s is the column-major [c, r] with ld s
+    let cfg = GemmConfig {
+        transa: op(p.rhs_transposed),
+        transb: op(p.lhs_transposed),
         m: n as i32,
         n: m as i32,
         k: k as i32,
-        alpha: T::from_f64(1.0),
-        lda: if p.rhs_transposed { k as i32 } else { n as i32 },
-        ldb: k as i32,
+        alpha: T::from_f64(p.alpha),
+        lda: ldr,
+        ldb: ldl,
         beta: T::from_f64(beta),
         ldc: width as i32,
     };
@@ -206,6 +213,17 @@ where
     let mut dst = out.slice_mut(col0..);
     unsafe { dev.cublas_handle().gemm(cfg, &rv, &lv, &mut dst) }.w()?;
     Ok(())
+}
+
+/// A 2-D operand as cuBLAS reads it and its row stride: in place when its columns are adjacent
+/// (a column slice of a wider tensor included), else a contiguous copy.
+fn operand(t: &Tensor) -> Result<(Tensor, i32)> {
+    let (_, cols) = t.dims2()?;
+    let (row_stride, col_stride) = (t.stride()[0], t.stride()[1]);
+    if (col_stride == 1 || cols == 1) && row_stride >= cols.max(1) {
+        return Ok((t.clone(), row_stride as i32));
+    }
+    Ok((t.contiguous()?, cols.max(1) as i32))
 }
 
 /// out += t, in f32 arithmetic.

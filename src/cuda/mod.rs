@@ -30,6 +30,7 @@ pub mod dropout;
 pub mod elementwise;
 pub mod flash;
 pub mod gemm;
+pub mod lora_weights;
 pub mod mapped;
 pub mod module;
 pub mod nf4;

@@ -9,6 +9,7 @@
 use candle_core::{Result, Tensor};
 
 use super::linear::{LoraGrad, LoraLinear};
+use super::weights;
 use crate::model::ops::product_sum::{Product, ProductSum};
 use crate::profile::section;
 
@@ -34,16 +35,8 @@ impl LoraGroup {
         if adapters.is_empty() || (dropout && adapters.iter().any(|l| l.dropout > 0.0)) {
             return Ok(None);
         }
-        let (dev, dtype) = (x.device(), x.dtype());
-        let (a, scaled_b) = section("lora.weights", dev, || {
-            let parts = adapters.iter().map(|l| l.lora_a.as_tensor().detach()).collect::<Vec<_>>();
-            let a = if parts.len() == 1 { parts[0].clone() } else { Tensor::cat(&parts, 0)? };
-            let scaled_b = adapters
-                .iter()
-                .map(|l| (l.lora_b.as_tensor().detach() * l.scale)?.to_dtype(dtype))
-                .collect::<Result<Vec<_>>>()?;
-            Ok::<_, candle_core::Error>((a.to_dtype(dtype)?, scaled_b))
-        })?;
+        let dev = x.device();
+        let (a, scaled_b) = section("lora.weights", dev, || weights::compute_dtype(&adapters, x.dtype()))?;
         let h = section("lora.x_a", dev, || x.matmul(&a.t()?))?;
         let scales = adapters.iter().map(|l| l.scale).collect();
         let ranks = adapters.iter().map(|l| l.rank()).collect();
@@ -61,37 +54,33 @@ impl LoraGroup {
         (self.ranks[..i].iter().sum(), self.ranks[i])
     }
 
-    /// h_i `[n, r_i]`, contiguous (a copy of n·r values when the group has several members).
+    /// h_i `[n, r_i]`: a column slice of h, which cuBLAS reads in place.
     fn h_part(&self, i: usize) -> Result<Tensor> {
-        if self.ranks.len() == 1 {
-            return Ok(self.h.clone());
-        }
         let (start, len) = self.span(i);
-        self.h.narrow(1, start, len)?.contiguous()
+        self.h.narrow(1, start, len)
     }
 
     /// out += h_i·(scale_i·B_i)ᵀ: projection i's low-rank output.
     pub fn add_output(&self, i: usize, out: &mut ProductSum) -> Result<()> {
         let h = self.h_part(i)?;
-        section("lora.h_b", h.device(), || {
-            out.add_product(Product { lhs: &h, rhs: &self.scaled_b[i], rhs_transposed: true })
-        })
+        section("lora.h_b", h.device(), || out.add_product(Product::nt(&h, &self.scaled_b[i])))
     }
 
     /// Given x and each member's output gradient dy_i, adds the low-rank input gradient to dx and
     /// returns the members' adapter gradients (compute dtype), in order.
     pub fn backward(&self, x: &Tensor, dys: &[&Tensor], dx: &mut ProductSum) -> Result<Vec<LoraGrad>> {
         section("lora.backward", x.device(), || {
-            let mut dhs = Vec::with_capacity(dys.len());
-            let mut grad_b = Vec::with_capacity(dys.len());
+            // dh = [dy₁·(scale₁·B₁) … dyₙ·(scaleₙ·Bₙ)], each member's product into its columns
+            let width = self.ranks.iter().sum();
+            let (mut dh, mut grad_b) = (ProductSum::new(), Vec::with_capacity(dys.len()));
             for (i, dy) in dys.iter().enumerate() {
                 let h = self.h_part(i)?;
-                grad_b.push((dy.t()?.matmul(&h)? * self.scales[i])?); // [out, r]
-                dhs.push(dy.matmul(&self.scaled_b[i])?); // [n, r]
+                grad_b.push(Product::tn(dy, &h).scaled(self.scales[i]).eval()?); // [out, r]
+                dh.add_product_to_columns(Product::nn(dy, &self.scaled_b[i]), self.span(i).0, width)?;
             }
-            let dh = if dhs.len() == 1 { dhs.remove(0) } else { Tensor::cat(&dhs, 1)? };
-            let grad_a = dh.t()?.matmul(x)?; // [Σr, in]
-            dx.add_product(Product { lhs: &dh, rhs: &self.a, rhs_transposed: false })?;
+            let dh = dh.finish()?;
+            let grad_a = Product::tn(&dh, x).eval()?; // [Σr, in]
+            dx.add_product(Product::nn(&dh, &self.a))?;
             grad_b
                 .into_iter()
                 .enumerate()

@@ -135,9 +135,8 @@ impl LoraAdapter {
     /// a tracked `Var` would make candle keep every intermediate of the forward alive. The scale
     /// goes on the small B rather than on the `[n, out]` product.
     fn weights(&self, dtype: DType) -> Result<(Tensor, Tensor)> {
-        let a = self.lora_a.as_tensor().detach().to_dtype(dtype)?;
-        let scaled_b = (self.lora_b.as_tensor().detach() * self.scale)?.to_dtype(dtype)?;
-        Ok((a, scaled_b))
+        let (a, mut scaled_b) = super::weights::compute_dtype(&[self], dtype)?;
+        Ok((a, scaled_b.remove(0)))
     }
 }
 
@@ -171,7 +170,7 @@ impl LoraLinear {
             let xd = self.dropped_input(x, dropout)?;
             let (a, b) = section("lora.weights", dev, || lora.weights(x.dtype()))?;
             let h = section("lora.x_a", dev, || xd.matmul(&a.t()?))?;
-            section("lora.h_b", dev, || out.add_product(Product { lhs: &h, rhs: &b, rhs_transposed: true }))?;
+            section("lora.h_b", dev, || out.add_product(Product::nt(&h, &b)))?;
         }
         self.base_forward_into(x, out)
     }
@@ -184,7 +183,7 @@ impl LoraLinear {
             Some(bias) => {
                 let ones = Tensor::ones((x.dim(0)?, 1), x.dtype(), x.device())?;
                 let bias = bias.to_dtype(x.dtype())?.reshape((1, bias.elem_count()))?;
-                out.add_product(Product { lhs: &ones, rhs: &bias, rhs_transposed: false })
+                out.add_product(Product::nn(&ones, &bias))
             }
             None => Ok(()),
         }
@@ -225,13 +224,11 @@ impl LoraLinear {
         let (out_dim, _) = self.base.dims();
         if rows >= out_dim {
             let w = self.base.for_use(x.dtype(), dev)?;
-            return section("gemm.base", dev, || {
-                out.add_product(Product { lhs: x, rhs: &w, rhs_transposed: true })
-            });
+            return section("gemm.base", dev, || out.add_product(Product::nt(x, &w)));
         }
         for r0 in (0..out_dim).step_by(rows.max(1)) {
             let w = self.base.rows_for_use(x.dtype(), dev, r0..(r0 + rows).min(out_dim))?;
-            let p = Product { lhs: x, rhs: &w, rhs_transposed: true };
+            let p = Product::nt(x, &w);
             section("gemm.base", dev, || out.add_product_to_columns(p, r0, out_dim))?;
         }
         Ok(())
@@ -244,17 +241,13 @@ impl LoraLinear {
         let (out_dim, _) = self.base.dims();
         if rows >= out_dim {
             let w = self.base.for_use(dy.dtype(), dev)?;
-            return section("gemm.base", dev, || {
-                dx.add_product(Product { lhs: dy, rhs: &w, rhs_transposed: false })
-            });
+            return section("gemm.base", dev, || dx.add_product(Product::nn(dy, &w)));
         }
         for r0 in (0..out_dim).step_by(rows.max(1)) {
             let len = rows.min(out_dim - r0);
             let w = self.base.rows_for_use(dy.dtype(), dev, r0..r0 + len)?;
             let dy_slice = dy.narrow(1, r0, len)?.contiguous()?;
-            section("gemm.base", dev, || {
-                dx.add_product(Product { lhs: &dy_slice, rhs: &w, rhs_transposed: false })
-            })?;
+            section("gemm.base", dev, || dx.add_product(Product::nn(&dy_slice, &w)))?;
         }
         Ok(())
     }
@@ -318,7 +311,7 @@ impl LoraLinear {
             // the mask applies to the low-rank part alone: materialize it
             dx.add_tensor(&self.dropped_input(&dh.matmul(&a)?, dropout)?)?; // same mask
         } else {
-            dx.add_product(Product { lhs: &dh, rhs: &a, rhs_transposed: false })?;
+            dx.add_product(Product::nn(&dh, &a))?;
         }
         Ok(LoraGrad { lora_a: grad_a, lora_b: grad_b })
     }

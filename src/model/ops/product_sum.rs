@@ -6,24 +6,51 @@
 
 use candle_core::{bail, Result, Tensor};
 
-/// `lhs · op(rhs)`, row-major: `lhs` is `[m, k]`; `rhs` is `[k, n]`, or `[n, k]` when
-/// `rhs_transposed` (a weight stored `[out, in]`).
+/// alpha · op(lhs) · op(rhs), row-major: op(lhs) is `[m, k]`, stored as it is or, when
+/// `lhs_transposed`, as `[k, m]` (an output gradient read for a weight's gradient); op(rhs) is
+/// `[k, n]`, stored as it is or, when `rhs_transposed`, as `[n, k]` (a weight stored
+/// `[out, in]`). On CUDA an operand may be a column slice of a wider tensor (rows one stride
+/// apart, unit column stride): cuBLAS reads it in place.
 pub struct Product<'a> {
     pub lhs: &'a Tensor,
     pub rhs: &'a Tensor,
+    pub lhs_transposed: bool,
     pub rhs_transposed: bool,
+    pub alpha: f64,
 }
 
-impl Product<'_> {
+impl<'a> Product<'a> {
+    /// lhs · rhs.
+    pub fn nn(lhs: &'a Tensor, rhs: &'a Tensor) -> Self {
+        Self { lhs, rhs, lhs_transposed: false, rhs_transposed: false, alpha: 1.0 }
+    }
+
+    /// lhs · rhsᵀ.
+    pub fn nt(lhs: &'a Tensor, rhs: &'a Tensor) -> Self {
+        Self { rhs_transposed: true, ..Self::nn(lhs, rhs) }
+    }
+
+    /// lhsᵀ · rhs.
+    pub fn tn(lhs: &'a Tensor, rhs: &'a Tensor) -> Self {
+        Self { lhs_transposed: true, ..Self::nn(lhs, rhs) }
+    }
+
+    /// The product times `alpha`.
+    pub fn scaled(self, alpha: f64) -> Self {
+        Self { alpha, ..self }
+    }
+
     /// (m, k, n), checked.
     pub fn dims(&self) -> Result<(usize, usize, usize)> {
-        let (m, k) = self.lhs.dims2()?;
+        let (l0, l1) = self.lhs.dims2()?;
+        let (m, k) = if self.lhs_transposed { (l1, l0) } else { (l0, l1) };
         let (r0, r1) = self.rhs.dims2()?;
         let (rk, n) = if self.rhs_transposed { (r1, r0) } else { (r0, r1) };
         if rk != k {
             bail!(
-                "product of {:?} and {:?}{}: inner dimensions differ",
+                "product of {:?}{} and {:?}{}: inner dimensions differ",
                 self.lhs.dims(),
+                if self.lhs_transposed { "ᵀ" } else { "" },
                 self.rhs.dims(),
                 if self.rhs_transposed { "ᵀ" } else { "" }
             );
@@ -38,21 +65,32 @@ impl Product<'_> {
         Ok(crate::cuda::gemm::Operands {
             lhs: self.lhs,
             rhs: self.rhs,
+            lhs_transposed: self.lhs_transposed,
             rhs_transposed: self.rhs_transposed,
+            alpha: self.alpha,
             m,
             k,
             n,
         })
     }
 
-    /// The product as a new tensor (the composed path).
+    /// The product as a new tensor from candle's ops (the composed path).
     pub fn compute(&self) -> Result<Tensor> {
         self.dims()?;
-        if self.rhs_transposed {
-            self.lhs.matmul(&self.rhs.t()?)
+        let op = |t: &Tensor, transposed: bool| if transposed { t.t() } else { Ok(t.clone()) };
+        let product = op(self.lhs, self.lhs_transposed)?.matmul(&op(self.rhs, self.rhs_transposed)?)?;
+        if self.alpha == 1.0 {
+            Ok(product)
         } else {
-            self.lhs.matmul(self.rhs)
+            product.affine(self.alpha, 0.0)
         }
+    }
+
+    /// The product as a new tensor: one cuBLAS GEMM on CUDA, `compute` elsewhere.
+    pub fn eval(self) -> Result<Tensor> {
+        let mut sum = ProductSum::new();
+        sum.add_product(self)?;
+        sum.finish()
     }
 }
 
@@ -190,10 +228,10 @@ mod tests {
     fn sum(dev: &Device, dtype: DType) -> Tensor {
         let (x, w, h, b, dh, a, res) = terms(dev, dtype);
         let mut s = ProductSum::new();
-        s.add_product(Product { lhs: &h, rhs: &b, rhs_transposed: true }).unwrap();
+        s.add_product(Product::nt(&h, &b)).unwrap();
         s.add_tensor(&res).unwrap();
-        s.add_product(Product { lhs: &x, rhs: &w, rhs_transposed: true }).unwrap();
-        s.add_product(Product { lhs: &dh, rhs: &a, rhs_transposed: false }).unwrap();
+        s.add_product(Product::nt(&x, &w)).unwrap();
+        s.add_product(Product::nn(&dh, &a)).unwrap();
         s.finish().unwrap().to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap()
     }
 
@@ -212,7 +250,7 @@ mod tests {
     fn mismatched_inner_dimensions_are_an_error() {
         let (x, w, ..) = terms(&Device::Cpu, DType::F32);
         let mut s = ProductSum::new();
-        let err = s.add_product(Product { lhs: &x, rhs: &w, rhs_transposed: false }).unwrap_err();
+        let err = s.add_product(Product::nn(&x, &w)).unwrap_err();
         assert!(err.to_string().contains("inner dimensions differ"), "{err}");
         assert!(ProductSum::new().finish().is_err());
     }
@@ -260,8 +298,7 @@ mod tests {
             let mut s = ProductSum::new();
             for (r0, len) in [(50, 40), (0, 50)] {
                 let rows = wg.narrow(0, r0, len).unwrap();
-                s.add_product_to_columns(Product { lhs: &xg, rhs: &rows, rhs_transposed: true }, r0, 90)
-                    .unwrap();
+                s.add_product_to_columns(Product::nt(&xg, &rows), r0, 90).unwrap();
             }
             let got = s.finish().unwrap().to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap();
             let err = max_abs(&(got - &want).unwrap()) / max_abs(&want);
