@@ -81,7 +81,13 @@ fn check(name: &str) {
         let layers = m.layers.len();
         assert!(layers >= 2, "{name}: a kept layer beside a recomputed one");
         let offloaded = |kept, offloaded, stride| {
-            KeptLayers::by(move |_| LayerPlan { kept, offloaded, stride, lm_head_resident: false })
+            KeptLayers::by(move |_| LayerPlan {
+                kept,
+                offloaded,
+                stride,
+                lm_head_resident: false,
+                complete: 0,
+            })
         };
         for seed in [None, Some(7)] {
             let (loss, grads) = run(&mut m, &batch, KeptLayers::none(), seed);
@@ -89,6 +95,11 @@ fn check(name: &str) {
             for (what, kept) in [
                 ("the last layer kept", KeptLayers::last(1)),
                 ("every layer kept", KeptLayers::all()),
+                // the last layer also keeps n1, n2 and act
+                (
+                    "every layer kept, the last whole",
+                    KeptLayers::by(|_| LayerPlan { kept: usize::MAX, complete: 1, ..LayerPlan::NONE }),
+                ),
                 // on CUDA in page-locked host memory, each fetched one layer ahead of its backward
                 ("one layer offloaded, one kept", offloaded(1, 1, 1)),
                 ("every layer offloaded", offloaded(0, usize::MAX, 1)),

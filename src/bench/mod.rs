@@ -93,6 +93,9 @@ pub struct TrainRow {
     /// Of those, the ones kept in page-locked host memory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offloaded_layers: Option<usize>,
+    /// Of those, the ones that kept the cheap kernels' outputs too (`LayerKind::KeptAll`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub complete_layers: Option<usize>,
     /// First shape only: seconds from process start to the end of the first training step
     /// (CUDA context, load and quantization, adapters, kernel JIT, the step itself).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -200,6 +203,7 @@ pub fn train(
         offloaded_layers: 0,
         offload_stride: 1,
         lm_head_resident: false,
+        complete_layers: 0,
         host_budget: if host_offload { crate::plan::host_budget() } else { 0 },
     };
     let budget = crate::memory::VramBudget::of(device, None, gpu_mem).map(|b| b.bytes());
@@ -233,6 +237,7 @@ pub fn train(
                 error: Some(oom_or(e)),
                 kept_layers: None,
                 offloaded_layers: None,
+                complete_layers: None,
                 first_step_s: None,
                 first_steps: None,
                 profile: None,
@@ -331,6 +336,7 @@ fn time_shape(
         error: None,
         kept_layers: Some(kinds.iter().filter(|&&k| k != LayerKind::Recomputed).count()),
         offloaded_layers: Some(kinds.iter().filter(|&&k| k == LayerKind::Offloaded).count()),
+        complete_layers: Some(kinds.iter().filter(|&&k| k == LayerKind::KeptAll).count()),
         first_step_s,
         first_steps: None,
         profile,

@@ -162,6 +162,12 @@ pub(super) fn kept_layer_bytes(m: &ModelConfig, f: &Family, run: &RunShape, t: u
     t * (run.dtype_bytes as u64 * values + stats)
 }
 
+/// Bytes a complete kept layer (`LayerPlan::complete`) keeps beyond a lean one at `t` tokens:
+/// n1 and n2 per token, and the gated product per MLP row.
+pub(super) fn complete_layer_extra_bytes(m: &ModelConfig, run: &RunShape, t: u64) -> u64 {
+    t * run.dtype_bytes as u64 * (2 * m.hidden_size as u64 + m.intermediate_size as u64)
+}
+
 /// Bytes of cuDNN's f32 accumulators per query value in the attention's backward.
 const CUDNN_ACCUMULATOR_BYTES: u64 = 12;
 

@@ -61,13 +61,19 @@ pub(super) fn plan_for(
     budget: u64,
 ) -> LayerPlan {
     let layers = m.num_hidden_layers;
+    let fits_plan = |plan: LayerPlan| estimate(m, &run.planned(&plan), (seq, batch)).peak() <= budget;
     let fits = |kept, offloaded, stride| {
-        let plan = LayerPlan { kept, offloaded, stride, lm_head_resident: run.lm_head_resident };
-        estimate(m, &run.planned(&plan), (seq, batch)).peak() <= budget
+        fits_plan(LayerPlan { kept, offloaded, stride, lm_head_resident: run.lm_head_resident, complete: 0 })
     };
     let kept = (0..=layers).rev().find(|&k| fits(k, 0, 1)).unwrap_or(0);
     let alone = LayerPlan { kept, ..LayerPlan::NONE };
-    if !run.host_offload || run.host_budget == 0 || kept == layers {
+    if kept == layers {
+        // every layer kept: memory left over keeps the cheap kernels' outputs too
+        let with = |complete| LayerPlan { complete, lm_head_resident: run.lm_head_resident, ..alone };
+        let complete = (0..=layers).rev().find(|&c| fits_plan(with(c))).unwrap_or(0);
+        return LayerPlan { complete, ..alone };
+    }
+    if !run.host_offload || run.host_budget == 0 {
         return alone;
     }
     let none = LayerPlan { lm_head_resident: run.lm_head_resident, ..LayerPlan::NONE };
@@ -83,7 +89,7 @@ pub(super) fn plan_for(
         if fits(k, offloaded, stride) {
             // fewer kept on the device only ever means as many or fewer whole layers
             return match k + offloaded > kept {
-                true => LayerPlan { kept: k, offloaded, stride, lm_head_resident: false },
+                true => LayerPlan { kept: k, offloaded, stride, ..LayerPlan::NONE },
                 false => alone,
             };
         }

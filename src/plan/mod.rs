@@ -72,6 +72,9 @@ pub struct RunShape {
     /// With `host_offload`, an untied lm_head on the device all the same (`LayerPlan::
     /// lm_head_resident`): the loss reads it there instead of streaming it.
     pub lm_head_resident: bool,
+    /// Of the kept layers, those that keep n1, n2 and the gated product too
+    /// (`LayerPlan::complete`).
+    pub complete_layers: usize,
 }
 
 impl RunShape {
@@ -82,6 +85,7 @@ impl RunShape {
             offloaded_layers: plan.offloaded,
             offload_stride: plan.stride,
             lm_head_resident: plan.lm_head_resident,
+            complete_layers: plan.complete,
             ..self.clone()
         }
     }
@@ -249,7 +253,8 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
         } else {
             all_checkpoints
         },
-        kept_activations: kept * kept_layer_bytes,
+        kept_activations: kept * kept_layer_bytes
+            + (run.complete_layers as u64).min(kept) * activations::complete_layer_extra_bytes(m, run, t),
         kept_layers: kept as usize,
         offloaded_layers: offloaded as usize,
         offloaded_host: offloaded * kept_layer_bytes,
@@ -360,6 +365,7 @@ pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
         offloaded_layers: 0,
         offload_stride: 1,
         lm_head_resident: false,
+        complete_layers: 0,
         host_budget: if cfg.train.host_offload { host_budget() } else { 0 },
     }
 }
@@ -471,6 +477,12 @@ pub fn report(
         ),
         (false, ..) => String::new(),
     };
+    if auto && plan.complete > 0 {
+        out += &format!(
+            "the last {} of them keep their norms' outputs and the gated product too (nothing recomputed)\n",
+            plan.complete.min(e.kept_layers)
+        );
+    }
     if plan.lm_head_resident {
         out += "lm_head stays on the GPU at this shape (streamed from host memory where it would cost a layer)\n";
     }

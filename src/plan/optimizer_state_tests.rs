@@ -37,6 +37,7 @@ fn run(optimizer: OptimizerState) -> RunShape {
         offloaded_layers: 0,
         offload_stride: 1,
         lm_head_resident: false,
+        complete_layers: 0,
         host_budget: 0,
     }
 }

@@ -53,6 +53,7 @@ fn bench_run() -> RunShape {
         offloaded_layers: 0,
         offload_stride: 1,
         lm_head_resident: false,
+        complete_layers: 0,
         host_budget: 0,
     }
 }

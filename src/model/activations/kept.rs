@@ -26,6 +26,10 @@ pub struct LayerPlan {
     /// An lm_head otherwise streamed from host memory for the loss (ops/lm_head.rs) stays on the
     /// device for this shape: its bytes cost no layer a recompute.
     pub lm_head_resident: bool,
+    /// Of the layers kept on the device, the highest ones that also keep what one cheap kernel
+    /// gives back (n1, n2 and the gated product) instead of running it again in the backward:
+    /// where every layer is kept and memory is left over.
+    pub complete: usize,
 }
 
 /// What a layer keeps for its backward.
@@ -33,19 +37,21 @@ pub struct LayerPlan {
 pub enum LayerKind {
     /// Its input alone: recomputed in the backward.
     Recomputed,
-    /// Its activations, on the device.
+    /// Its activations, on the device, less what one cheap kernel gives back.
     Kept,
+    /// Its activations, on the device, all of them.
+    KeptAll,
     /// Its activations, in host memory.
     Offloaded,
 }
 
 impl LayerPlan {
     /// Every layer recomputed.
-    pub const NONE: Self = Self { kept: 0, offloaded: 0, stride: 1, lm_head_resident: false };
+    pub const NONE: Self = Self { kept: 0, offloaded: 0, stride: 1, lm_head_resident: false, complete: 0 };
 
     /// Each of `layers` layers' kind: offloaded ones `stride` layers below the last and every
-    /// `stride` layers down from there, then the highest of the others kept, the rest
-    /// recomputed.
+    /// `stride` layers down from there, then the highest of the others kept (the highest
+    /// `complete` of those keeping all), the rest recomputed.
     pub fn kinds(&self, layers: usize) -> Vec<LayerKind> {
         let mut kinds = vec![LayerKind::Recomputed; layers];
         for l in self.offload_positions(layers).take(self.offloaded) {
@@ -57,7 +63,7 @@ impl LayerPlan {
                 break;
             }
             if *kind == LayerKind::Recomputed {
-                *kind = LayerKind::Kept;
+                *kind = if kept < self.complete { LayerKind::KeptAll } else { LayerKind::Kept };
                 kept += 1;
             }
         }
@@ -120,7 +126,11 @@ impl KeptLayers {
             .expect("the kept-layer memo's lock")
             .entry(shape)
             .or_insert_with(|| (self.count)(shape));
-        LayerPlan { kept: plan.kept.saturating_sub(self.fewer.load(Ordering::Relaxed)), ..plan }
+        match self.fewer.load(Ordering::Relaxed) {
+            0 => plan,
+            // a step over its budget sheds the complete layers' extra activations too
+            fewer => LayerPlan { kept: plan.kept.saturating_sub(fewer), complete: 0, ..plan },
+        }
     }
 
     /// Each of `layers` layers' kind at a step of `(seq, batch)`.
@@ -171,19 +181,19 @@ mod tests {
 
     #[test]
     fn offloaded_layers_are_spread_down_from_the_last_and_the_kept_fill_above_the_recomputed() {
-        let plan = LayerPlan { kept: 2, offloaded: 3, stride: 3, lm_head_resident: false };
+        let plan = LayerPlan { kept: 2, offloaded: 3, stride: 3, lm_head_resident: false, complete: 0 };
         assert_eq!(plan.kinds(10), [O, R, R, O, R, R, O, R, K, K]);
         assert_eq!(plan.whole(10), 5);
         // more offloaded than the stride leaves room for: as many as fit
-        let crowded = LayerPlan { kept: 0, offloaded: 9, stride: 4, lm_head_resident: false };
+        let crowded = LayerPlan { kept: 0, offloaded: 9, stride: 4, lm_head_resident: false, complete: 0 };
         assert_eq!(crowded.kinds(10), [R, O, R, R, R, O, R, R, R, R]);
         // more kept than there are layers left
         assert_eq!(
-            LayerPlan { kept: 99, offloaded: 2, stride: 1, lm_head_resident: false }.kinds(5),
+            LayerPlan { kept: 99, offloaded: 2, stride: 1, lm_head_resident: false, complete: 0 }.kinds(5),
             [K, K, O, O, K]
         );
         assert_eq!(
-            LayerPlan { kept: 0, offloaded: 99, stride: 1, lm_head_resident: false }.kinds(3),
+            LayerPlan { kept: 0, offloaded: 99, stride: 1, lm_head_resident: false, complete: 0 }.kinds(3),
             [O, O, R]
         );
     }
@@ -220,8 +230,13 @@ mod tests {
 
     #[test]
     fn keep_fewer_leaves_the_offloaded_layers() {
-        let kept =
-            KeptLayers::by(|_| LayerPlan { kept: 1, offloaded: 2, stride: 2, lm_head_resident: false });
+        let kept = KeptLayers::by(|_| LayerPlan {
+            kept: 1,
+            offloaded: 2,
+            stride: 2,
+            lm_head_resident: false,
+            complete: 0,
+        });
         assert_eq!(kept.kinds(6, (512, 8)), [R, O, R, O, R, K]);
         assert!(kept.keep_fewer(6));
         assert_eq!(kept.kinds(6, (512, 8)), [R, O, R, O, R, R]);

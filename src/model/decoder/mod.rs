@@ -278,13 +278,14 @@ impl CausalLm {
                     let next = layer.forward(&x, &input, None)?;
                     k.checkpoints.push(std::mem::replace(&mut x, next))?;
                 }
-                LayerKind::Kept => {
-                    let (next, saved) = layer.forward_saving(&x, &input)?;
+                LayerKind::Kept | LayerKind::KeptAll => {
+                    let lean = k.kinds[l] == LayerKind::Kept;
+                    let (next, saved) = layer.forward_saving(&x, &input, lean)?;
                     kept[l] = Some(saved);
                     x = next;
                 }
                 LayerKind::Offloaded => {
-                    let (next, saved) = layer.forward_saving(&x, &input)?;
+                    let (next, saved) = layer.forward_saving(&x, &input, true)?;
                     k.offloaded.push(l, saved)?;
                     x = next;
                 }
@@ -409,7 +410,7 @@ impl CausalLm {
         for (l, layer) in self.layers.iter().enumerate().rev() {
             let input = self.layer_input(masks, 0, dropout_seed, l);
             let saved = match kinds[l] {
-                LayerKind::Kept => kept[l]
+                LayerKind::Kept | LayerKind::KeptAll => kept[l]
                     .take()
                     .ok_or_else(|| candle_core::Error::Msg(format!("layer {l} was not kept")))?,
                 LayerKind::Offloaded => offloaded.pop(l, next_offloaded(l))?,

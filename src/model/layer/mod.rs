@@ -170,6 +170,8 @@ enum Pass {
     /// checkpointing) instead of recomputed. It keeps the GEMMs' outputs and leaves out what
     /// one cheap kernel gives back (n1, n2, act); its MLP runs untiled.
     ForwardSaving,
+    /// The same keeping n1, n2 and act too, where memory is left over (`LayerKind::KeptAll`).
+    ForwardSavingAll,
 }
 
 fn seed(input: &LayerInput, proj: usize) -> Option<DropoutSeed> {
@@ -192,9 +194,11 @@ impl DecoderLayer {
         saved.ok_or_else(|| candle_core::Error::Msg("the recompute keeps the activations".into()))
     }
 
-    /// The output and what `backward` reads, as a layer kept from the forward holds it.
-    pub fn forward_saving(&self, x: &Tensor, input: &LayerInput) -> Result<(Tensor, LayerSaved)> {
-        match self.run(x, input, None, Pass::ForwardSaving)? {
+    /// The output and what `backward` reads, as a layer kept from the forward holds it: `lean`
+    /// leaves out what one cheap kernel gives back in the backward (n1, n2, act).
+    pub fn forward_saving(&self, x: &Tensor, input: &LayerInput, lean: bool) -> Result<(Tensor, LayerSaved)> {
+        let pass = if lean { Pass::ForwardSaving } else { Pass::ForwardSavingAll };
+        match self.run(x, input, None, pass)? {
             (Some(out), Some(saved)) => Ok((out, saved)),
             _ => Err(candle_core::Error::Msg("forward_saving returns both".into())),
         }
@@ -275,7 +279,7 @@ impl DecoderLayer {
             o_out,
         });
         let tiles = self.mlp_tile_rows(b * t, input);
-        if pass != Pass::ForwardSaving && tiles.is_some() {
+        if !matches!(pass, Pass::ForwardSaving | Pass::ForwardSavingAll) && tiles.is_some() {
             // many rows: the MLP runs a row tile at a time, in the forward and in the backward
             let out = match pass {
                 Pass::Forward => Some(self.mlp_forward_tiled(&h1, &n2, input)?.reshape((b, t, hidden))?),

@@ -102,3 +102,43 @@ fn llama2_13b_40() -> ModelConfig {
             "max_position_embeddings": 4096}"#,
     )
 }
+
+/// Where every layer is kept and memory is left, the highest layers keep n1, n2 and act too, as
+/// many as the budget holds; where a layer is recomputed or offloaded, none does (the memory
+/// keeps whole layers first).
+#[test]
+fn complete_layers_fill_what_every_layer_kept_leaves() {
+    let budget = (0.90 * 24.0 * GIB) as u64;
+    let run = RunShape { mlp_tiles: true, host_budget: 64 << 30, ..offload_run() };
+    for name in ["llama3.1-8b", "qwen3-8b", "mistral-nemo-12b"] {
+        let m = bench_model(name);
+        let layers = m.num_hidden_layers;
+        for shape in [(512, 2), (512, 8), (2048, 8)] {
+            let plan = layer_plan(&m, &run, shape, budget);
+            let peak = |complete| {
+                estimate(&m, &run.planned(&LayerPlan { complete, ..plan }), shape).peak() as f64 / GIB
+            };
+            println!("{name} {shape:?}: {plan:?}, peak {:.2} GiB", peak(plan.complete));
+            assert!(peak(plan.complete) * GIB <= budget as f64, "{name} {shape:?}: within the budget");
+            if plan.kept < layers {
+                assert_eq!(plan.complete, 0, "{name} {shape:?}: a layer recomputed or offloaded");
+                continue;
+            }
+            if plan.complete < layers {
+                assert!(
+                    peak(plan.complete + 1) * GIB > budget as f64,
+                    "{name} {shape:?}: one more does not fit"
+                );
+            }
+            assert!(
+                peak(plan.complete) > peak(0) || plan.complete == 0,
+                "{name} {shape:?}: they cost memory"
+            );
+        }
+    }
+    // Llama-3.1-8B at 512 x 2 has room for every layer whole, and the estimate says so
+    let m = bench_model("llama3.1-8b");
+    assert_eq!(layer_plan(&m, &run, (512, 2), budget).complete, 32);
+    let text = report(&m, &run, (512, 2), budget, true);
+    assert!(text.contains("the last 32 of them keep their norms' outputs"), "{text}");
+}
