@@ -104,16 +104,16 @@ fn llama2_13b_40() -> ModelConfig {
 }
 
 /// Where every layer is kept and memory is left, the highest layers keep n1, n2 and act too, as
-/// many as the budget holds; where a layer is recomputed or offloaded, none does (the memory
+/// many as 98% of the budget holds; where a layer is recomputed or offloaded, none does (the memory
 /// keeps whole layers first).
 #[test]
 fn complete_layers_fill_what_every_layer_kept_leaves() {
     let budget = (0.90 * 24.0 * GIB) as u64;
     let run = RunShape { mlp_tiles: true, host_budget: 64 << 30, ..offload_run() };
-    for name in ["llama3.1-8b", "qwen3-8b", "mistral-nemo-12b"] {
+    for name in ["llama3.1-8b", "qwen3-8b", "mistral-nemo-12b", "gemma2-9b"] {
         let m = bench_model(name);
         let layers = m.num_hidden_layers;
-        for shape in [(512, 2), (512, 8), (2048, 8)] {
+        for shape in [(512, 2), (512, 4), (512, 8), (2048, 8)] {
             let plan = layer_plan(&m, &run, shape, budget);
             let peak = |complete| {
                 estimate(&m, &run.planned(&LayerPlan { complete, ..plan }), shape).peak() as f64 / GIB
@@ -125,10 +125,9 @@ fn complete_layers_fill_what_every_layer_kept_leaves() {
                 continue;
             }
             if plan.complete < layers {
-                assert!(
-                    peak(plan.complete + 1) * GIB > budget as f64,
-                    "{name} {shape:?}: one more does not fit"
-                );
+                let clear = (budget - budget / 50) as f64;
+                assert!(peak(plan.complete) * GIB <= clear, "{name} {shape:?}: 2% clear of the budget");
+                assert!(peak(plan.complete + 1) * GIB > clear, "{name} {shape:?}: one more does not fit");
             }
             assert!(
                 peak(plan.complete) > peak(0) || plan.complete == 0,
