@@ -10,34 +10,60 @@
 #define THREADS 512
 #include "block_reduce.cuh"
 
-// loss[r] = logsumexp(logits[r]) - logits[r][target[r]]; with d_logits != null also
-// d_logits[r] = grad_scale * (softmax(logits[r]) - onehot(target[r])).
+// Gemma 2's soft cap on the final logits: cap == 0 none; else cap * tanh(x * inv_cap) in f32,
+// rounded to the compute dtype, as src/model/ops/softcap.rs's composed ops round it (candle's
+// affine is x * mul + add, its tanh tanhf), so the capped logits are those ops' bits.
+struct SoftCap {
+    float inv_cap, cap;
+};
+
+template <typename T>
+__device__ __forceinline__ float capped(T raw, SoftCap c) {
+    if (c.cap == 0.0f) return to_f32(raw);
+    T out;
+    // __fmul_rn: each product rounded on its own, never fused into the next addition (in f32
+    // the store does not round, and z - m would otherwise become one fma)
+    store(&out, __fmul_rn(tanhf(__fmul_rn(to_f32(raw), c.inv_cap)), c.cap));
+    return to_f32(out);
+}
+
+// loss[r] = logsumexp(z[r]) - z[r][target[r]], z the (capped) logits; with d_logits != null also
+// d_logits[r] = grad_scale * (softmax(z[r]) - onehot(target[r])), through the cap's chain rule
+// (1 - tanh^2, in f32 on the gradient rounded to the compute dtype first, as the composed ops).
 template <typename T>
 __device__ void cross_entropy_rows(const T* logits, const uint32_t* targets, float* loss, T* d_logits, int vocab,
-                                   float grad_scale) {
+                                   float grad_scale, SoftCap c) {
     const long long offset = (long long)blockIdx.x * vocab;
     const T* x = logits + offset;
     float m = -INFINITY;
-    for (int j = threadIdx.x; j < vocab; j += THREADS) m = fmaxf(m, to_f32(x[j]));
+    for (int j = threadIdx.x; j < vocab; j += THREADS) m = fmaxf(m, capped(x[j], c));
     m = block_max(m);
     float s = 0.0f;
-    for (int j = threadIdx.x; j < vocab; j += THREADS) s += expf(to_f32(x[j]) - m);
+    for (int j = threadIdx.x; j < vocab; j += THREADS) s += expf(capped(x[j], c) - m);
     s = block_sum(s);
     const uint32_t t = targets[blockIdx.x];
-    if (threadIdx.x == 0) loss[blockIdx.x] = m + logf(s) - to_f32(x[t]);
+    if (threadIdx.x == 0) loss[blockIdx.x] = m + logf(s) - capped(x[t], c);
     if (d_logits == nullptr) return;
     T* d = d_logits + offset;
     const float inv_s = 1.0f / s;
     for (int j = threadIdx.x; j < vocab; j += THREADS) {
-        const float p = expf(to_f32(x[j]) - m) * inv_s - (j == (int)t ? 1.0f : 0.0f);
-        store(d + j, p * grad_scale);
+        const float p = expf(capped(x[j], c) - m) * inv_s - (j == (int)t ? 1.0f : 0.0f);
+        if (c.cap == 0.0f) {
+            store(d + j, p * grad_scale);
+        } else {
+            T g;
+            store(&g, p * grad_scale);
+            const float th = tanhf(__fmul_rn(to_f32(x[j]), c.inv_cap));
+            store(d + j, to_f32(g) * fmaf(__fmul_rn(th, th), -1.0f, 1.0f));  // no contraction: t² rounded
+        }
     }
 }
 
 #define CROSS_ENTROPY(NAME, T)                                                                                  \
     extern "C" __global__ void __launch_bounds__(THREADS) cross_entropy_rows_##NAME(                          \
-        const T* logits, const uint32_t* targets, float* loss, T* d_logits, int vocab, float grad_scale) { \
-        cross_entropy_rows<T>(logits, targets, loss, d_logits, vocab, grad_scale);                             \
+        const T* logits, const uint32_t* targets, float* loss, T* d_logits, int vocab, float grad_scale,     \
+        SoftCap c) {                                                                                            \
+        cross_entropy_rows<T>(logits, targets, loss, d_logits, vocab, grad_scale, c);                          \
     }
 
 CROSS_ENTROPY(f32, float)

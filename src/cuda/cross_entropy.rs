@@ -14,20 +14,34 @@ const THREADS: u32 = 512;
 /// The online softmax's statistics and the gradient accumulator.
 const STATS: DType = DType::F32;
 
+/// `struct SoftCap` of the kernel: the cap and its inverse as candle's affine takes it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SoftCap {
+    inv_cap: f32,
+    cap: f32,
+}
+
+// SAFETY: two f32, laid out as the kernel's struct.
+unsafe impl DeviceRepr for SoftCap {}
+
 /// logits `[rows, vocab]`, targets `[rows]` u32 → per-row losses `[rows]` (f32) and, with
-/// `grad_scale`, d(grad_scale · Σ loss)/d(logits) in the logits' dtype.
+/// `grad_scale`, d(grad_scale · Σ loss)/d(logits) in the logits' dtype; with `softcap`, of the
+/// logits capped first (Gemma 2), the capped ones never written.
 pub fn cross_entropy_rows(
     logits: &Tensor,
     targets: &Tensor,
     grad_scale: Option<f64>,
+    softcap: Option<f64>,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    by_dtype!(logits.dtype(), rows_typed(logits, targets, grad_scale))
+    by_dtype!(logits.dtype(), rows_typed(logits, targets, grad_scale, softcap))
 }
 
 fn rows_typed<T: CudaDType + WithDType + DeviceRepr>(
     logits: &Tensor,
     targets: &Tensor,
     grad_scale: Option<f64>,
+    softcap: Option<f64>,
 ) -> Result<(Tensor, Option<Tensor>)> {
     let (logits, targets) = (logits.contiguous()?, targets.contiguous()?);
     let (rows, vocab) = logits.dims2()?;
@@ -56,7 +70,11 @@ fn rows_typed<T: CudaDType + WithDType + DeviceRepr>(
             Some(d) => l.arg(d),
             None => l.arg(&null),
         };
-        l.arg(&vocab_i).arg(&scale);
+        let cap = match softcap {
+            Some(cap) => SoftCap { inv_cap: (1.0 / cap) as f32, cap: cap as f32 },
+            None => SoftCap { inv_cap: 0.0, cap: 0.0 },
+        };
+        l.arg(&vocab_i).arg(&scale).arg(&cap);
         unsafe { l.launch(blocks(rows, THREADS)) }.w()?;
     }
     let d_logits = d_logits.map(|d| wrap(d, &dev, &[rows, vocab]));

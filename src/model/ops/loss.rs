@@ -48,22 +48,22 @@ pub fn cross_entropy(
         let tgt: Vec<u32> = chunk.iter().map(|&i| targets[i as usize] as u32).collect();
         let tgt = Tensor::from_vec(tgt, chunk.len(), device)?;
         let logits = hidden.index_select(&idx, 0)?.matmul(&lm_head.t()?)?;
-        let (logits, tanh) = match logit_softcap {
-            None => (logits, None),
-            Some(cap) => softcap(&logits, cap).map(|(l, t)| (l, Some(t)))?,
-        };
         let d_logits = if device.is_cuda() {
-            fused_chunk(&logits, &tgt, grad_scale, &mut row_losses)?
+            // the cap inside the kernel: no capped copy, no f32 tanh, no chain-rule passes
+            fused_chunk(&logits, &tgt, grad_scale, logit_softcap, &mut row_losses)?
         } else {
+            let (logits, tanh) = match logit_softcap {
+                None => (logits, None),
+                Some(cap) => softcap(&logits, cap).map(|(l, t)| (l, Some(t)))?,
+            };
             let (loss, d_logits) = composed_chunk(&logits, &tgt, grad_scale)?;
             loss_sum += loss;
-            d_logits
+            match (d_logits, &tanh) {
+                (Some(d), Some(t)) => Some(softcap_backward(&d, t, logits.dtype())?),
+                (d, _) => d,
+            }
         };
         if let Some(d_logits) = d_logits {
-            let d_logits = match &tanh {
-                None => d_logits,
-                Some(t) => softcap_backward(&d_logits, t, logits.dtype())?,
-            };
             d_rows.push(d_logits.matmul(lm_head)?);
         }
     }
@@ -101,9 +101,11 @@ fn fused_chunk(
     logits: &Tensor,
     tgt: &Tensor,
     grad_scale: Option<f64>,
+    softcap: Option<f64>,
     row_losses: &mut Vec<Tensor>,
 ) -> Result<Option<Tensor>> {
-    let (losses, d_logits) = crate::cuda::cross_entropy::cross_entropy_rows(logits, tgt, grad_scale)?;
+    let (losses, d_logits) =
+        crate::cuda::cross_entropy::cross_entropy_rows(logits, tgt, grad_scale, softcap)?;
     row_losses.push(losses);
     Ok(d_logits)
 }
@@ -113,9 +115,10 @@ fn fused_chunk(
     logits: &Tensor,
     tgt: &Tensor,
     grad_scale: Option<f64>,
+    softcap: Option<f64>,
     _: &mut Vec<Tensor>,
 ) -> Result<Option<Tensor>> {
-    let _ = (logits, tgt, grad_scale);
+    let _ = (logits, tgt, grad_scale, softcap);
     candle_core::bail!("the fused cross-entropy needs the cuda feature")
 }
 
@@ -186,7 +189,7 @@ mod tests {
             let (want_loss, want_d) = composed_chunk(&l, &tgt, Some(0.5)).unwrap();
             let on_gpu = |t: &Tensor| t.to_device(&gpu).unwrap();
             let (losses, d) =
-                crate::cuda::cross_entropy::cross_entropy_rows(&on_gpu(&l), &on_gpu(&tgt), Some(0.5))
+                crate::cuda::cross_entropy::cross_entropy_rows(&on_gpu(&l), &on_gpu(&tgt), Some(0.5), None)
                     .unwrap();
             let loss = losses.to_dtype(DType::F64).unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap();
             assert!(
@@ -198,7 +201,8 @@ mod tests {
             let err = max_abs(&(d - &want_d).unwrap()) / max_abs(&want_d);
             assert!(err < tol, "{dtype:?} gradient {err}");
             let (_, none) =
-                crate::cuda::cross_entropy::cross_entropy_rows(&on_gpu(&l), &on_gpu(&tgt), None).unwrap();
+                crate::cuda::cross_entropy::cross_entropy_rows(&on_gpu(&l), &on_gpu(&tgt), None, None)
+                    .unwrap();
             assert!(none.is_none());
         }
         let hidden = Tensor::randn(0f32, 1.0, (11, 16), &cpu).unwrap();
@@ -214,6 +218,31 @@ mod tests {
             let want_d = want.d_hidden.unwrap();
             let got_d = got.d_hidden.unwrap().to_device(&cpu).unwrap();
             assert!(max_abs(&(got_d - &want_d).unwrap()) < 1e-5 * max_abs(&want_d), "{cap:?}");
+        }
+    }
+
+    /// The cap inside the kernel gives the bits of the composed cap on CUDA (capped logits in the
+    /// compute dtype, the plain kernel, the chain rule through the f32 tanh): losses and gradients,
+    /// in f32, f16 and bf16, with logits spread well past the cap's bend.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_cap_in_the_kernel_equals_the_composed_cap() {
+        use crate::cuda::cross_entropy::cross_entropy_rows;
+        let gpu = Device::new_cuda(0).unwrap();
+        let logits = (Tensor::randn(0f32, 1.0, (7, 1000), &gpu).unwrap() * 40.0).unwrap();
+        let tgt = Tensor::new(&[0u32, 999, 5, 17, 500, 3, 3], &gpu).unwrap();
+        let bits =
+            |t: &Tensor| t.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let l = logits.to_dtype(dtype).unwrap();
+            let (fused_loss, fused_d) = cross_entropy_rows(&l, &tgt, Some(0.5), Some(30.0)).unwrap();
+            let (capped, tanh) = softcap(&l, 30.0).unwrap();
+            let (loss, d) = cross_entropy_rows(&capped, &tgt, Some(0.5), None).unwrap();
+            let d = softcap_backward(&d.unwrap(), &tanh, dtype).unwrap();
+            assert_eq!(bits(&fused_loss), bits(&loss), "{dtype:?} losses");
+            let (fd, d) = (bits(&fused_d.unwrap()), bits(&d));
+            let differing = fd.iter().zip(&d).filter(|(a, b)| a != b).count();
+            assert_eq!(differing, 0, "{dtype:?} gradients");
         }
     }
 }
