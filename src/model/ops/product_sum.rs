@@ -305,4 +305,38 @@ mod tests {
             assert!(err < tol, "{dtype:?}: {err}");
         }
     }
+
+    /// The operand forms the LoRA backward uses, on cuBLAS against the composed CPU products: a
+    /// transposed lhs with a factor (grad_B = scale·dyᵀ·h_i), column slices of a wider tensor
+    /// read in place (h_i of h), and a product into columns of a sum (dh_i of dh).
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_transposed_scaled_and_sliced_operands_match_the_composed_products() {
+        let gpu = Device::new_cuda(0).unwrap();
+        let (dy, h, b) = (randn(&[37, 90], 21), randn(&[37, 48], 22), randn(&[90, 16], 23));
+        let h_i = h.narrow(1, 16, 16).unwrap();
+        let want_grad_b = Product::tn(&dy, &h_i).scaled(0.5).compute().unwrap();
+        let want_out = Product::nt(&h_i, &b).compute().unwrap();
+        let want_dh = Product::nn(&dy, &b).compute().unwrap();
+        for (dtype, tol) in [(DType::F32, 1e-5), (DType::F16, 2e-3), (DType::BF16, 1e-2)] {
+            let on = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(&gpu).unwrap();
+            let (dy_g, h_g, b_g) = (on(&dy), on(&h), on(&b));
+            let h_ig = h_g.narrow(1, 16, 16).unwrap();
+            let back = |t: Tensor| t.to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap();
+            let grad_b = back(Product::tn(&dy_g, &h_ig).scaled(0.5).eval().unwrap());
+            let out = back(Product::nt(&h_ig, &b_g).eval().unwrap());
+            let mut dh = ProductSum::new();
+            dh.add_product_to_columns(Product::nn(&dy_g, &b_g), 16, 48).unwrap();
+            let dh = back(dh.finish().unwrap());
+            for (what, got, want) in [
+                ("scale·dyᵀ·h_i", grad_b, &want_grad_b),
+                ("h_i·bᵀ", out, &want_out),
+                ("dh columns", dh.narrow(1, 16, 16).unwrap(), &want_dh),
+            ] {
+                let err = max_abs(&(got - want).unwrap()) / max_abs(want);
+                assert!(err < tol, "{dtype:?} {what}: {err}");
+            }
+            assert_eq!(max_abs(&dh.narrow(1, 0, 16).unwrap()), 0.0, "{dtype:?}: the other columns stay zero");
+        }
+    }
 }
