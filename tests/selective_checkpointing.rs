@@ -81,13 +81,7 @@ fn check(name: &str) {
         let layers = m.layers.len();
         assert!(layers >= 2, "{name}: a kept layer beside a recomputed one");
         let offloaded = |kept, offloaded, stride| {
-            KeptLayers::by(move |_| LayerPlan {
-                kept,
-                offloaded,
-                stride,
-                lm_head_resident: false,
-                complete: 0,
-            })
+            KeptLayers::by(move |_| LayerPlan { kept, offloaded, stride, ..LayerPlan::NONE })
         };
         for seed in [None, Some(7)] {
             let (loss, grads) = run(&mut m, &batch, KeptLayers::none(), seed);

@@ -63,7 +63,7 @@ pub(super) fn plan_for(
     let layers = m.num_hidden_layers;
     let peak = |plan: LayerPlan| estimate(m, &run.planned(&plan), (seq, batch)).peak();
     let fits = |kept, offloaded, stride| {
-        peak(LayerPlan { kept, offloaded, stride, lm_head_resident: run.lm_head_resident, complete: 0 })
+        peak(LayerPlan { kept, offloaded, stride, lm_head_resident: run.lm_head_resident, ..LayerPlan::NONE })
             <= budget
     };
     let kept = (0..=layers).rev().find(|&k| fits(k, 0, 1)).unwrap_or(0);

@@ -181,21 +181,18 @@ mod tests {
 
     #[test]
     fn offloaded_layers_are_spread_down_from_the_last_and_the_kept_fill_above_the_recomputed() {
-        let plan = LayerPlan { kept: 2, offloaded: 3, stride: 3, lm_head_resident: false, complete: 0 };
+        let plan = LayerPlan { kept: 2, offloaded: 3, stride: 3, ..LayerPlan::NONE };
         assert_eq!(plan.kinds(10), [O, R, R, O, R, R, O, R, K, K]);
         assert_eq!(plan.whole(10), 5);
         // more offloaded than the stride leaves room for: as many as fit
-        let crowded = LayerPlan { kept: 0, offloaded: 9, stride: 4, lm_head_resident: false, complete: 0 };
+        let crowded = LayerPlan { kept: 0, offloaded: 9, stride: 4, ..LayerPlan::NONE };
         assert_eq!(crowded.kinds(10), [R, O, R, R, R, O, R, R, R, R]);
         // more kept than there are layers left
         assert_eq!(
-            LayerPlan { kept: 99, offloaded: 2, stride: 1, lm_head_resident: false, complete: 0 }.kinds(5),
+            LayerPlan { kept: 99, offloaded: 2, stride: 1, ..LayerPlan::NONE }.kinds(5),
             [K, K, O, O, K]
         );
-        assert_eq!(
-            LayerPlan { kept: 0, offloaded: 99, stride: 1, lm_head_resident: false, complete: 0 }.kinds(3),
-            [O, O, R]
-        );
+        assert_eq!(LayerPlan { kept: 0, offloaded: 99, stride: 1, ..LayerPlan::NONE }.kinds(3), [O, O, R]);
     }
 
     #[test]
@@ -230,13 +227,7 @@ mod tests {
 
     #[test]
     fn keep_fewer_leaves_the_offloaded_layers() {
-        let kept = KeptLayers::by(|_| LayerPlan {
-            kept: 1,
-            offloaded: 2,
-            stride: 2,
-            lm_head_resident: false,
-            complete: 0,
-        });
+        let kept = KeptLayers::by(|_| LayerPlan { kept: 1, offloaded: 2, stride: 2, ..LayerPlan::NONE });
         assert_eq!(kept.kinds(6, (512, 8)), [R, O, R, O, R, K]);
         assert!(kept.keep_fewer(6));
         assert_eq!(kept.kinds(6, (512, 8)), [R, O, R, O, R, R]);
