@@ -2,6 +2,7 @@
 //! batching order and resume, and the `data check` report.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use lora_ft::config::{Config, TruncationSide};
@@ -9,8 +10,12 @@ use lora_ft::data::{
     data_check, read_messages_jsonl, Batch, BatchLoader, ChatTokenizer, Example, TokenizedDataset,
 };
 
+/// A file of its own for each call: tests run in parallel threads of one process, and two of
+/// them writing one path would read each other's half-written text.
 fn temp_file(name: &str, text: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("lora-ft-data-{}-{name}", std::process::id()));
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("lora-ft-data-{}-{call}-{name}", std::process::id()));
     std::fs::write(&path, text).unwrap();
     path
 }
