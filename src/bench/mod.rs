@@ -198,6 +198,7 @@ pub fn train(
         lora_dropout: lora_dropout > 0.0,
         host_offload,
         fused_attention: dtype != DType::F32,
+        fused_loss: device.is_cuda(),
         mlp_tiles,
         kept_layers: 0,
         offloaded_layers: 0,

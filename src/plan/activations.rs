@@ -215,13 +215,15 @@ fn softcap_chain_bytes(b: u64) -> u64 {
 }
 
 /// The loss with lm_head on the device (ops/loss.rs `cross_entropy`): one chunk of logits and
-/// their gradient — soft-capped, also the uncapped logits and the cap's chain rule — with the last
-/// layer's output, its normed copy and the gradient rows of the chunks before; or at the end, the
-/// gradient scattered into a zeroed `[tokens, hidden]` (three more such rows).
+/// their gradient — soft-capped by the composed ops, also the capped copy and the cap's chain rule;
+/// the fused kernel caps in its registers — with the last layer's output, its normed copy and the
+/// gradient rows of the chunks before; or at the end, the gradient scattered into a zeroed
+/// `[tokens, hidden]` (three more such rows).
 pub(super) fn dense_loss_bytes(m: &ModelConfig, f: &Family, run: &RunShape, tokens: usize) -> u64 {
     let b = run.dtype_bytes as u64;
     let logits = tokens.min(run.loss_chunk_rows) as u64 * m.vocab_size as u64;
-    let per_logit = 2 * b + if f.logit_softcap { b + softcap_chain_bytes(b) } else { 0 };
+    let composed_cap = f.logit_softcap && !run.fused_loss;
+    let per_logit = 2 * b + if composed_cap { b + softcap_chain_bytes(b) } else { 0 };
     let row = tokens as u64 * m.hidden_size as u64 * b;
     (logits * per_logit + 3 * row).max(6 * row)
 }

@@ -55,6 +55,11 @@ pub struct RunShape {
     /// soft caps), which holds one query chunk's scores (`[batch, heads, 512, seq]`) and their
     /// soft cap's f32 temporaries in the backward.
     pub fused_attention: bool,
+    /// The loss on the fused cross-entropy kernel (CUDA, ops/loss.rs `fused_chunk`), Gemma 2's
+    /// final-logit cap inside it: a chunk's logits and their gradient and nothing else. `false`:
+    /// the composed cap, as the CPU and CUDA builds before the kernel took it run it, with a
+    /// capped copy, the f32 tanh and its chain rule's temporaries per logit.
+    pub fused_loss: bool,
     /// The gated MLP in row tiles of `MLP_TILE_VALUES` (`train.mlp_tiles`, layer/tiles.rs).
     pub mlp_tiles: bool,
     /// The last layers whose activations stay from the forward to the backward instead of being
@@ -359,6 +364,7 @@ pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
         lora_dropout: cfg.lora.dropout > 0.0,
         host_offload: cfg.train.host_offload,
         fused_attention: cfg.train.compute_dtype != ComputeDtype::F32,
+        fused_loss: true,
         mlp_tiles: cfg.train.mlp_tiles,
         kept_layers: match cfg.train.checkpointing {
             crate::config::Checkpointing::None => usize::MAX,

@@ -32,6 +32,7 @@ fn run(optimizer: OptimizerState) -> RunShape {
         lora_dropout: false,
         host_offload: false,
         fused_attention: true,
+        fused_loss: true,
         mlp_tiles: true,
         kept_layers: 0,
         offloaded_layers: 0,
