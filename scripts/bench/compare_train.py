@@ -9,7 +9,8 @@ scripts/bench/first_step_ref.py, the time from process start to the end of the f
 
 With --config, the FLOPs per token come from the model's config.json (bench_models.py: MFU counts
 4·N + 6·N_lora + 3·A per token, HFU 6·N + 8·N_lora + 4·A, both over 989 TFLOP/s); without it,
-the table has lora-ft's own `mfu` (6·N over 790 TFLOP/s), as the tables before issue 18.
+the table has lora-ft's own `mfu`: the same formula in rows written since 2026-11-26
+(src/bench/flops.rs, beside `hfu`), 6·N over 790 TFLOP/s in earlier ones (the tables before issue 18).
 """
 import argparse
 import json

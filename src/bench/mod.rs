@@ -11,6 +11,7 @@ use crate::memory::{device_memory, pool_memory, reset_peak, GIB};
 use crate::model::CausalLm;
 use crate::quant::Quantization;
 
+pub mod flops;
 mod start;
 pub use start::{first_steps, kernels, FirstSteps};
 
@@ -70,9 +71,6 @@ pub fn mark_process_start() {
     PROCESS_START.get_or_init(Instant::now);
 }
 
-/// The dense f16/bf16 tensor-core rate an H100 sustains (issue 5's yardstick: ~790 TFLOP/s).
-pub const PEAK_FLOPS: f64 = 790e12;
-
 /// One row of `lora-ft bench train`: the anchor script's fields, side by side.
 #[derive(Debug, Serialize)]
 pub struct TrainRow {
@@ -83,9 +81,13 @@ pub struct TrainRow {
     pub peak_alloc_gib: Option<f64>,
     pub peak_reserved_gib: Option<f64>,
     pub loss: Option<f64>,
-    /// Model FLOPs utilization: 6·N FLOPs per token (forward, recompute, input-gradient
-    /// backward; N = all parameters) at `tok_s`, over `PEAK_FLOPS`.
+    /// Model FLOPs utilization: (4·N + 6·N_lora + 3·A) FLOPs per token at `tok_s`, over the
+    /// H100/H200's dense peak (`flops::PEAK_FLOPS`, 989 TFLOP/s); `flops.rs` says what each term
+    /// counts. (Rows written before 2026-11-26 held 6·N over 790 TFLOP/s here.)
     pub mfu: Option<f64>,
+    /// Hardware FLOPs utilization: the same with checkpointing's recomputed forward of the layers
+    /// not kept, (6·N + 8·N_lora + 4·A) − (kept / layers)·(2·N + 2·N_lora + A), over the peak.
+    pub hfu: Option<f64>,
     pub error: Option<String>,
     /// Layers whose activations the step kept instead of recomputing (`--checkpointing`), on the
     /// GPU or in host memory.
@@ -235,6 +237,7 @@ pub fn train(
                 peak_reserved_gib: None,
                 loss: None,
                 mfu: None,
+                hfu: None,
                 error: Some(oom_or(e)),
                 kept_layers: None,
                 offloaded_layers: None,
@@ -318,13 +321,15 @@ fn time_shape(
     let step_s = started.elapsed().as_secs_f64() / steps as f64;
     let timeline = crate::profile::timeline::enabled().then(crate::profile::timeline::take).transpose()?;
     let tok_s = (seq * bs) as f64 / step_s;
-    let flops_per_token = 6.0 * trainer.model.config().parameter_count() as f64;
     let sections = crate::profile::take();
     let profile = crate::profile::enabled()
         .then(|| sections.into_iter().map(|(name, s, _)| (name.to_string(), s / steps as f64)).collect());
     let pool = pool_memory(&device);
     // what the steps kept: the layers placed, not the plan's counts
     let kinds = trainer.model.kept_layers.kinds(layers, (seq, bs));
+    let kept = kinds.iter().filter(|&&k| k != LayerKind::Recomputed).count();
+    let lora_params = trainer.model.lora_params().iter().map(|(_, v)| v.elem_count()).sum();
+    let flops = flops::per_token(trainer.model.config(), &trainer.model.arch, lora_params, seq, kept);
     Ok(TrainRow {
         seq,
         bs,
@@ -333,9 +338,10 @@ fn time_shape(
         peak_alloc_gib: pool.map(|p| p.peak_allocated as f64 / GIB),
         peak_reserved_gib: pool.map(|p| p.peak_reserved as f64 / GIB),
         loss: Some(loss),
-        mfu: Some(tok_s * flops_per_token / PEAK_FLOPS),
+        mfu: Some(tok_s * flops.model / flops::PEAK_FLOPS),
+        hfu: Some(tok_s * flops.hardware / flops::PEAK_FLOPS),
         error: None,
-        kept_layers: Some(kinds.iter().filter(|&&k| k != LayerKind::Recomputed).count()),
+        kept_layers: Some(kept),
         offloaded_layers: Some(kinds.iter().filter(|&&k| k == LayerKind::Offloaded).count()),
         complete_layers: Some(kinds.iter().filter(|&&k| k == LayerKind::KeptAll).count()),
         first_step_s,
