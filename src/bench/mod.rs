@@ -202,11 +202,7 @@ pub fn train(
         fused_attention: dtype != DType::F32,
         fused_loss: device.is_cuda(),
         mlp_tiles,
-        kept_layers: 0,
-        offloaded_layers: 0,
-        offload_stride: 1,
-        lm_head_resident: false,
-        complete_layers: 0,
+        layers: crate::model::activations::LayerPlan::NONE,
         host_budget: if host_offload { crate::plan::host_budget() } else { 0 },
     };
     let budget = crate::memory::VramBudget::of(device, None, gpu_mem).map(|b| b.bytes());

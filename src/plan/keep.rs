@@ -40,13 +40,14 @@ fn offload_flops_per_byte() -> f64 {
 /// a step (Llama-2-13B's 313 MiB in ~6 ms at the H200's 55 GB/s, Qwen3-14B's 1.56 GB in ~28 ms),
 /// longer than the loss's own GEMMs at short rows.
 pub fn layer_plan(m: &ModelConfig, run: &RunShape, shape: (usize, usize), budget: u64) -> LayerPlan {
-    let streamed_run = RunShape { lm_head_resident: false, ..run.clone() };
+    let streamed_run = run.planned(&LayerPlan { lm_head_resident: false, ..run.layers });
     let streamed = plan_for(m, &streamed_run, shape, budget);
     if !streamed_run.streams_lm_head(m) {
         return streamed;
     }
     let layers = m.num_hidden_layers;
-    let resident = plan_for(m, &RunShape { lm_head_resident: true, ..run.clone() }, shape, budget);
+    let resident_run = run.planned(&LayerPlan { lm_head_resident: true, ..run.layers });
+    let resident = plan_for(m, &resident_run, shape, budget);
     match resident.whole(layers) >= streamed.whole(layers) {
         true => LayerPlan { lm_head_resident: true, ..resident },
         false => streamed,
@@ -60,11 +61,10 @@ pub(super) fn plan_for(
     (seq, batch): (usize, usize),
     budget: u64,
 ) -> LayerPlan {
-    let layers = m.num_hidden_layers;
+    let (layers, lm_head_resident) = (m.num_hidden_layers, run.layers.lm_head_resident);
     let peak = |plan: LayerPlan| estimate(m, &run.planned(&plan), (seq, batch)).peak();
     let fits = |kept, offloaded, stride| {
-        peak(LayerPlan { kept, offloaded, stride, lm_head_resident: run.lm_head_resident, ..LayerPlan::NONE })
-            <= budget
+        peak(LayerPlan { kept, offloaded, stride, lm_head_resident, ..LayerPlan::NONE }) <= budget
     };
     let kept = (0..=layers).rev().find(|&k| fits(k, 0, 1)).unwrap_or(0);
     let alone = LayerPlan { kept, ..LayerPlan::NONE };
@@ -72,14 +72,14 @@ pub(super) fn plan_for(
         // every layer kept: memory left over keeps the cheap kernels' outputs too, clear of the
         // 2% by which the estimates can fall short of a measured peak (plan/tests.rs
         // `within_band`; Gemma-2-9B at 512 x 4 on the H200 went 0.02 GiB over without it)
-        let with = |complete| LayerPlan { complete, lm_head_resident: run.lm_head_resident, ..alone };
+        let with = |complete| LayerPlan { complete, lm_head_resident, ..alone };
         let complete = (0..=layers).rev().find(|&c| peak(with(c)) <= budget - budget / 50).unwrap_or(0);
         return LayerPlan { complete, ..alone };
     }
     if !run.host_offload || run.host_budget == 0 {
         return alone;
     }
-    let none = LayerPlan { lm_head_resident: run.lm_head_resident, ..LayerPlan::NONE };
+    let none = LayerPlan { lm_head_resident, ..LayerPlan::NONE };
     let layer_bytes = estimate(m, &run.planned(&none), (seq, batch)).kept_layer_bytes.max(1);
     let stride = offload_stride(m, (seq, batch), layer_bytes);
     let positions = LayerPlan { stride, ..LayerPlan::NONE }.offload_positions(layers).count();

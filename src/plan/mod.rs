@@ -21,6 +21,7 @@ pub use report::report;
 
 use serde::Serialize;
 
+use crate::model::activations::LayerPlan;
 use crate::model::decoder::LOSS_CHUNK_ROWS;
 use crate::model::lora::linear::{MIN_SLICE_VALUES, WHOLE_WEIGHT_TOKENS};
 use crate::model::{ModelConfig, PROJECTIONS};
@@ -62,46 +63,34 @@ pub struct RunShape {
     pub fused_loss: bool,
     /// The gated MLP in row tiles of `MLP_TILE_VALUES` (`train.mlp_tiles`, layer/tiles.rs).
     pub mlp_tiles: bool,
-    /// The last layers whose activations stay from the forward to the backward instead of being
-    /// recomputed (selective checkpointing, model/activations/kept.rs); 0: every layer
-    /// checkpointed. `keep::layer_plan` picks it for a budget.
-    pub kept_layers: usize,
-    /// Layers whose activations wait in page-locked host memory instead of being recomputed
-    /// (`host_offload` on; model/activations/layer_offload.rs), placed so that each fits (the
-    /// planner's `LayerPlan`).
-    pub offloaded_layers: usize,
-    /// Layers from one offloaded layer to the next (`LayerPlan::stride`); the highest is this
-    /// many below the last layer, so the kept layers above it are freed before its backward.
-    pub offload_stride: usize,
-    /// Bytes of page-locked host memory those may take (`keep::host_budget`: half the host's
-    /// available memory); 0: none offloaded.
+    /// Where the layers' activations wait for the backward (`keep::layer_plan` picks it for a
+    /// budget, model/activations/kept.rs): the last `kept` on the device instead of being
+    /// recomputed (selective checkpointing), the highest `complete` of those with n1, n2 and the
+    /// gated product too; `offloaded` in page-locked host memory (`host_offload` on,
+    /// layer_offload.rs), one every `stride` layers from `stride` below the last down, so the
+    /// kept layers above each are freed before its backward; and with `host_offload`, an untied
+    /// lm_head on the device all the same where `lm_head_resident`. `LayerPlan::NONE`: every
+    /// layer checkpointed.
+    pub layers: LayerPlan,
+    /// Bytes of page-locked host memory the offloaded layers may take (`keep::host_budget`: half
+    /// the host's available memory); 0: none offloaded.
     pub host_budget: u64,
-    /// With `host_offload`, an untied lm_head on the device all the same (`LayerPlan::
-    /// lm_head_resident`): the loss reads it there instead of streaming it.
-    pub lm_head_resident: bool,
-    /// Of the kept layers, those that keep n1, n2 and the gated product too
-    /// (`LayerPlan::complete`).
-    pub complete_layers: usize,
 }
 
 impl RunShape {
     /// This run with `plan`'s layers kept, offloaded and spaced, and its lm_head placement.
-    pub fn planned(&self, plan: &crate::model::activations::LayerPlan) -> Self {
-        Self {
-            kept_layers: plan.kept,
-            offloaded_layers: plan.offloaded,
-            offload_stride: plan.stride,
-            lm_head_resident: plan.lm_head_resident,
-            complete_layers: plan.complete,
-            ..self.clone()
-        }
+    pub fn planned(&self, plan: &LayerPlan) -> Self {
+        Self { layers: *plan, ..self.clone() }
     }
 
     /// Whether the loss streams lm_head from host memory (model/lm_head.rs): an untied head with
     /// host offload, unless the logits are soft-capped (the streamed loss does not cap) or the
     /// plan keeps it on the device.
     pub(crate) fn streams_lm_head(&self, m: &ModelConfig) -> bool {
-        self.host_offload && !self.lm_head_resident && !m.tied_embeddings() && !Family::of(m).logit_softcap
+        self.host_offload
+            && !self.layers.lm_head_resident
+            && !m.tied_embeddings()
+            && !Family::of(m).logit_softcap
     }
 }
 
@@ -245,8 +234,8 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
         .sum();
 
     let largest_weight = dims.iter().map(|&(o, n)| (o * n) as u64).max().unwrap_or(0);
-    let kept = (run.kept_layers as u64).min(layers);
-    let offloaded = (run.offloaded_layers as u64).min(layers - kept);
+    let kept = (run.layers.kept as u64).min(layers);
+    let offloaded = (run.layers.offloaded as u64).min(layers - kept);
     let checkpoint_bytes = t * h * b;
     let all_checkpoints = (layers - kept - offloaded) * checkpoint_bytes;
     let kept_layer_bytes = activations::kept_layer_bytes(m, &f, run, t);
@@ -261,13 +250,13 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
             all_checkpoints
         },
         kept_activations: kept * kept_layer_bytes
-            + (run.complete_layers as u64).min(kept) * activations::complete_layer_extra_bytes(m, run, t),
+            + (run.layers.complete as u64).min(kept) * activations::complete_layer_extra_bytes(m, run, t),
         kept_layers: kept as usize,
         offloaded_layers: offloaded as usize,
         offloaded_host: offloaded * kept_layer_bytes,
         in_flight: if offloaded > 0 { kept_layer_bytes } else { 0 },
         // the layers above the highest offloaded one are kept ones where there are that many
-        kept_below_offloaded: kept.saturating_sub(run.offload_stride.max(1) as u64) * kept_layer_bytes,
+        kept_below_offloaded: kept.saturating_sub(run.layers.stride.max(1) as u64) * kept_layer_bytes,
         kept_layer_backward: activations::layer_peak(m, &f, &untiled, (seq, batch)),
         layer_recompute: activations::layer_peak(m, &f, run, (seq, batch)),
         loss_chunk: if streamed {
@@ -366,14 +355,13 @@ pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
         fused_attention: cfg.train.compute_dtype != ComputeDtype::F32,
         fused_loss: true,
         mlp_tiles: cfg.train.mlp_tiles,
-        kept_layers: match cfg.train.checkpointing {
-            crate::config::Checkpointing::None => usize::MAX,
-            _ => 0,
+        layers: LayerPlan {
+            kept: match cfg.train.checkpointing {
+                crate::config::Checkpointing::None => usize::MAX,
+                _ => 0,
+            },
+            ..LayerPlan::NONE
         },
-        offloaded_layers: 0,
-        offload_stride: 1,
-        lm_head_resident: false,
-        complete_layers: 0,
         host_budget: if cfg.train.host_offload { host_budget() } else { 0 },
     }
 }

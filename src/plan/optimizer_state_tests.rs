@@ -5,6 +5,7 @@ use candle_core::{DType, Device, Var};
 use super::super::{estimate, projection_dims, RunShape};
 use super::OptimizerState;
 use crate::config::{AdafactorSection, AdamwSection, OptimName, OptimSection};
+use crate::model::activations::LayerPlan;
 use crate::model::{ModelConfig, PROJECTIONS};
 use crate::optim::Optimizer;
 
@@ -34,11 +35,7 @@ fn run(optimizer: OptimizerState) -> RunShape {
         fused_attention: true,
         fused_loss: true,
         mlp_tiles: true,
-        kept_layers: 0,
-        offloaded_layers: 0,
-        offload_stride: 1,
-        lm_head_resident: false,
-        complete_layers: 0,
+        layers: LayerPlan::NONE,
         host_budget: 0,
     }
 }

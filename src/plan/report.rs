@@ -17,7 +17,7 @@ pub fn report(
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let plan = match auto {
         true => layer_plan(m, run, (seq, batch), budget),
-        false => crate::model::activations::LayerPlan { kept: run.kept_layers, ..Default::default() },
+        false => run.layers,
     };
     let e = estimate(m, &run.planned(&plan), (seq, batch));
     let mut out = format!("predicted peak GPU memory at batch {batch} x {seq} tokens:\n");

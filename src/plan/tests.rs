@@ -50,11 +50,7 @@ fn bench_run() -> RunShape {
         fused_loss: true,
         // measured before the MLP ran in row tiles (`train.mlp_tiles = false` runs that code)
         mlp_tiles: false,
-        kept_layers: 0,
-        offloaded_layers: 0,
-        offload_stride: 1,
-        lm_head_resident: false,
-        complete_layers: 0,
+        layers: LayerPlan::NONE,
         host_budget: 0,
     }
 }
@@ -429,7 +425,7 @@ fn longest_rows_are_capped_by_positions_and_by_memory() {
 fn kept_layers_are_the_most_that_fit_the_budget() {
     let (m, run) = (mistral_7b(), RunShape { mlp_tiles: true, ..offload_run() });
     let peak =
-        |kept: usize, shape| estimate(&m, &RunShape { kept_layers: kept, ..run.clone() }, shape).peak();
+        |kept: usize, shape| estimate(&m, &run.planned(&LayerPlan { kept, ..LayerPlan::NONE }), shape).peak();
     let budget = (0.90 * 24.0 * GIB) as u64;
     for shape in [(512, 2), (512, 8), (2048, 4), (2048, 8), (4096, 16)] {
         let kept = kept_layers(&m, &run, shape, budget);
@@ -451,7 +447,7 @@ fn kept_layers_are_the_most_that_fit_the_budget() {
     // a kept Mistral layer at 2048 x 8: x, h1, q, context, k, v, gate, up, 7 x r, and 32 f32
     // statistics per token
     let per_token = 2 * (2 * 4096 + 2 * 4096 + 2 * 1024 + 2 * 14336 + 7 * 16) + 4 * 32;
-    let e = |k| estimate(&m, &RunShape { kept_layers: k, ..run.clone() }, (2048, 8));
+    let e = |k| estimate(&m, &run.planned(&LayerPlan { kept: k, ..LayerPlan::NONE }), (2048, 8));
     assert_eq!(e(3).kept_activations - e(2).kept_activations, 2048 * 8 * per_token as u64);
     // with every layer kept there is no checkpoint, and nothing to recompute
     assert_eq!((e(32).checkpoints, e(32).kept_layers), (0, 32));
@@ -497,7 +493,7 @@ fn kept_layer_estimates_are_within_the_band_of_the_measured_peaks() {
     ];
     for (name, m, peaks) in measured {
         for (seq, batch, kept, peak) in peaks {
-            let run = RunShape { kept_layers: kept, ..run.clone() };
+            let run = run.planned(&LayerPlan { kept, ..LayerPlan::NONE });
             within_band(name, &m, &run, &[(seq, batch, peak)]);
         }
     }

@@ -59,7 +59,7 @@ fn lm_head_stays_on_the_device_where_it_costs_no_layer() {
     let m = llama2_13b_40();
     let budget = (0.90 * 24.0 * GIB) as u64;
     let run = RunShape { mlp_tiles: true, host_budget: 64 << 30, ..offload_run() };
-    let head = |resident| RunShape { lm_head_resident: resident, ..run.clone() };
+    let head = |resident| run.planned(&LayerPlan { lm_head_resident: resident, ..run.layers });
     assert_eq!(
         estimate(&m, &head(true), (512, 8)).base_weights - estimate(&m, &head(false), (512, 8)).base_weights,
         32000 * 5120 * 2
