@@ -5,8 +5,7 @@ use candle_core::{DType, Device, Var};
 use super::super::{estimate, projection_dims, RunShape};
 use super::OptimizerState;
 use crate::config::{AdafactorSection, AdamwSection, OptimName, OptimSection};
-use crate::model::activations::LayerPlan;
-use crate::model::{ModelConfig, PROJECTIONS};
+use crate::model::ModelConfig;
 use crate::optim::Optimizer;
 
 /// A small model whose LoRA matrices fall on both sides of `min_8bit_size` (4096): at r = 16,
@@ -20,24 +19,9 @@ fn small() -> ModelConfig {
     .unwrap()
 }
 
+/// The benchmark's recipe with `optimizer`.
 fn run(optimizer: OptimizerState) -> RunShape {
-    RunShape {
-        dtype_bytes: 2,
-        nf4: Some(true),
-        lora_r: 16,
-        target_modules: PROJECTIONS.iter().map(|p| p.to_string()).collect(),
-        optimizer,
-        embeddings_on_host: true,
-        loss_chunk_rows: 1024,
-        accumulates_gradients: false,
-        lora_dropout: false,
-        host_offload: false,
-        fused_attention: true,
-        fused_loss: true,
-        mlp_tiles: true,
-        layers: LayerPlan::NONE,
-        host_budget: 0,
-    }
+    RunShape { optimizer, mlp_tiles: true, ..super::super::tests::bench_run() }
 }
 
 /// Bytes of the state `cfg`'s optimizer allocates for the LoRA matrices of `m` at r = 16.

@@ -34,7 +34,7 @@ fn llama2_13b() -> ModelConfig {
 /// The benchmark's recipe: f16, NF4 + double quant, r = 16 on all seven projections,
 /// Adafactor without a first moment, embeddings on the host; everything else on the GPU (the
 /// runs measured before host offload, and `train.host_offload = false`).
-fn bench_run() -> RunShape {
+pub(super) fn bench_run() -> RunShape {
     RunShape {
         dtype_bytes: 2,
         nf4: Some(true),
