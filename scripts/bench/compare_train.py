@@ -6,6 +6,10 @@ shape; issue 18's targets checked under it; and, given the JSON line of
 scripts/bench/first_step_ref.py, the time from process start to the end of the first step.
 
     compare_train.py PEFT_JSON LORA_FT_JSONL [FIRST_STEP_JSON] [--config DIR|config.json]
+                     [--peer UNSLOTH_JSON]
+
+With --peer, a second table sets lora-ft beside Unsloth (scripts/bench/unsloth_train_ref.py, the
+same recipe and random model in the same command): tokens/s, their ratio, Unsloth's MFU, peaks.
 
 With --config, the FLOPs per token come from the model's config.json (bench_models.py: MFU counts
 4·N + 6·N_lora + 3·A per token, HFU 6·N + 8·N_lora + 4·A, both over 989 TFLOP/s); without it,
@@ -98,12 +102,40 @@ def issue20_targets(theirs, ours, budget_gib):
     return out
 
 
+def peer_table(path, ours, cfg):
+    """lora-ft beside the peer (Unsloth's JSON, train_ref_loop.py's format), shape by shape."""
+    if not os.path.exists(path):
+        return [f"(no Unsloth JSON at {path})"]
+    peer = json.load(open(path))
+    rows = {(r["seq"], r["bs"]): r for r in peer.get("results", [])}
+    v = peer.get("versions", {})
+    out = [f"Unsloth {v.get('unsloth', '?')} (unsloth_zoo {v.get('unsloth_zoo', '?')}, transformers "
+           f"{v.get('transformers', '?')}, peft {v.get('peft', '?')}, bitsandbytes {v.get('bitsandbytes', '?')}): "
+           f"checkpointing \"unsloth\", checkpoint_skip_layers {peer.get('checkpoint_skip', '0')}"
+           + (f" within {peer['gpu_mem_gib']:g} GiB" if peer.get("gpu_mem_gib") else "")
+           + f", attention {peer.get('attn', '?')}, load {peer.get('load_s')} s", ""]
+    out.append("| seq x batch | Unsloth tok/s | lora-ft tok/s | lora-ft / Unsloth | Unsloth MFU | lora-ft MFU "
+               "| Unsloth peak GiB | lora-ft peak GiB | memory ratio |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for key in sorted(set(rows) | set(ours)):
+        p, o = rows.get(key, {}), ours.get(key, {})
+        speed = o.get("tok_s") and p.get("tok_s") and o["tok_s"] / p["tok_s"]
+        mem = o.get("peak_alloc_gib") and p.get("peak_alloc_gib") and o["peak_alloc_gib"] / p["peak_alloc_gib"]
+        f = cfg and bench_models.flops_per_token(cfg, key[0])
+        mfu = lambda r: f and r.get("tok_s") and r["tok_s"] * f["model"] / bench_models.PEAK_FLOPS  # noqa: E731
+        out.append(f"| {key[0]} x {key[1]} | {fmt(cell(p, 'tok_s'))} | {fmt(cell(o, 'tok_s'))} | "
+                   f"{fmt(speed) if speed else '-'} | {pct(mfu(p))} | {pct(mfu(o))} | "
+                   f"{fmt(cell(p, 'peak_alloc_gib'))} | {fmt(cell(o, 'peak_alloc_gib'))} | {fmt(mem) if mem else '-'} |")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ref")
     ap.add_argument("ours")
     ap.add_argument("first_step_ref", nargs="?", default="")
     ap.add_argument("--config", default="", help="the model folder or its config.json (FLOPs per token)")
+    ap.add_argument("--peer", default="", help="Unsloth's JSON (unsloth_train_ref.py): a second table")
     ap.add_argument("--budget-gib", type=float, default=0.0,
                     help="lora-ft's memory budget (--gpu-mem x max_vram_fraction): issue 20's targets")
     args = ap.parse_args()
@@ -177,6 +209,8 @@ def main():
             print("\nIssue 18's targets: " + "; ".join(checks))
         if kept:
             print("\nIssue 20's targets: " + "; ".join(issue20_targets(theirs, ours, args.budget_gib)))
+    if args.peer:
+        print("\n" + "\n".join(peer_table(args.peer, ours, cfg)))
     ours_first = next((r["first_step_s"] for r in ours.values() if r.get("first_step_s")), None)
     # --first-step-cold-warm: lora-ft's first step on a cold (CUDA_CACHE_DISABLE=1), fresh (empty
     # cache) and warm driver JIT cache, each a process of its own

@@ -18,6 +18,11 @@
 # 0.90 of it), BUDGET_S (default 570: the device
 # command's 600 s less a margin): the reference gets what is left after the model is written less
 # lora-ft's share, so a slow reference is cut (its JSON keeps the shapes it finished), never lora-ft.
+# UNSLOTH=1: Unsloth too, the peer (scripts/bench/unsloth_train_ref.py, its wheels carried in
+# .gpu-unsloth by `pack.sh unsloth`), after PEFT and before lora-ft, on the same folder and shapes,
+# and a second table of lora-ft beside it; PEFT gets 5/9 of the time left for the references, Unsloth
+# the rest. UNSLOTH_SKIP=auto: Unsloth's own selective checkpointing (checkpoint_skip_layers = "auto")
+# within GPU_MEM GiB, sized at the first shape.
 # BENCH_DEVICE=cpu: a dry run of this whole command on a machine without a GPU, on the toy-sized
 # config (bench_models.tiny), f32, no quantization (OUT and lora-ft must be set/found by the caller):
 #   OUT=/tmp/out PATH=target/release:$PATH BENCH_DEVICE=cpu bash scripts/device/bench_train.sh qwen3-8b 16x2,32x2
@@ -58,13 +63,26 @@ if [ "$first_step" = 1 ]; then
     | grep '^{' | tee $OUT/first_step_ref.json || true
 fi
 # lora-ft's share: its load, quantization and kernels' first use, then about half the reference's step time
-ours_s=$((60 + 3 * size_gib)); peft_s=$((budget - SECONDS - ours_s)); [ $peft_s -gt 60 ] || peft_s=60
+ours_s=$((60 + 3 * size_gib)); peft_s=$((budget - SECONDS - ours_s))
+unsloth=${UNSLOTH:-0}; [ "$device" = cuda ] || unsloth=0
+[ "$unsloth" = 1 ] && peft_s=$((peft_s * 5 / 9))
+[ $peft_s -gt 60 ] || peft_s=60
 if [ "$issue4" = 1 ]; then
   timeout $peft_s python3 .gpu/peft_qlora_baseline.py --arch $arch --model $dir --shapes $shapes --steps $steps \
     --out $OUT/peft_$arch.json 2>&1 | grep '^{' || true
 else
   timeout $peft_s python3 scripts/bench/peft_train_ref.py --model $dir --arch $arch --shapes $shapes "${peft[@]}" \
     --attn $attn --steps $steps --out $OUT/peft_$arch.json 2>&1 | tee $OUT/peft_$arch.log | grep '^{' || true
+fi
+peer_args=()
+if [ "$unsloth" = 1 ]; then
+  unsloth_s=$((budget - SECONDS - 60 - 3 * size_gib)); [ $unsloth_s -gt 60 ] || unsloth_s=60
+  skip=(--checkpoint-skip "${UNSLOTH_SKIP:-0}")
+  [ "${UNSLOTH_SKIP:-0}" = auto ] && [ -n "${GPU_MEM:-}" ] && skip+=(--gpu-mem "$GPU_MEM")
+  timeout $unsloth_s python3 scripts/bench/unsloth_train_ref.py --model $dir --arch $arch --shapes $shapes \
+    --dtype $dtype --steps $steps "${skip[@]}" --out $OUT/unsloth_$arch.json 2>&1 | tee $OUT/unsloth_$arch.log \
+    | grep '^{' || true
+  peer_args=(--peer $OUT/unsloth_$arch.json)
 fi
 ours_s=$((budget - SECONDS)); [ $ours_s -gt 30 ] || ours_s=30
 budget_args=()
@@ -78,4 +96,4 @@ timeout $ours_s lora-ft bench train --model $dir --shapes $shapes "${ours[@]}" -
 echo "{\"both_stacks_done_at_s\": $SECONDS}"
 [ -e $OUT/peft_$arch.json ] || echo "{\"results\": [], \"arch\": \"$arch\", \"error\": \"no reference JSON\"}" > $OUT/peft_$arch.json
 python3 scripts/bench/compare_train.py $OUT/peft_$arch.json $OUT/lora_ft_$arch.jsonl $OUT/first_step_ref.json \
-  --config $dir "${budget_args[@]}" | tee $OUT/table_$arch.md
+  --config $dir "${budget_args[@]}" "${peer_args[@]}" | tee $OUT/table_$arch.md

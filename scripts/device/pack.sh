@@ -8,6 +8,11 @@
 #   bash scripts/device/pack.sh cpu     # .gpu-cpu: the CPU build's binary and every test binary
 #   bash scripts/device/pack.sh adamw   # .gpu-adamw: the CUDA lib test binary and bitsandbytes, for
 #                                       # scripts/device/adamw8bit.sh (CARGO_TARGET_DIR is kept if set)
+#   bash scripts/device/pack.sh unsloth # .gpu-unsloth: Unsloth and what it imports that the GPU
+#                                       # machine lacks (scripts/device/unsloth_wheels.txt), installed
+#                                       # here for Python 3.12 into one site folder, its web studio and
+#                                       # Apple (mlx) code left out: unsloth-site.txz; with `bench`'s
+#                                       # bitsandbytes for scripts/device/bench_train.sh UNSLOTH=1
 #   bash scripts/device/pack.sh gguf    # .gpu-gguf1, .gpu-gguf2: the demo model's GGUF in four
 #                                       # quarters (98 MB), two a call; scripts/device/tests.sh joins them
 set -euo pipefail
@@ -83,12 +88,20 @@ case "$1" in
       name=${entry%%=*}; [ "$name" = lora-ft ] && name=main; [ "$name" = lora_ft ] && name=lib
       pack ${entry#*=} $out/t_$name.xz
     done ;;
+  unsloth)
+    out=.gpu-unsloth; rm -rf $out /tmp/unsloth-site; mkdir -p $out /tmp/unsloth-site
+    grep -v '^#' scripts/device/unsloth_wheels.txt | xargs python3 -m pip install -q --no-deps --only-binary=:all: \
+      --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 --target /tmp/unsloth-site
+    rm -rf /tmp/unsloth-site/studio /tmp/unsloth-site/unsloth_zoo/mlx /tmp/unsloth-site/bin
+    find /tmp/unsloth-site -name __pycache__ -prune -exec rm -rf {} +
+    tar -C /tmp/unsloth-site -cf - . | xz -T2 -9 > $out/unsloth-site.txz ;;
   gguf)
     gguf="${LORA_FT_CACHE:-$HOME/.cache/lora-ft}/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     rm -rf .gpu-gguf1 .gpu-gguf2; mkdir -p .gpu-gguf1 .gpu-gguf2
     quarter=$(( ($(stat -c %s "$gguf") + 3) / 4 ))
     split -b $quarter -d -a 1 "$gguf" /tmp/smollm2.part
     mv /tmp/smollm2.part0 /tmp/smollm2.part1 .gpu-gguf1/; mv /tmp/smollm2.part2 /tmp/smollm2.part3 .gpu-gguf2/ ;;
-  *) echo "usage: $0 cuda|bench|cpu|adamw|gguf" >&2; exit 2 ;;
+  *) echo "usage: $0 cuda|bench|cpu|adamw|unsloth|gguf" >&2; exit 2 ;;
 esac
 du -sh .gpu-* | sort -k2

@@ -1,8 +1,11 @@
 # Sourced at the start of a GPU-machine command (see ../shared/cuda/README.md): installs the
-# carried bitsandbytes wheel, points at the CUDA 13 libraries, unpacks the carried binaries
+# carried bitsandbytes wheel and unpacks carried site folders (.gpu/*.txz: Unsloth's, pack.sh
+# unsloth) into /tmp/site, points at the CUDA 13 libraries, unpacks the carried binaries
 # (.gpu/*.xz) into /tmp/bin, and makes the compile-time golden paths of test binaries resolve.
 set -euo pipefail
 if ls .gpu/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl; fi
+mkdir -p /tmp/site
+for t in .gpu/*.txz; do [ -e "$t" ] && tar xJf "$t" -C /tmp/site; done
 export PYTHONPATH=/tmp/site
 # CUDA 13 libraries, cuDNN's for the cuDNN attention path (model/cudnn_sdpa.rs), NCCL's for
 # several ranks (distributed/nccl.rs)
