@@ -16,10 +16,13 @@ replace the model's; attention is PyTorch's SDPA (no xformers or flash-attn on t
 checkpoint_skip_layers): after the first step it keeps as many layers un-checkpointed as fit, sized
 for that first shape, within `--gpu-mem` GiB where given (torch's per-process memory fraction,
 which Unsloth reads). Unsloth needs a CUDA GPU. It is carried as wheels (scripts/device/
-unsloth_wheels.sh) and runs offline: HF_HUB_OFFLINE and its statistics off.
+unsloth_wheels.txt, pack.sh unsloth) and runs offline: HF_HUB_OFFLINE and its statistics off. Its
+import sets PYTORCH_ALLOC_CONF=expandable_segments:True for its own process, as for its users.
 """
 import argparse
+import json
 import os
+import tempfile
 import time
 
 # offline and quiet before anything imports huggingface_hub or unsloth
@@ -27,6 +30,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("UNSLOTH_DISABLE_STATISTICS", "1")
+# the code Unsloth generates goes to ./unsloth_compiled_cache otherwise (unsloth_zoo/compiler.py)
+os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", os.path.join(tempfile.gettempdir(), "unsloth_compiled_cache"))
+# no silent fallback to Unsloth's CPU backend where no GPU is seen
+os.environ.setdefault("UNSLOTH_DISABLE_CPU_FALLBACK", "1")
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--model", required=True, help="HF folder (config.json + safetensors)")
@@ -44,14 +51,41 @@ import torch  # noqa: E402
 
 import train_ref_loop  # noqa: E402
 
+
+
+def word_level_tokenizer(folder, vocab_size, max_len):
+    """A tokenizer with one word per id of the model's vocabulary, special tokens first: Unsloth
+    loads a tokenizer with every model (llama.py `load_correct_tokenizer`, no way around it) and
+    grows the embeddings where the tokenizer has more ids or lacks a pad token distinct from eos;
+    the benchmark's random ids need no real one, and its folder (load_memory_ref.py) has none."""
+    os.makedirs(folder, exist_ok=True)
+    special = ["<unk>", "<s>", "</s>", "<pad>"]
+    vocab = {t: i for i, t in enumerate(special)}
+    vocab.update({f"t{i}": i for i in range(len(special), vocab_size)})
+    added = [dict(id=i, content=t, single_word=False, lstrip=False, rstrip=False, normalized=False, special=True)
+             for i, t in enumerate(special)]
+    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+           "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None, "decoder": None,
+           "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}}
+    json.dump(tok, open(os.path.join(folder, "tokenizer.json"), "w"))
+    # the class named, or Qwen's and Gemma's tokenizer classes add special tokens of their own
+    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+               "pad_token": "<pad>", "unk_token": "<unk>", "model_max_length": max_len, "padding_side": "right"},
+              open(os.path.join(folder, "tokenizer_config.json"), "w"))
+    return folder
+
+
 compute = {"f16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
 if args.gpu_mem:
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, args.gpu_mem * 2**30 / total), 0)
 max_seq = max(int(shape.split("x")[0]) for shape in args.shapes.split(","))
+vocab_size = json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
+tokenizer = word_level_tokenizer(os.path.normpath(args.model) + "-unsloth-tokenizer", vocab_size, max_seq)
 t0 = time.time()
 model, _tokenizer = FastLanguageModel.from_pretrained(
-    model_name=args.model, max_seq_length=max_seq, dtype=compute, load_in_4bit=True, local_files_only=True)
+    model_name=args.model, tokenizer_name=tokenizer, max_seq_length=max_seq, dtype=compute, load_in_4bit=True,
+    local_files_only=True)
 load_s = time.time() - t0
 skip = {"checkpoint_skip_layers": "auto"} if args.checkpoint_skip == "auto" else {}
 model = FastLanguageModel.get_peft_model(

@@ -18,8 +18,9 @@
 # 0.90 of it), BUDGET_S (default 570: the device
 # command's 600 s less a margin): the reference gets what is left after the model is written less
 # lora-ft's share, so a slow reference is cut (its JSON keeps the shapes it finished), never lora-ft.
-# UNSLOTH=1: Unsloth too, the peer (scripts/bench/unsloth_train_ref.py, its wheels carried in
-# .gpu-unsloth by `pack.sh unsloth`), after PEFT and before lora-ft, on the same folder and shapes,
+# UNSLOTH=1: Unsloth too, the peer (scripts/bench/unsloth_train_ref.py; `pack.sh unsloth` writes
+# .gpu-unsloth/unsloth-site.txz, 4.3 MB: carry it beside bitsandbytes and move both into .gpu, where
+# setup.sh unpacks it into /tmp/site), after PEFT and before lora-ft, on the same folder and shapes,
 # and a second table of lora-ft beside it; PEFT gets 5/9 of the time left for the references, Unsloth
 # the rest. UNSLOTH_SKIP=auto: Unsloth's own selective checkpointing (checkpoint_skip_layers = "auto")
 # within GPU_MEM GiB, sized at the first shape.

@@ -10,8 +10,8 @@
 #                                       # scripts/device/adamw8bit.sh (CARGO_TARGET_DIR is kept if set)
 #   bash scripts/device/pack.sh unsloth # .gpu-unsloth: Unsloth and what it imports that the GPU
 #                                       # machine lacks (scripts/device/unsloth_wheels.txt), installed
-#                                       # here for Python 3.12 into one site folder, its web studio and
-#                                       # Apple (mlx) code left out: unsloth-site.txz; with `bench`'s
+#                                       # here for Python 3.12 into one site folder, its web studio
+#                                       # left out: unsloth-site.txz; with `bench`'s
 #                                       # bitsandbytes for scripts/device/bench_train.sh UNSLOTH=1
 #   bash scripts/device/pack.sh gguf    # .gpu-gguf1, .gpu-gguf2: the demo model's GGUF in four
 #                                       # quarters (98 MB), two a call; scripts/device/tests.sh joins them
@@ -93,7 +93,7 @@ case "$1" in
     grep -v '^#' scripts/device/unsloth_wheels.txt | xargs python3 -m pip install -q --no-deps --only-binary=:all: \
       --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
       --platform manylinux2014_x86_64 --target /tmp/unsloth-site
-    rm -rf /tmp/unsloth-site/studio /tmp/unsloth-site/unsloth_zoo/mlx /tmp/unsloth-site/bin
+    rm -rf /tmp/unsloth-site/studio /tmp/unsloth-site/bin
     find /tmp/unsloth-site -name __pycache__ -prune -exec rm -rf {} +
     tar -C /tmp/unsloth-site -cf - . | xz -T2 -9 > $out/unsloth-site.txz ;;
   gguf)
