@@ -84,8 +84,7 @@ vocab_size = json.load(open(os.path.join(args.model, "config.json")))["vocab_siz
 tokenizer = word_level_tokenizer(os.path.normpath(args.model) + "-unsloth-tokenizer", vocab_size, max_seq)
 t0 = time.time()
 model, _tokenizer = FastLanguageModel.from_pretrained(
-    model_name=args.model, tokenizer_name=tokenizer, max_seq_length=max_seq, dtype=compute, load_in_4bit=True,
-    local_files_only=True)
+    model_name=args.model, tokenizer_name=tokenizer, max_seq_length=max_seq, dtype=compute, load_in_4bit=True)
 load_s = time.time() - t0
 skip = {"checkpoint_skip_layers": "auto"} if args.checkpoint_skip == "auto" else {}
 model = FastLanguageModel.get_peft_model(
