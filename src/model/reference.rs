@@ -241,12 +241,12 @@ mod tests {
             mlp_tile_values: crate::model::layer::MLP_TILE_VALUES,
         };
 
-        let (out, saved) = layer.forward_saving(&x, &input, true).unwrap();
+        let (out, saved) = layer.forward_saving(&x, &input).unwrap();
         // the cheap forward gives the same output
         assert_eq!(max_rel(&layer.forward(&x, &input, None).unwrap(), &out), 0.0);
         let (dx, grads) = layer.backward(saved, &d_out, &input).unwrap();
         // a layer that keeps n1, n2 and act too gives the lean one's gradients
-        let (out_all, saved_all) = layer.forward_saving(&x, &input, false).unwrap();
+        let (out_all, saved_all) = layer.forward_saving_all(&x, &input).unwrap();
         assert_eq!(max_rel(&out_all, &out), 0.0);
         let (dx_all, grads_all) = layer.backward(saved_all, &d_out, &input).unwrap();
         assert_eq!(max_rel(&dx_all, &dx), 0.0);
@@ -368,7 +368,7 @@ mod tests {
         };
         let eval = LayerInput { dropout_seed: None, ..input };
         let a = layer.forward(&x, &input, None).unwrap();
-        let (b, _) = layer.forward_saving(&x, &input, true).unwrap();
+        let (b, _) = layer.forward_saving(&x, &input).unwrap();
         let c = layer.forward(&x, &eval, None).unwrap();
         assert_eq!(max_rel(&a, &b), 0.0);
         assert!(max_rel(&a, &c) > 1e-3, "dropout changed nothing");

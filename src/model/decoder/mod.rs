@@ -279,13 +279,15 @@ impl CausalLm {
                     k.checkpoints.push(std::mem::replace(&mut x, next))?;
                 }
                 LayerKind::Kept | LayerKind::KeptAll => {
-                    let lean = k.kinds[l] == LayerKind::Kept;
-                    let (next, saved) = layer.forward_saving(&x, &input, lean)?;
+                    let (next, saved) = match k.kinds[l] {
+                        LayerKind::KeptAll => layer.forward_saving_all(&x, &input)?,
+                        _ => layer.forward_saving(&x, &input)?,
+                    };
                     kept[l] = Some(saved);
                     x = next;
                 }
                 LayerKind::Offloaded => {
-                    let (next, saved) = layer.forward_saving(&x, &input, true)?;
+                    let (next, saved) = layer.forward_saving(&x, &input)?;
                     k.offloaded.push(l, saved)?;
                     x = next;
                 }

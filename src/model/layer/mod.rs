@@ -194,10 +194,18 @@ impl DecoderLayer {
         saved.ok_or_else(|| candle_core::Error::Msg("the recompute keeps the activations".into()))
     }
 
-    /// The output and what `backward` reads, as a layer kept from the forward holds it: `lean`
-    /// leaves out what one cheap kernel gives back in the backward (n1, n2, act).
-    pub fn forward_saving(&self, x: &Tensor, input: &LayerInput, lean: bool) -> Result<(Tensor, LayerSaved)> {
-        let pass = if lean { Pass::ForwardSaving } else { Pass::ForwardSavingAll };
+    /// The output and what `backward` reads, as a layer kept from the forward holds it, less
+    /// what one cheap kernel gives back in the backward (n1, n2, act).
+    pub fn forward_saving(&self, x: &Tensor, input: &LayerInput) -> Result<(Tensor, LayerSaved)> {
+        self.forward_keeping(x, input, Pass::ForwardSaving)
+    }
+
+    /// `forward_saving` with n1, n2 and act kept too (a complete layer, `LayerKind::KeptAll`).
+    pub fn forward_saving_all(&self, x: &Tensor, input: &LayerInput) -> Result<(Tensor, LayerSaved)> {
+        self.forward_keeping(x, input, Pass::ForwardSavingAll)
+    }
+
+    fn forward_keeping(&self, x: &Tensor, input: &LayerInput, pass: Pass) -> Result<(Tensor, LayerSaved)> {
         match self.run(x, input, None, pass)? {
             (Some(out), Some(saved)) => Ok((out, saved)),
             _ => Err(candle_core::Error::Msg("forward_saving returns both".into())),

@@ -440,8 +440,8 @@ mod tests {
             packed: None,
             mlp_tile_values: crate::model::layer::MLP_TILE_VALUES,
         };
-        let (out_q, saved_q) = nf4.forward_saving(&x, &input, true)?;
-        let (out_d, saved_d) = dense.forward_saving(&x, &input, true)?;
+        let (out_q, saved_q) = nf4.forward_saving(&x, &input)?;
+        let (out_d, saved_d) = dense.forward_saving(&x, &input)?;
         assert_eq!(bits(&out_q), bits(&out_d));
         let (dx_q, grads_q) = nf4.backward(saved_q, &d_out, &input)?;
         let (dx_d, grads_d) = dense.backward(saved_d, &d_out, &input)?;
@@ -452,7 +452,7 @@ mod tests {
             assert_eq!(bits(&gq.lora_b), bits(&gd.lora_b), "proj {p} B");
         }
         // and the quantization changed the layer: NF4 is not a silent no-op
-        let (out_orig, _) = random_layer(32, 48, 4, 2, 3, 13).forward_saving(&x, &input, true)?;
+        let (out_orig, _) = random_layer(32, 48, 4, 2, 3, 13).forward_saving(&x, &input)?;
         assert_ne!(bits(&out_orig), bits(&out_q));
         Ok(())
     }
