@@ -14,8 +14,9 @@ replace the model's; attention is PyTorch's SDPA (no xformers or flash-attn on t
 
 `--checkpoint-skip auto` is Unsloth's own selective checkpointing (get_peft_model's
 checkpoint_skip_layers): after the first step it keeps as many layers un-checkpointed as fit, sized
-for that first shape, within `--gpu-mem` GiB where given (torch's per-process memory fraction,
-which Unsloth reads). Unsloth needs a CUDA GPU. It is carried as wheels (scripts/device/
+once, for that first step's shape, within `--gpu-mem` GiB where given (torch's per-process memory
+fraction, which Unsloth reads). The shapes then run largest first (batch × length), so that the
+layers it keeps fit every shape of the run, as they would a user's run of the largest. Unsloth needs a CUDA GPU. It is carried as wheels (scripts/device/
 unsloth_wheels.txt, pack.sh unsloth) and runs offline: HF_HUB_OFFLINE and its statistics off. Its
 import sets PYTORCH_ALLOC_CONF=expandable_segments:True for its own process, as for its users.
 """
@@ -111,4 +112,7 @@ info = dict(stack="unsloth", arch=args.arch or os.path.basename(os.path.normpath
             gpu_mem_gib=args.gpu_mem or None, lora_upcast_from_f16=len(upcast),
             versions={n: version(n) for n in
                       ("unsloth", "unsloth_zoo", "torch", "transformers", "peft", "bitsandbytes", "trl")})
-train_ref_loop.run(model, compute, "cuda", args.shapes, args.steps, args.out, info)
+shapes = args.shapes.split(",")
+if args.checkpoint_skip == "auto":
+    shapes.sort(key=lambda shape: -int(shape.split("x")[0]) * int(shape.split("x")[1]))
+train_ref_loop.run(model, compute, "cuda", ",".join(shapes), args.steps, args.out, info)
