@@ -113,7 +113,9 @@ def peer_table(path, ours, cfg):
            f"{v.get('transformers', '?')}, peft {v.get('peft', '?')}, bitsandbytes {v.get('bitsandbytes', '?')}): "
            f"checkpointing \"unsloth\", checkpoint_skip_layers {peer.get('checkpoint_skip', '0')}"
            + (f" within {peer['gpu_mem_gib']:g} GiB" if peer.get("gpu_mem_gib") else "")
-           + f", attention {peer.get('attn', '?')}, load {peer.get('load_s')} s", ""]
+           + f", attention {peer.get('attn', '?')}, load {peer.get('load_s')} s"
+           + (f"; its first step {peer['first_step_s']} s from process start (imports, load, compiles)"
+              if peer.get("first_step_s") else ""), ""]
     out.append("| seq x batch | Unsloth tok/s | lora-ft tok/s | lora-ft / Unsloth | Unsloth MFU | lora-ft MFU "
                "| Unsloth peak GiB | lora-ft peak GiB | memory ratio |")
     out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

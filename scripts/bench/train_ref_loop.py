@@ -62,8 +62,10 @@ def gib(v):
     return round(v / 2**30, 2)
 
 
-def run(model, compute, device, shapes, steps, out, info):
-    """Times `model` at each SEQxBATCH of `shapes` (comma-separated); `info` heads `out`."""
+def run(model, compute, device, shapes, steps, out, info, started=None):
+    """Times `model` at each SEQxBATCH of `shapes` (comma-separated); `info` heads `out`. With
+    `started` (time.time() at the process's start), `info` gets `first_step_s`: from then to the
+    end of the first shape's first step."""
     cuda = device == "cuda"
     step = Step(model, compute, device)
     info = dict(info, steps=steps, gpu=torch.cuda.get_device_name(0) if cuda else "cpu",
@@ -79,8 +81,12 @@ def run(model, compute, device, shapes, steps, out, info):
         failure = None
         try:
             ids = torch.randint(0, vocab, (bs, seq), device=device)
-            for _ in range(2):
+            for warm_up in range(2):
                 step(ids)
+                if started is not None and "first_step_s" not in info and warm_up == 0:
+                    if cuda:
+                        torch.cuda.synchronize()
+                    info["first_step_s"] = round(time.time() - started, 2)
             if cuda:
                 torch.cuda.synchronize()
             t = time.time()

@@ -20,11 +20,14 @@ layers it keeps fit every shape of the run, as they would a user's run of the la
 unsloth_wheels.txt, pack.sh unsloth) and runs offline: HF_HUB_OFFLINE and its statistics off. Its
 import sets PYTORCH_ALLOC_CONF=expandable_segments:True for its own process, as for its users.
 """
-import argparse
-import json
-import os
-import tempfile
 import time
+
+STARTED = time.time()  # before the imports: Unsloth's own (patching, kernels) count in its first step
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import tempfile  # noqa: E402
 
 # offline and quiet before anything imports huggingface_hub or unsloth
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -115,4 +118,4 @@ info = dict(stack="unsloth", arch=args.arch or os.path.basename(os.path.normpath
 shapes = args.shapes.split(",")
 if args.checkpoint_skip == "auto":
     shapes.sort(key=lambda shape: -int(shape.split("x")[0]) * int(shape.split("x")[1]))
-train_ref_loop.run(model, compute, "cuda", ",".join(shapes), args.steps, args.out, info)
+train_ref_loop.run(model, compute, "cuda", ",".join(shapes), args.steps, args.out, info, started=STARTED)
