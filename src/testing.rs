@@ -41,3 +41,31 @@ pub fn assert_within_reference_error(
     );
     (err, reference)
 }
+
+/// A golden pair written by a script of scripts/golden/: `tests/golden/STEM.safetensors` (the
+/// reference's tensors) and `STEM.json` (its settings and the names in the file).
+pub struct GoldenFiles {
+    pub tensors: std::collections::HashMap<String, Tensor>,
+    pub meta: serde_json::Value,
+}
+
+impl GoldenFiles {
+    pub fn load(stem: &str) -> Self {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden");
+        let tensors = candle_core::safetensors::load(format!("{dir}/{stem}.safetensors"), &Device::Cpu)
+            .unwrap_or_else(|e| panic!("golden {stem}.safetensors: {e}"));
+        let text = std::fs::read_to_string(format!("{dir}/{stem}.json"))
+            .unwrap_or_else(|e| panic!("golden {stem}.json: {e}"));
+        Self { tensors, meta: serde_json::from_str(&text).unwrap() }
+    }
+
+    /// The tensor `name`, which the golden must have.
+    pub fn tensor(&self, name: &str) -> &Tensor {
+        self.tensors.get(name).unwrap_or_else(|| panic!("golden tensor {name} missing"))
+    }
+
+    /// The parameters' names, in the order the script stepped them (`meta.params`).
+    pub fn params(&self) -> Vec<String> {
+        self.meta["params"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect()
+    }
+}

@@ -6,28 +6,24 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Tensor, Var};
 
 use super::*;
+use crate::testing::GoldenFiles;
 
-struct Golden {
-    tensors: HashMap<String, Tensor>,
-    meta: serde_json::Value,
+struct Golden(GoldenFiles);
+
+impl std::ops::Deref for Golden {
+    type Target = GoldenFiles;
+    fn deref(&self) -> &GoldenFiles {
+        &self.0
+    }
 }
 
 impl Golden {
     fn load() -> Self {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden");
-        let tensors =
-            candle_core::safetensors::load(format!("{dir}/adafactor.safetensors"), &Device::Cpu).unwrap();
-        let meta =
-            serde_json::from_str(&std::fs::read_to_string(format!("{dir}/adafactor.json")).unwrap()).unwrap();
-        Self { tensors, meta }
+        Self(GoldenFiles::load("adafactor"))
     }
 
     fn get(&self, name: &str) -> &Tensor {
-        self.tensors.get(name).unwrap_or_else(|| panic!("golden tensor {name} missing"))
-    }
-
-    fn params(&self) -> Vec<String> {
-        self.meta["params"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect()
+        self.tensor(name)
     }
 
     fn steps(&self) -> usize {
