@@ -141,3 +141,31 @@ fn complete_layers_fill_what_every_layer_kept_leaves() {
     let text = report(&m, &run, (512, 2), budget, true);
     assert!(text.contains("the last 32 of them keep their norms' outputs"), "{text}");
 }
+
+/// Gemma-2-9B (bf16) on a 24 GB budget with the fused loss: the plan `bench train --gpu-mem 24`
+/// printed and the peaks it measured on the H200 (session 12,
+/// benches/issue20/session12/lora_ft_gemma2-9b_h200.jsonl). Planned with the composed cap's
+/// 22 bytes a logit, 512 x 8 had kept 22 layers + 10 offloaded and recomputed 10.
+#[test]
+fn gemma2_plans_and_peaks_with_the_fused_loss_are_the_measured_ones() {
+    let budget = (0.90 * 24.0 * GIB) as u64;
+    let run = RunShape { mlp_tiles: true, host_budget: 64 << 30, ..offload_run() };
+    let m = bench_model("gemma2-9b");
+    // (seq, batch, on the device, in host memory, complete, measured peak GiB)
+    let measured = [
+        (512, 2, 42, 0, 42, 13.18),
+        (512, 4, 42, 0, 42, 19.37),
+        (512, 8, 33, 9, 0, 21.46),
+        (2048, 2, 33, 9, 0, 21.46),
+        (2048, 4, 15, 10, 0, 20.77),
+        (2048, 8, 6, 10, 0, 19.66),
+    ];
+    for (seq, batch, kept, offloaded, complete, peak) in measured {
+        let plan = layer_plan(&m, &run, (seq, batch), budget);
+        assert_eq!((plan.kept, plan.offloaded, plan.complete), (kept, offloaded, complete), "{seq}x{batch}");
+        within_band("gemma2-9b (fused loss)", &m, &run.planned(&plan), &[(seq, batch, peak)]);
+    }
+    let composed = RunShape { fused_loss: false, ..run.clone() };
+    let before = layer_plan(&m, &composed, (512, 8), budget);
+    assert_eq!((before.kept, before.offloaded), (22, 10));
+}
