@@ -113,6 +113,7 @@ def peer_table(path, ours, cfg):
            f"{v.get('transformers', '?')}, peft {v.get('peft', '?')}, bitsandbytes {v.get('bitsandbytes', '?')}): "
            f"checkpointing \"unsloth\", checkpoint_skip_layers {peer.get('checkpoint_skip', '0')}"
            + (f" within {peer['gpu_mem_gib']:g} GiB" if peer.get("gpu_mem_gib") else "")
+           + ("" if peer.get("block_compile", True) else ", decoder layers uncompiled (UNSLOTH_BLOCK_COMPILE=0)")
            + f", attention {peer.get('attn', '?')}, load {peer.get('load_s')} s"
            + (f"; its first step {peer['first_step_s']} s from process start (imports, load, compiles)"
               if peer.get("first_step_s") else ""), ""]

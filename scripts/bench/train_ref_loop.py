@@ -10,7 +10,9 @@ import contextlib
 import gc
 import json
 import os
+import sys
 import time
+import traceback
 
 import torch
 
@@ -101,6 +103,9 @@ def run(model, compute, device, shapes, steps, out, info, started=None):
                          peak_reserved_gib=gib(torch.cuda.max_memory_reserved()))
         except (torch.OutOfMemoryError, RuntimeError) as e:
             failure = "OOM" if out_of_memory(e) else f"{type(e).__name__}: {str(e)[:200]}"
+            if failure != "OOM":
+                # the message alone can be empty (Inductor's AssertionError): the log keeps the traceback
+                traceback.print_exc(file=sys.stderr)
         if failure:
             r = dict(seq=seq, bs=bs, error=failure)
             if cuda:

@@ -12,6 +12,10 @@ replace the model's; attention is PyTorch's SDPA (no xformers or flash-attn on t
     unsloth_train_ref.py --model DIR [--shapes 512x8,2048x4,2048x8] [--dtype f16|bf16]
                          [--steps 4] [--out FILE] [--checkpoint-skip 0|auto]
 
+UNSLOTH_BLOCK_COMPILE=0 (Unsloth's own switch) runs each decoder layer uncompiled, its Triton
+kernels still in: Gemma 2's compiled block failed in Inductor on the H200 (session 12); its JSON
+says which ran (block_compile).
+
 `--checkpoint-skip auto` is Unsloth's own selective checkpointing (get_peft_model's
 checkpoint_skip_layers): after the first step it keeps as many layers un-checkpointed as fit, sized
 once, for that first step's shape, within `--gpu-mem` GiB where given (torch's per-process memory
@@ -113,6 +117,7 @@ def version(name):
 info = dict(stack="unsloth", arch=args.arch or os.path.basename(os.path.normpath(args.model)),
             dtype=args.dtype, attn="unsloth (sdpa)", load_s=round(load_s, 1), checkpoint_skip=args.checkpoint_skip,
             gpu_mem_gib=args.gpu_mem or None, lora_upcast_from_f16=len(upcast),
+            block_compile=os.environ.get("UNSLOTH_BLOCK_COMPILE", "1") != "0",
             versions={n: version(n) for n in
                       ("unsloth", "unsloth_zoo", "torch", "transformers", "peft", "bitsandbytes", "trl")})
 shapes = args.shapes.split(",")
