@@ -4,7 +4,10 @@
 # `lora-ft bench train`: what the LORA_FT_PROFILE sections cannot say (they synchronize around
 # every section, so small ones read high), kernel by kernel.
 #   [GPU_MEM=24] bash scripts/device/kernel_times.sh [mistral-7b|llama2-13b] [SHAPE]
-# Prints the kernels by time per step, largest first (ms, launches per step, share).
+# Prints the kernels by time per step, largest first (ms, launches per step, share of the step),
+# then the step's time by kind (GEMMs, NF4 dequantization, attention, ...). The model load's
+# quantization kernels (nf4_absmax, nf4_pack, dq_codes, dq_absmax2) are summed apart: they are not
+# part of a step.
 source scripts/device/setup.sh
 arch=${1:-llama2-13b}; shape=${2:-512x8}
 dir=/tmp/$arch
@@ -17,23 +20,4 @@ ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
   > /tmp/ncu_$arch.csv 2>/tmp/ncu_$arch.err || { tail -20 /tmp/ncu_$arch.err; }
 grep -v " INFO " /tmp/ncu_$arch.err | tail -3 || true
 xz -c /tmp/ncu_$arch.csv > $OUT/ncu_${arch}_$shape.csv.xz
-python3 - /tmp/ncu_$arch.csv <<'PY' | tee $OUT/kernel_times_${arch}_$shape.md
-import csv, sys, collections, re
-rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
-head, rows = rows[0], rows[1:]
-ix = {k: i for i, k in enumerate(head)}
-steps = 4  # bench train: 2 warm-up + 2 timed steps
-tot, n = collections.Counter(), collections.Counter()
-for r in rows:
-    if r[ix["Metric Name"]] != "gpu__time_duration.sum":
-        continue
-    name = re.sub(r"\(.*", "", r[ix["Kernel Name"]])[:90]
-    tot[name] += float(r[ix["Metric Value"]].replace(",", "")) * 1e-6  # ns -> ms
-    n[name] += 1
-# model loading's kernels (nf4_absmax, nf4_pack, ...) are listed too, divided like the rest
-all_ms = sum(tot.values())
-print(f"{len(rows)} kernels, {all_ms:.1f} ms in all; per step (/{steps}):\n")
-print("| kernel | ms/step | launches/step | share |\n|---|---:|---:|---:|")
-for k, v in tot.most_common(50):
-    print(f"| `{k}` | {v/steps:.2f} | {n[k]/steps:g} | {v/all_ms:.1%} |")
-PY
+python3 scripts/bench/kernel_table.py /tmp/ncu_$arch.csv --steps 4 | tee $OUT/kernel_times_${arch}_$shape.md
