@@ -215,6 +215,11 @@ pub enum BenchCommand {
         /// Plan for a card of this size (24GiB, 48GB, 80) instead of the one present.
         #[arg(long)]
         gpu_mem: Option<String>,
+        /// With --gpu-mem: hold the GPU's memory beyond that card for the whole run, so that the
+        /// memory pool has what the card would have (its fragmentation included), not only the
+        /// plan's budget. Rows say `card_gib`.
+        #[arg(long)]
+        hold_card: bool,
         /// Before the shapes, time the first step from process start three times, each in a
         /// child process at the first shape: with the driver's JIT cache off
         /// (CUDA_CACHE_DISABLE=1: cold), with a new empty cache (a fresh machine), and with that

@@ -111,6 +111,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     no_mlp_tiles,
                     checkpointing,
                     gpu_mem,
+                    hold_card,
                     first_step_cold_warm,
                 },
         } => {
@@ -132,6 +133,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     .map(parse_gib)
                     .transpose()?
                     .map(|b| b as f64 / (1u64 << 30) as f64),
+                hold_card,
                 first_steps,
             };
             lora_ft::bench::train(&m.model, q, dtype, &device, &shapes, &options, |row| {

@@ -128,6 +128,66 @@ impl VramBudget {
     }
 }
 
+/// Device memory held outside the memory pool while it lives: on a GPU larger than the card a run
+/// plans for (`--gpu-mem`), what the card would not have, so that the pool can grow no further than
+/// on that card, its fragmentation included, and a run that fits only the larger GPU fails here as
+/// it would there. The CUDA context and anything else already on the device stay counted, as on the
+/// card.
+pub struct HeldMemory {
+    pub bytes: u64,
+    #[cfg(feature = "cuda")]
+    held: Option<(candle_core::cuda_backend::cudarc::driver::sys::CUdeviceptr, candle_core::CudaDevice)>,
+}
+
+/// Bytes a GPU of `total` bytes has beyond a card of `card` bytes.
+pub fn beyond_card(total: u64, card: u64) -> u64 {
+    total.saturating_sub(card)
+}
+
+impl HeldMemory {
+    /// Holds what `device` has beyond a card of `card_gib` GiB; nothing on the CPU or on a GPU no
+    /// larger than the card.
+    pub fn beyond(device: &Device, card_gib: f64) -> anyhow::Result<Self> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(d) = device {
+            use anyhow::Context;
+            use candle_core::cuda_backend::cudarc::driver::result;
+            let total = device_memory(device).context("the GPU's memory size")?.total as u64;
+            let bytes = beyond_card(total, (card_gib * GIB) as u64);
+            if bytes > 0 {
+                d.cuda_stream().context().bind_to_thread()?;
+                // SAFETY: a plain allocation, freed once in `drop` on the same context.
+                let ptr = unsafe { result::malloc_sync(bytes as usize) }.with_context(|| {
+                    format!(
+                        "holding the {:.2} GiB beyond a {card_gib} GiB card (--gpu-mem)",
+                        bytes as f64 / GIB
+                    )
+                })?;
+                return Ok(Self { bytes, held: Some((ptr, d.clone())) });
+            }
+        }
+        let _ = (device, card_gib);
+        Ok(Self {
+            bytes: 0,
+            #[cfg(feature = "cuda")]
+            held: None,
+        })
+    }
+}
+
+impl Drop for HeldMemory {
+    fn drop(&mut self) {
+        #[cfg(feature = "cuda")]
+        if let Some((ptr, d)) = self.held.take() {
+            use candle_core::cuda_backend::cudarc::driver::result;
+            if d.cuda_stream().context().bind_to_thread().is_ok() {
+                // SAFETY: allocated by `beyond` with malloc_sync and freed only here.
+                let _ = unsafe { result::free_sync(ptr) };
+            }
+        }
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{result, sys};
@@ -183,6 +243,15 @@ pub fn is_out_of_memory(e: &anyhow::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_larger_gpu_holds_what_the_card_lacks() {
+        let gib = |g: f64| (g * GIB) as u64;
+        assert_eq!(beyond_card(gib(79.2), gib(24.0)), gib(79.2) - gib(24.0));
+        assert_eq!(beyond_card(gib(23.6), gib(24.0)), 0);
+        // nothing to hold on the CPU
+        assert_eq!(HeldMemory::beyond(&Device::Cpu, 24.0).unwrap().bytes, 0);
+    }
 
     #[test]
     fn vram_budget_defaults_by_card_size_and_reports_overruns() {

@@ -160,6 +160,9 @@ def main():
     head += f"; reference attention {ref.get('attn', 'sdpa')}, load {ref.get('load_s')} s"
     if ref.get("steps"):
         head += f", {ref['steps']} timed steps"
+    card = next((o["card_gib"] for o in ours.values() if o.get("card_gib")), None)
+    if card:
+        head += f"; lora-ft held to a {card:g} GiB card (--hold-card: the GPU's memory beyond it held)"
     print(head + "\n")
     kept = any(o.get("kept_layers") is not None for o in ours.values())
     layers = (cfg or {}).get("num_hidden_layers")

@@ -15,7 +15,7 @@
 # (Qwen3-14B: 42 s to write 29.5 GB, PEFT 91 s, lora-ft 44 s); the 10-minute limit leaves ~3x.
 # Environment: STEPS (timed steps), FIRST_STEP=0|1, COLD_WARM=0|1, PEFT_ATTN, GPU_MEM (lora-ft plans its selective
 # checkpointing for a card of GPU_MEM GiB, --gpu-mem; the table checks issue 20's targets against
-# 0.90 of it), BUDGET_S (default 570: the device
+# 0.90 of it; HOLD_CARD=1 also holds the GPU's memory beyond that card, --hold-card), BUDGET_S (default 570: the device
 # command's 600 s less a margin): the reference gets what is left after the model is written less
 # lora-ft's share, so a slow reference is cut (its JSON keeps the shapes it finished), never lora-ft.
 # UNSLOTH=1: Unsloth too, the peer (scripts/bench/unsloth_train_ref.py; `pack.sh unsloth` writes
@@ -90,7 +90,9 @@ budget_args=()
 # COLD_WARM=1: lora-ft also times its first step on a cold, fresh and warm driver JIT cache
 [ "${COLD_WARM:-0}" = 1 ] && ours+=(--first-step-cold-warm)
 if [ -n "${GPU_MEM:-}" ]; then
-  ours+=(--gpu-mem "$GPU_MEM"); budget_args=(--budget-gib "$(python3 -c "print(0.90 * $GPU_MEM)")")
+  ours+=(--gpu-mem "$GPU_MEM")
+  # HOLD_CARD=1: lora-ft has only what a GPU_MEM card would have (the rest of the GPU held)
+  [ "${HOLD_CARD:-0}" = 1 ] && ours+=(--hold-card); budget_args=(--budget-gib "$(python3 -c "print(0.90 * $GPU_MEM)")")
 fi
 timeout $ours_s lora-ft bench train --model $dir --shapes $shapes "${ours[@]}" --steps $steps 2>&1 \
   | grep -v " INFO " | tee $OUT/lora_ft_$arch.jsonl || true

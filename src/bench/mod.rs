@@ -115,6 +115,9 @@ pub struct TrainRow {
     /// first step's own sections ("first step: NAME", seconds) — where a cold start goes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub startup: Option<Vec<(String, f64)>>,
+    /// With `--hold-card`: the card (GiB) the run was held to, the rest of the GPU's memory held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub card_gib: Option<f64>,
     /// With `LORA_FT_TIMELINE=1`: the timed steps' marks as (name, GPU ms, host ms) from the
     /// first one's start (profile.rs `timeline`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -133,6 +136,9 @@ pub struct TrainOptions {
     /// `train.checkpointing`, planned within `max_vram_fraction` of the card or of `gpu_mem` GiB.
     pub checkpointing: crate::config::Checkpointing,
     pub gpu_mem: Option<f64>,
+    /// With `gpu_mem`: hold the GPU's memory beyond that card for the whole run
+    /// (`memory::HeldMemory`), so that the run has what the card would have, not only the plan.
+    pub hold_card: bool,
     /// First steps timed in child processes (`--first-step-cold-warm`): reported on the first
     /// row instead of this process's own, which they delayed.
     pub first_steps: Option<FirstSteps>,
@@ -157,6 +163,18 @@ pub fn train(
         (0.0..1.0).contains(&lora_dropout),
         "--lora-dropout must be in [0, 1), got {lora_dropout}"
     );
+    let card = match (options.hold_card, gpu_mem) {
+        (true, Some(gib)) => Some((gib, crate::memory::HeldMemory::beyond(device, gib)?)),
+        (true, None) => anyhow::bail!("--hold-card needs --gpu-mem: the card to hold the GPU to"),
+        (false, _) => None,
+    };
+    if let Some((gib, held)) = &card {
+        tracing::info!(
+            "holding {:.2} GiB of the GPU: the run has what a {gib} GiB card has",
+            held.bytes as f64 / GIB
+        );
+    }
+    let card_gib = card.as_ref().map(|(gib, _)| *gib);
     let (config, weights) = model_files(model)?;
     let mut startup = Startup::default();
     // the first shape's attention built and run while the weights load (decoder/prepare.rs)
@@ -242,9 +260,11 @@ pub fn train(
                 first_steps: None,
                 profile: None,
                 startup: None,
+                card_gib: None,
                 timeline: None,
             },
         };
+        let row = TrainRow { card_gib, ..row };
         report(&row);
         rows.push(row);
     }
@@ -344,6 +364,7 @@ fn time_shape(
         first_steps: None,
         profile,
         startup,
+        card_gib: None,
         timeline,
     })
 }
