@@ -71,6 +71,19 @@ pub fn retain_freed_memory(device: &Device) {
     let _ = device;
 }
 
+/// Gives the memory the pool keeps but no tensor uses back to the driver, once the device's work
+/// is done: after a step ran out of memory, its retry maps what it needs afresh instead of finding
+/// the pool cut into the failed step's sizes. No-op on the CPU.
+pub fn trim_pool(device: &Device) {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        if let Some(pool) = cuda::default_pool(d) {
+            cuda::trim(pool);
+        }
+    }
+    let _ = device;
+}
+
 /// Starts a new peak (like `torch.cuda.reset_peak_memory_stats`). No-op on the CPU.
 pub fn reset_peak(device: &Device) {
     #[cfg(feature = "cuda")]
@@ -209,6 +222,11 @@ mod cuda {
         // SAFETY: these attributes are cuuint64_t.
         unsafe { result::mem_pool::get_attribute(pool, attr, (&mut value as *mut u64).cast()) }.ok()?;
         Some(value)
+    }
+
+    pub fn trim(pool: sys::CUmemoryPool) {
+        // SAFETY: a live pool; it keeps what outstanding allocations use.
+        let _ = unsafe { result::mem_pool::trim_to(pool, 0) };
     }
 
     pub fn set_zero(pool: sys::CUmemoryPool, attr: Attr) {

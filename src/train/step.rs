@@ -12,11 +12,21 @@ use candle_core::{DType, Device, Tensor};
 use super::loss_scale::{self, LossScaler};
 use crate::data::{Batch, BatchLoader, EpochBatches};
 use crate::distributed::{all_reduce_grads, shard_rows, Collective, ReduceOp, Solo, BUCKET_BYTES};
-use crate::memory::Phase;
+use crate::memory::{is_out_of_memory, Phase};
 use crate::model::ops::loss::{shift_labels, IGNORE_INDEX};
 use crate::model::CausalLm;
 use crate::optim::{clip_coefficient, grad_norm, LrSchedule, Optimizer};
 use crate::profile::section;
+
+/// The phase of a step that computes this rank's gradients: before its first collective and its
+/// update, with dropout seeds drawn from the step's number.
+pub const FORWARD_AND_BACKWARD: &str = "forward and backward";
+
+/// Whether a step that failed with `e` may run again as it was: it ran out of GPU memory while
+/// computing its gradients, when nothing of it had been applied or shared with other ranks.
+pub fn may_run_again(e: &anyhow::Error) -> bool {
+    is_out_of_memory(e) && e.downcast_ref::<Phase>().is_some_and(|p| p.0 == FORWARD_AND_BACKWARD)
+}
 
 /// Set by SIGINT/SIGTERM (`run_loop::stop_on_signals`); the step agrees on it across ranks.
 pub(super) static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
@@ -137,7 +147,9 @@ impl Trainer {
     }
 
     /// One optimizer step over the global `micro_batches` (gradient accumulation; each rank
-    /// computes its shard of each); `None` when they hold no trained token.
+    /// computes its shard of each); `None` when they hold no trained token. An error in the
+    /// phase `FORWARD_AND_BACKWARD` left the trainer as it was: no collective had run and nothing
+    /// was applied, so the step can run again (`may_run_again`).
     pub fn step(&mut self, step: usize, micro_batches: &[Batch]) -> anyhow::Result<Option<StepResult>> {
         let trained: usize = micro_batches.iter().map(target_tokens).sum();
         if trained == 0 {
@@ -194,7 +206,7 @@ impl Trainer {
             let out = self
                 .model
                 .forward_backward_packed(&ids, &batch.labels, &batch.seq_lens, grad_scale, Some(seed))
-                .context(Phase("forward and backward"))?;
+                .context(Phase(FORWARD_AND_BACKWARD))?;
             crate::profile::timeline::mark(self.model.device(), || "forward and backward returned".into())?;
             loss_sum += out.loss_sum;
             tokens += batch.batch_size * batch.seq_len;

@@ -67,6 +67,21 @@ fn out_of_memory_is_reported_with_step_phase_and_advice() {
     assert!(is_out_of_memory(&cublas));
 }
 
+/// Only a step that ran out of memory while computing its gradients runs again: not one out of
+/// memory in its update (the optimizer may have written part of the weights), nor another error.
+#[test]
+fn only_out_of_memory_in_the_forward_and_backward_runs_again() {
+    use super::step::{may_run_again, FORWARD_AND_BACKWARD};
+    let oom = || anyhow::anyhow!("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")");
+    assert!(may_run_again(&oom().context(Phase(FORWARD_AND_BACKWARD))));
+    assert!(!may_run_again(&oom().context(Phase("optimizer"))));
+    assert!(!may_run_again(&oom()));
+    assert!(!may_run_again(&anyhow::anyhow!("shape mismatch").context(Phase(FORWARD_AND_BACKWARD))));
+    // the step's own wrapping: candle's error, then the phase, then more context above it
+    let wrapped = Err::<(), _>(oom()).context(Phase(FORWARD_AND_BACKWARD)).context("step 3").unwrap_err();
+    assert!(may_run_again(&wrapped));
+}
+
 /// "auto" is refused on the CPU before anything is read; a resumed "auto" run keeps its
 /// checkpoint's batch size, a fixed one its own.
 #[test]
