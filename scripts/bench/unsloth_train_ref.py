@@ -60,7 +60,6 @@ import torch  # noqa: E402
 import train_ref_loop  # noqa: E402
 
 
-
 def word_level_tokenizer(folder, vocab_size, max_len):
     """A tokenizer with one word per id of the model's vocabulary, special tokens first: Unsloth
     loads a tokenizer with every model (llama.py `load_correct_tokenizer`, no way around it) and

@@ -163,18 +163,19 @@ pub fn train(
         (0.0..1.0).contains(&lora_dropout),
         "--lora-dropout must be in [0, 1), got {lora_dropout}"
     );
-    let card = match (options.hold_card, gpu_mem) {
-        (true, Some(gib)) => Some((gib, crate::memory::HeldMemory::beyond(device, gib)?)),
+    // held until the shapes are done
+    let held = match (options.hold_card, gpu_mem) {
+        (true, Some(gib)) => Some(crate::memory::HeldMemory::beyond(device, gib)?),
         (true, None) => anyhow::bail!("--hold-card needs --gpu-mem: the card to hold the GPU to"),
         (false, _) => None,
     };
-    if let Some((gib, held)) = &card {
+    let card_gib = held.as_ref().and(gpu_mem);
+    if let (Some(held), Some(gib)) = (&held, card_gib) {
         tracing::info!(
             "holding {:.2} GiB of the GPU: the run has what a {gib} GiB card has",
             held.bytes as f64 / GIB
         );
     }
-    let card_gib = card.as_ref().map(|(gib, _)| *gib);
     let (config, weights) = model_files(model)?;
     let mut startup = Startup::default();
     // the first shape's attention built and run while the weights load (decoder/prepare.rs)
