@@ -223,37 +223,45 @@ __device__ void gated(const T* g, const T* u, T* a, int64_t n, int gelu) {
     FOR_EACH_VALUE(i, vec ? n / N * N : 0, n) store(a + i, act_mul(to_f32(g[i]), to_f32(u[i]), gelu));
 }
 
-// d_up = da act(g); d_gate = da u act'(g).
-__device__ __forceinline__ void gated_grads(float g, float u, float da, int gelu, float& d_gate, float& d_up) {
-    d_up = da * gate_act(g, gelu);
+// d_up = da act(g); d_gate = da u act'(g); a = act(g) u, as `gated` rounds it.
+__device__ __forceinline__ void gated_grads(float g, float u, float da, int gelu, float& d_gate, float& d_up,
+                                            float& a) {
+    const float ga = gate_act(g, gelu);
+    d_up = da * ga;
     d_gate = da * u * gate_act_grad(g, gelu);
+    a = ga * u;
 }
 
-// Both gradients into one buffer: d_gate at [0, n), d_up at [n, 2n).
-template <typename T>
-__device__ void gated_backward(const T* g, const T* u, const T* da, T* d_gate_up, int64_t n, int gelu) {
+// Both gradients into one buffer: d_gate at [0, n), d_up at [n, 2n). With ACT, the activation
+// a = act(g) u too, written over da where each value was read (the backward needs a after da
+// for the down projection's A gradient, and this pass reads g and u anyway).
+template <typename T, bool ACT>
+__device__ void gated_backward(const T* g, const T* u, T* da, T* d_gate_up, int64_t n, int gelu) {
     constexpr int N = Vec16<T>::N;
     T* d_up = d_gate_up + n;
     const bool vec = aligned16(g, u, da, d_gate_up) && aligned16(d_up, d_up, d_up);
-    float dg, du;
+    float dg, du, a;
     if (vec) {
         FOR_EACH_VEC(i, n) {
             const Vec16<T> gv = load16(g + i * N), uv = load16(u + i * N), dav = load16(da + i * N);
-            Vec16<T> dgv, duv;
+            Vec16<T> dgv, duv, av;
 #pragma unroll
             for (int k = 0; k < N; ++k) {
-                gated_grads(to_f32(gv.v[k]), to_f32(uv.v[k]), to_f32(dav.v[k]), gelu, dg, du);
+                gated_grads(to_f32(gv.v[k]), to_f32(uv.v[k]), to_f32(dav.v[k]), gelu, dg, du, a);
                 dgv.v[k] = round_to<T>(dg);
                 duv.v[k] = round_to<T>(du);
+                av.v[k] = round_to<T>(a);
             }
             store16(d_gate_up + i * N, dgv);
             store16(d_up + i * N, duv);
+            if (ACT) store16(da + i * N, av);
         }
     }
     FOR_EACH_VALUE(i, vec ? n / N * N : 0, n) {
-        gated_grads(to_f32(g[i]), to_f32(u[i]), to_f32(da[i]), gelu, dg, du);
+        gated_grads(to_f32(g[i]), to_f32(u[i]), to_f32(da[i]), gelu, dg, du, a);
         store(d_gate_up + i, dg);
         store(d_up + i, du);
+        if (ACT) store(da + i, a);
     }
 }
 
@@ -279,7 +287,11 @@ __device__ void gated_backward(const T* g, const T* u, const T* da, T* d_gate_up
     }                                                                                                        \
     extern "C" __global__ void gated_backward_##NAME(const T* g, const T* u, const T* da, T* d_gate_up,      \
                                                      int64_t n, int gelu) {                                  \
-        gated_backward<T>(g, u, da, d_gate_up, n, gelu);                                                     \
+        gated_backward<T, false>(g, u, const_cast<T*>(da), d_gate_up, n, gelu);                              \
+    }                                                                                                        \
+    extern "C" __global__ void gated_backward_act_##NAME(const T* g, const T* u, T* da_then_a, T* d_gate_up,  \
+                                                         int64_t n, int gelu) {                              \
+        gated_backward<T, true>(g, u, da_then_a, d_gate_up, n, gelu);                                        \
     }
 
 ELEMENTWISE_OPS(f32, float)

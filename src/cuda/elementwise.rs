@@ -179,7 +179,23 @@ fn gated_typed<T: CudaDType + WithDType + DeviceRepr>(
 
 /// (d_gate, d_up) of `gated` given d(a), from one kernel pass.
 pub fn gated_backward(gate: &Tensor, up: &Tensor, da: &Tensor, act: Gate) -> Result<(Tensor, Tensor)> {
-    by_dtype!(gate.dtype(), gated_backward_typed(gate, up, da, act))
+    by_dtype!(gate.dtype(), gated_backward_typed(gate, up, da, act, false))
+}
+
+/// (d_gate, d_up, a) from one kernel pass: `gated_backward`'s gradients, and `gated`'s a, its
+/// bits, written over `da`, which the caller gives up: it must be the only tensor on a
+/// contiguous buffer of its own (`model::ops::mlp::gated_backward_with_act` says where it is).
+pub fn gated_backward_act(
+    gate: &Tensor,
+    up: &Tensor,
+    da: Tensor,
+    act: Gate,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    if !da.is_contiguous() || da.layout().start_offset() != 0 {
+        bail!("gated_backward_act: d(a) must be a contiguous buffer of its own");
+    }
+    let (d_gate, d_up) = by_dtype!(gate.dtype(), gated_backward_typed(gate, up, &da, act, true))?;
+    Ok((d_gate, d_up, da))
 }
 
 fn gated_backward_typed<T: CudaDType + WithDType + DeviceRepr>(
@@ -187,6 +203,7 @@ fn gated_backward_typed<T: CudaDType + WithDType + DeviceRepr>(
     up: &Tensor,
     da: &Tensor,
     act: Gate,
+    write_act: bool,
 ) -> Result<(Tensor, Tensor)> {
     let (gate, up, da) = (gate.contiguous()?, up.contiguous()?, da.contiguous()?);
     if gate.dims() != up.dims() || gate.dims() != da.dims() {
@@ -195,7 +212,8 @@ fn gated_backward_typed<T: CudaDType + WithDType + DeviceRepr>(
     let n = gate.elem_count();
     let dev = cuda_device(&gate)?;
     let d_gate_up = unsafe { dev.alloc::<T>(2 * n)? };
-    let func = KERNELS.function(&dev, &format!("gated_backward_{}", suffix(T::DTYPE)?))?;
+    let name = if write_act { "gated_backward_act" } else { "gated_backward" };
+    let func = KERNELS.function(&dev, &format!("{name}_{}", suffix(T::DTYPE)?))?;
     {
         let g = [&gate, &up, &da].map(|t| t.storage_and_layout().0);
         let (gv, uv, dav) = (view::<T>(&g[0], &gate)?, view::<T>(&g[1], &up)?, view::<T>(&g[2], &da)?);

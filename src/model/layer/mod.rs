@@ -11,6 +11,7 @@ use super::arch::Activation;
 use super::lora::group::LoraGroup;
 use super::lora::linear::{DropoutSeed, LoraGrad, LoraLinear};
 use super::ops::attention::{attention_backward_packed, attention_packed, AttentionSaved, ScoreRule};
+use super::ops::mlp::gated_backward_with_act;
 use super::ops::product_sum::ProductSum;
 use super::ops::{gated, gated_backward, rms_norm, rms_norm_backward_add, Rope};
 use super::packing::PackedRows;
@@ -20,7 +21,7 @@ mod norms;
 mod projections;
 mod saved;
 mod tiles;
-use projections::{backward_shared_input, project_into};
+use projections::{backward_shared_input, group_backward_before_x, project_into};
 pub use tiles::{tile_rows, MLP_TILE_VALUES};
 
 #[derive(Debug, Clone)]
@@ -433,16 +434,33 @@ impl DecoderLayer {
             let n2 = n2.ok_or_else(|| candle_core::Error::Msg("the tiled MLP keeps n2".into()))?;
             return self.mlp_backward_tiled(&h1, &n2, &d_out, input, grads);
         };
-        let act = match act {
-            Some(act) => act,
-            None => gated(&gate, &up, self.activation)?,
-        };
         let d_down = self.out_norm_backward(down_out.as_ref(), self.mlp_out_norm.as_ref(), &d_out)?;
         drop(down_out);
-        let d_act = self.backward_shared_input(&act, &[(DOWN, &d_down)], input, down.as_ref(), grads)?;
-        drop((act, down, d_down));
-        let (d_gate, d_up) = gated_backward(&gate, &up, &d_act, self.activation)?;
-        drop((gate, up, d_act));
+        let (d_gate, d_up) = match (act, down) {
+            // a not kept (a lean layer): down's input gradient needs no a, and the gated backward
+            // writes a over it for down's A gradient, instead of a pass of its own over gate and up
+            (None, Some(down)) => {
+                let (d_act, pending) =
+                    group_backward_before_x(&[(&self.proj[DOWN], seed(input, DOWN), &d_down)], &down)?;
+                drop((down, d_down));
+                let (d_gate, d_up, act) = gated_backward_with_act(&gate, &up, d_act, self.activation)?;
+                drop((gate, up));
+                grads[DOWN] = pending.finish(&act)?.pop();
+                (d_gate, d_up)
+            }
+            (act, down) => {
+                let act = match act {
+                    Some(act) => act,
+                    None => gated(&gate, &up, self.activation)?,
+                };
+                let d_act =
+                    self.backward_shared_input(&act, &[(DOWN, &d_down)], input, down.as_ref(), grads)?;
+                drop((act, down, d_down));
+                let grads = gated_backward(&gate, &up, &d_act, self.activation)?;
+                drop((gate, up, d_act));
+                grads
+            }
+        };
         let n2 = match n2 {
             Some(n2) => n2,
             None => rms_norm(&h1, &self.post_attention_layernorm, self.rms_norm_eps)?,

@@ -4,7 +4,7 @@
 
 use candle_core::{Result, Tensor};
 
-use crate::model::lora::group::LoraGroup;
+use crate::model::lora::group::{LoraGroup, PendingGrads};
 use crate::model::lora::linear::{DropoutSeed, LoraGrad, LoraLinear};
 use crate::model::ops::product_sum::ProductSum;
 
@@ -33,20 +33,33 @@ pub(super) fn backward_shared_input(
     uses: &[(&LoraLinear, Option<DropoutSeed>, &Tensor)],
     group: Option<&LoraGroup>,
 ) -> Result<(Tensor, Vec<Option<LoraGrad>>)> {
-    let mut dx = ProductSum::new();
-    let grads = match group {
+    match group {
         Some(g) => {
-            let dys: Vec<&Tensor> = uses.iter().map(|&(_, _, dy)| dy).collect();
-            let grads = g.backward(x, &dys, &mut dx)?.into_iter().map(Some).collect();
-            for &(proj, _, dy) in uses {
-                proj.base_backward_into(dy, &mut dx)?;
-            }
-            grads
+            let (dx, pending) = group_backward_before_x(uses, g)?;
+            Ok((dx, pending.finish(x)?.into_iter().map(Some).collect()))
         }
-        None => uses
-            .iter()
-            .map(|&(proj, seed, dy)| proj.backward_into(x, dy, seed, &mut dx))
-            .collect::<Result<Vec<_>>>()?,
-    };
-    Ok((dx.finish()?, grads))
+        None => {
+            let mut dx = ProductSum::new();
+            let grads = uses
+                .iter()
+                .map(|&(proj, seed, dy)| proj.backward_into(x, dy, seed, &mut dx))
+                .collect::<Result<Vec<_>>>()?;
+            Ok((dx.finish()?, grads))
+        }
+    }
+}
+
+/// `backward_shared_input` through `group` before x is needed: the summed input gradient, and
+/// the LoRA gradients waiting for x (`PendingGrads::finish`).
+pub(super) fn group_backward_before_x(
+    uses: &[(&LoraLinear, Option<DropoutSeed>, &Tensor)],
+    group: &LoraGroup,
+) -> Result<(Tensor, PendingGrads)> {
+    let mut dx = ProductSum::new();
+    let dys: Vec<&Tensor> = uses.iter().map(|&(_, _, dy)| dy).collect();
+    let pending = group.backward_before_x(&dys, &mut dx)?;
+    for &(proj, _, dy) in uses {
+        proj.base_backward_into(dy, &mut dx)?;
+    }
+    Ok((dx.finish()?, pending))
 }

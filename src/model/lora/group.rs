@@ -69,7 +69,16 @@ impl LoraGroup {
     /// Given x and each member's output gradient dy_i, adds the low-rank input gradient to dx and
     /// returns the members' adapter gradients (compute dtype), in order.
     pub fn backward(&self, x: &Tensor, dys: &[&Tensor], dx: &mut ProductSum) -> Result<Vec<LoraGrad>> {
-        section("lora.backward", x.device(), || {
+        self.backward_before_x(dys, dx)?.finish(x)
+    }
+
+    /// `backward` up to what needs x: the B gradients and dh, and dh·[A₁; …; Aₙ] added to dx; the
+    /// A gradients, [dh₁ … dhₙ]ᵀ·x, once x is at hand (`PendingGrads::finish`). The gated MLP's
+    /// backward makes down's x, the activation, in the pass that takes dx (mlp.rs
+    /// `gated_backward_with_act`).
+    pub fn backward_before_x(&self, dys: &[&Tensor], dx: &mut ProductSum) -> Result<PendingGrads> {
+        let dev = dys.first().map(|dy| dy.device().clone()).unwrap_or(candle_core::Device::Cpu);
+        section("lora.backward", &dev, || {
             // dh = [dy₁·(scale₁·B₁) … dyₙ·(scaleₙ·Bₙ)], each member's product into its columns
             let width = self.ranks.iter().sum();
             let (mut dh, mut grad_b) = (ProductSum::new(), Vec::with_capacity(dys.len()));
@@ -79,14 +88,33 @@ impl LoraGroup {
                 dh.add_product_to_columns(Product::nn(dy, &self.scaled_b[i]), self.span(i).0, width)?;
             }
             let dh = dh.finish()?;
-            let grad_a = Product::tn(&dh, x).eval()?; // [Σr, in]
             dx.add_product(Product::nn(&dh, &self.a))?;
-            grad_b
+            Ok(PendingGrads { dh, grad_b, ranks: self.ranks.clone() })
+        })
+    }
+}
+
+/// A group's adapter gradients but for the A gradients, which wait for the members' input x.
+pub struct PendingGrads {
+    /// [dh₁ … dhₙ], `[n, Σr]`.
+    dh: Tensor,
+    grad_b: Vec<Tensor>,
+    ranks: Vec<usize>,
+}
+
+impl PendingGrads {
+    /// The members' gradients, in order, given their input x `[n, in]`.
+    pub fn finish(self, x: &Tensor) -> Result<Vec<LoraGrad>> {
+        section("lora.backward", x.device(), || {
+            let grad_a = Product::tn(&self.dh, x).eval()?; // [Σr, in]
+            let mut start = 0;
+            self.grad_b
                 .into_iter()
-                .enumerate()
-                .map(|(i, lora_b)| {
-                    let (start, len) = self.span(i);
-                    Ok(LoraGrad { lora_a: grad_a.narrow(0, start, len)?, lora_b })
+                .zip(&self.ranks)
+                .map(|(lora_b, &len)| {
+                    let lora_a = grad_a.narrow(0, start, len)?;
+                    start += len;
+                    Ok(LoraGrad { lora_a, lora_b })
                 })
                 .collect()
         })

@@ -61,6 +61,26 @@ pub fn gated_backward(gate: &Tensor, up: &Tensor, da: &Tensor, act: Activation) 
     })
 }
 
+/// `gated_backward` and the activation a = `gated(gate, up)` too, its bits: on CUDA from the
+/// backward's one pass, a written where `da` was (the caller gives `da` up: the product sum it came
+/// from holds no other reference), so the backward keeps no a beside its gradients and runs no
+/// second pass over gate and up for it; elsewhere the two ops.
+pub fn gated_backward_with_act(
+    gate: &Tensor,
+    up: &Tensor,
+    da: Tensor,
+    act: Activation,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if gate.device().is_cuda() {
+        return section("gated_act.backward", gate.device(), || {
+            crate::cuda::elementwise::gated_backward_act(gate, up, da, cuda_gate(act))
+        });
+    }
+    let (d_gate, d_up) = gated_backward(gate, up, &da, act)?;
+    Ok((d_gate, d_up, gated(gate, up, act)?))
+}
+
 #[cfg(test)]
 mod tests {
     #[cfg(feature = "cuda")]
@@ -123,6 +143,36 @@ mod tests {
         for cols in [128, 1000, 1001, 2049, 2056] {
             for act in [Activation::Silu, Activation::GeluTanh] {
                 fused_cuda_ops_at(cols, act);
+            }
+        }
+    }
+
+    /// The backward pass that also writes a over d(a) gives the separate kernels' bits: a as
+    /// `gated`, and the same two gradients; the aligned and the one-value paths.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_backward_with_act_equals_the_separate_kernels() {
+        let gpu = Device::new_cuda(0).unwrap();
+        let values =
+            |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let differ = |a: &Tensor, b: &Tensor| {
+            values(a).iter().zip(values(b)).filter(|&(x, y)| x.to_bits() != y.to_bits()).count()
+        };
+        for cols in [2056, 2049] {
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                for dtype in [DType::F32, DType::F16, DType::BF16] {
+                    let on = |t: Tensor| t.to_dtype(dtype).unwrap().to_device(&gpu).unwrap();
+                    let g = on((randn(&[37, cols], 21) * 4.0).unwrap());
+                    let (u, da) = (on(randn(&[37, cols], 22)), on(randn(&[37, cols], 23)));
+                    let want_a = gated(&g, &u, act).unwrap();
+                    let (want_dg, want_du) = gated_backward(&g, &u, &da, act).unwrap();
+                    // a copy of its own, as a product sum's output is
+                    let (dg, du, a) = gated_backward_with_act(&g, &u, da.copy().unwrap(), act).unwrap();
+                    let what = format!("{cols} columns {act:?} {dtype:?}");
+                    assert_eq!(differ(&a, &want_a), 0, "{what}: a");
+                    assert_eq!(differ(&dg, &want_dg), 0, "{what}: d_gate");
+                    assert_eq!(differ(&du, &want_du), 0, "{what}: d_up");
+                }
             }
         }
     }
