@@ -209,6 +209,10 @@ def main():
         print(row)
     for e in errors[:3]:
         print(f"\nlora-ft: {e}")
+    # a warm-up step out of memory run again as `lora-ft train` does (train/recovery.rs)
+    for key, o in sorted(ours.items()):
+        if o.get("recovered"):
+            print(f"\nlora-ft {key[0]} x {key[1]}, out of memory in its warm-up: " + "; ".join(o["recovered"]))
     if cfg and ours:
         checks = targets(theirs, ours)
         if checks:

@@ -118,6 +118,10 @@ pub struct TrainRow {
     /// With `--hold-card`: the card (GiB) the run was held to, the rest of the GPU's memory held.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub card_gib: Option<f64>,
+    /// What a warm-up step that ran out of GPU memory changed to run, as `lora-ft train` does
+    /// (train/recovery.rs): the pool trimmed, layers given up. The timed steps run with it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recovered: Vec<String>,
     /// With `LORA_FT_TIMELINE=1`: the timed steps' marks as (name, GPU ms, host ms) from the
     /// first one's start (profile.rs `timeline`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -263,6 +267,7 @@ pub fn train(
                 startup: None,
                 card_gib: None,
                 timeline: None,
+                recovered: Vec::new(),
             },
         };
         let row = TrainRow { card_gib, ..row };
@@ -274,7 +279,10 @@ pub fn train(
 
 fn oom_or(e: anyhow::Error) -> String {
     if crate::memory::is_out_of_memory(&e) {
-        "OOM".into()
+        match e.downcast_ref::<crate::memory::Phase>() {
+            Some(phase) => format!("OOM {phase}"),
+            None => "OOM".into(),
+        }
     } else {
         format!("{e:#}")
     }
@@ -309,8 +317,13 @@ fn time_shape(
     let batch = [crate::data::Batch::random(vocab, (seq, bs), (seq * 1000 + bs) as u64)];
     reset_peak(&device);
     let mut first_step_s = None;
+    let mut recovered = Vec::new();
     for step in 0..2 {
-        trainer.step(step, &batch)?.context("no trained token: a shape needs seq ≥ 2")?;
+        let note = |line: String| {
+            tracing::info!("{seq} x {bs}: {line}");
+            recovered.push(line)
+        };
+        trainer.step_recovering(step, &batch, note)?.context("no trained token: a shape needs seq ≥ 2")?;
         if let (Some(startup), 0) = (startup.as_mut(), step) {
             device.synchronize()?;
             first_step_s = PROCESS_START.get().map(|t| t.elapsed().as_secs_f64());
@@ -329,13 +342,25 @@ fn time_shape(
     if crate::profile::timeline::enabled() {
         crate::profile::timeline::take()?; // and marks
     }
-    let started = Instant::now();
-    let mut loss = f64::NAN;
-    for step in 2..2 + steps {
-        loss = trainer.step(step, &batch)?.map_or(f64::NAN, |r| r.loss);
+    // timed again from the start where a timed step ran out of memory and ran again
+    let (mut loss, mut elapsed) = (f64::NAN, None);
+    for _ in 0..2 {
+        let (before, started) = (recovered.len(), Instant::now());
+        for step in 2..2 + steps {
+            let note = |line: String| {
+                tracing::info!("{seq} x {bs}: {line}");
+                recovered.push(line)
+            };
+            loss = trainer.step_recovering(step, &batch, note)?.map_or(f64::NAN, |r| r.loss);
+        }
+        device.synchronize()?;
+        if recovered.len() == before {
+            elapsed = Some(started.elapsed());
+            break;
+        }
     }
-    device.synchronize()?;
-    let step_s = started.elapsed().as_secs_f64() / steps as f64;
+    let elapsed = elapsed.context("out of GPU memory in the timed steps twice over")?;
+    let step_s = elapsed.as_secs_f64() / steps as f64;
     let timeline = crate::profile::timeline::enabled().then(crate::profile::timeline::take).transpose()?;
     let tok_s = (seq * bs) as f64 / step_s;
     let sections = crate::profile::take();
@@ -367,6 +392,7 @@ fn time_shape(
         startup,
         card_gib: None,
         timeline,
+        recovered,
     })
 }
 

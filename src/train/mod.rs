@@ -17,6 +17,7 @@ pub mod checkpoint;
 pub mod loss_scale;
 pub mod metrics;
 pub mod plot;
+mod recovery;
 mod run_loop;
 pub mod samples;
 mod setup;

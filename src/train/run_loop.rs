@@ -75,21 +75,8 @@ pub(super) fn train_loop(
         if let Some(trace) = trace.as_mut() {
             trace.record(step + 1, &micro)?;
         }
-        let mut result = trainer.step(step, &micro);
-        // checkpointing "auto" plans to the budget's edge, and the memory pool's fragmentation on
-        // a card of that size is not in the plan: a step out of memory before anything of it was
-        // applied runs again, with the pool trimmed and a layer fewer kept from now on
-        while result.as_ref().is_err_and(super::step::may_run_again)
-            && trainer.model.kept_layers.keep_fewer(trainer.model.layers.len())
-        {
-            crate::memory::trim_pool(trainer.model.device());
-            log.println(format!(
-                "step {}: out of GPU memory in its forward and backward; the steps from now on keep \
-                 one layer's activations fewer (train.checkpointing = \"auto\"), and this one runs again",
-                step + 1
-            ));
-            result = trainer.step(step, &micro);
-        }
+        // a step out of GPU memory before anything of it was applied runs again (recovery.rs)
+        let result = trainer.step_recovering(step, &micro, |line| log.println(line));
         let result = result.map_err(|e| match is_out_of_memory(&e) {
             true => anyhow::anyhow!(
                 "{}\n  caused by: {e:#}",

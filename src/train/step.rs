@@ -203,9 +203,17 @@ impl Trainer {
             let ids = batch_tensor(&batch, self.model.device())?;
             // each rank draws its own dropout masks (rank 0's are those of one process)
             let seed = self.seed ^ ((step as u64) << 20) ^ m as u64 ^ (rank << 52);
-            let out = self
-                .model
-                .forward_backward_packed(&ids, &batch.labels, &batch.seq_lens, grad_scale, Some(seed))
+            let last = m + 1 == micro_batches.len();
+            let out = super::recovery::injected_oom(step + 1, last)
+                .and_then(|()| {
+                    self.model.forward_backward_packed(
+                        &ids,
+                        &batch.labels,
+                        &batch.seq_lens,
+                        grad_scale,
+                        Some(seed),
+                    )
+                })
                 .context(Phase(FORWARD_AND_BACKWARD))?;
             crate::profile::timeline::mark(self.model.device(), || "forward and backward returned".into())?;
             loss_sum += out.loss_sum;

@@ -8,6 +8,17 @@ use std::path::{Path, PathBuf};
 /// `<root>/adapters/a`.
 #[allow(dead_code)]
 pub fn smollm2_cpu_config(root: &Path, lora: &str, train: &str, checkpoint: &str) -> PathBuf {
+    cpu_config(&lora_ft::fixtures::smollm2_dir(), root, lora, train, checkpoint)
+}
+
+/// `smollm2_cpu_config` with the tiny model (`tiny_smollm2_dir`) instead: seconds a run.
+#[allow(dead_code)]
+pub fn tiny_cpu_config(root: &Path, lora: &str, train: &str, checkpoint: &str) -> PathBuf {
+    cpu_config(&tiny_smollm2_dir(), root, lora, train, checkpoint)
+}
+
+#[allow(dead_code)]
+fn cpu_config(model: &Path, root: &Path, lora: &str, train: &str, checkpoint: &str) -> PathBuf {
     let toml = format!(
         r#"
 [model]
@@ -29,7 +40,7 @@ dir = "{root}/run"
 adapter_name = "a"
 adapters_dir = "{root}/adapters"
 "#,
-        model = lora_ft::fixtures::smollm2_dir().display(),
+        model = model.display(),
         root = root.display()
     );
     std::fs::create_dir_all(root).unwrap();

@@ -120,12 +120,20 @@ impl KeptLayers {
 
     /// The plan at a step of `(seq, batch)`, less the layers `keep_fewer` took off.
     pub fn plan(&self, shape: (usize, usize)) -> LayerPlan {
-        let plan = *self
-            .chosen
-            .lock()
-            .expect("the kept-layer memo's lock")
-            .entry(shape)
-            .or_insert_with(|| (self.count)(shape));
+        self.plan_growing(shape).0
+    }
+
+    /// `plan`, and whether the shape has more tokens than every one asked for before it (the
+    /// first one included): where the step's buffers outgrow all the earlier ones.
+    pub fn plan_growing(&self, shape: (usize, usize)) -> (LayerPlan, bool) {
+        let mut chosen = self.chosen.lock().expect("the kept-layer memo's lock");
+        let tokens = |(s, b): (usize, usize)| s * b;
+        let grows = chosen.keys().all(|&seen| tokens(seen) < tokens(shape));
+        let plan = *chosen.entry(shape).or_insert_with(|| (self.count)(shape));
+        (self.less_fewer(plan), grows)
+    }
+
+    fn less_fewer(&self, plan: LayerPlan) -> LayerPlan {
         match self.fewer.load(Ordering::Relaxed) {
             0 => plan,
             // a step over its budget sheds the complete layers' extra activations too
@@ -223,6 +231,19 @@ mod tests {
         assert_eq!(kept_count(&kept, 32, (512, 8)), 0);
         assert!(!kept.keep_fewer(32), "every layer is recomputed already");
         assert!(!KeptLayers::none().keep_fewer(32));
+    }
+
+    #[test]
+    fn a_shape_grows_where_it_has_more_tokens_than_every_one_before() {
+        let kept = KeptLayers::all();
+        let grows = |shape| kept.plan_growing(shape).1;
+        assert!(grows((512, 2)), "the first shape");
+        assert!(!grows((512, 2)), "seen");
+        assert!(grows((512, 8)));
+        assert!(!grows((2048, 2)), "as many tokens as 512 x 8");
+        assert!(!grows((256, 1)), "fewer");
+        assert!(grows((2048, 4)));
+        assert!(!grows((512, 8)), "seen before");
     }
 
     #[test]

@@ -384,7 +384,15 @@ impl CausalLm {
         let masks = self.attention_masks(t, 0, packed.as_ref())?;
         let masks = (masks.as_slice(), packed.as_ref());
         let mut checkpoints = self.checkpoints();
-        let plan = self.kept_layers.plan((t, b));
+        let (plan, grows) = self.kept_layers.plan_growing((t, b));
+        if grows {
+            // the memory pool keeps what the smaller shapes before freed, cut to their buffers,
+            // which the plan does not count (on a 24 GiB card Llama-2-13B's 512 x 8 ran out after
+            // 512 x 4, Mistral-7B's 2048 x 4 after 2048 x 2; train/recovery.rs): a step whose
+            // buffers outgrow every earlier one's starts from a trimmed pool, a few times a run
+            self.lm_head.set_resident(false)?;
+            crate::memory::trim_pool(&self.device);
+        }
         self.lm_head.set_resident(plan.lm_head_resident)?;
         let kinds = plan.kinds(self.layers.len());
         let mut offloaded = self.offloaded_layers(&kinds)?;
