@@ -42,7 +42,7 @@ else
     *) echo "unknown model $arch (llama3.1-8b | mistral-7b-v0.3)" >&2; exit 2 ;;
   esac
   have=$(nvidia-smi -L | wc -l)
-  gpus=${2:-$(for n in 1 2 4 8; do if [ $n -le "$have" ]; then echo $n; fi; done)}
+  gpus=${2:-$(for n in 1 2 4 8; do if [ $n -le "$have" ]; then printf "%s " $n; fi; done)}
   eval "$(python3 scripts/bench/bench_models.py --shell "$arch")"   # dtype attn issue4 size_gib
   quant=nf4; seq=${SEQ:-2048}; device_args=(); data=${DATA:-datasets/support-long/train.jsonl}
   [ -e $dir/model.safetensors.index.json ] || [ -e $dir/model.safetensors ] \
