@@ -20,13 +20,7 @@
 # BENCH_DEVICE=cpu: a dry run of this whole command on a machine with no GPU, on the tiny ChatML
 # model of scripts/bench/tiny_chatml_model.py, f32, no quantization, a few rows:
 #   OUT=/tmp/out PATH=target/release:$PATH BENCH_DEVICE=cpu bash scripts/device/bench_epoch.sh tiny
-device=${BENCH_DEVICE:-cuda}
-if [ "$device" = cuda ]; then
-  source scripts/device/setup.sh
-else
-  set -euo pipefail
-fi
-export PYTHONUNBUFFERED=1
+source scripts/device/bench_setup.sh   # device=cuda|cpu, strict mode
 arch=${1:-mistral-7b-v0.3}
 lr=${LR:-2e-4}
 seed2=${SEED2:-7}

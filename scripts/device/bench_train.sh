@@ -27,13 +27,7 @@
 # BENCH_DEVICE=cpu: a dry run of this whole command on a machine without a GPU, on the toy-sized
 # config (bench_models.tiny), f32, no quantization (OUT and lora-ft must be set/found by the caller):
 #   OUT=/tmp/out PATH=target/release:$PATH BENCH_DEVICE=cpu bash scripts/device/bench_train.sh qwen3-8b 16x2,32x2
-device=${BENCH_DEVICE:-cuda}
-if [ "$device" = cuda ]; then
-  source scripts/device/setup.sh
-else
-  set -euo pipefail
-fi
-export PYTHONUNBUFFERED=1
+source scripts/device/bench_setup.sh   # device=cuda|cpu, strict mode
 arch=${1:-mistral-7b}
 settings=$(python3 scripts/bench/bench_models.py --shell "$arch")
 eval "$settings"   # dtype attn issue4 size_gib

@@ -18,13 +18,7 @@
 # template, e.g. /tmp/lora-ft-tiny-smollm2-v1 after `cargo test --test oom_retry`), f32:
 #   OUT=/tmp/out PATH=target/release:$PATH BENCH_DEVICE=cpu TINY=/tmp/lora-ft-tiny-smollm2-v1 \
 #     bash scripts/device/scaling.sh tiny "1 2"
-device=${BENCH_DEVICE:-cuda}
-if [ "$device" = cuda ]; then
-  source scripts/device/setup.sh
-else
-  set -euo pipefail
-fi
-export PYTHONUNBUFFERED=1
+source scripts/device/bench_setup.sh   # device=cuda|cpu, strict mode
 arch=${1:-llama3.1-8b}
 budget=${BUDGET_S:-580}
 steps=${STEPS:-14}; warmup=${WARMUP:-4}; batch=${BATCH:-4}
