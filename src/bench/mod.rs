@@ -303,6 +303,12 @@ impl Startup {
     }
 }
 
+/// A retry of a step out of memory (`Trainer::step_recovering`), logged and kept for the row.
+fn noted(recovered: &mut Vec<String>, (seq, bs): (usize, usize), line: String) {
+    tracing::info!("{seq} x {bs}: {line}");
+    recovered.push(line);
+}
+
 /// `startup`: on the run's first shape, the milestones so far; its first step `first_step_s`
 /// times, and the row reports them with the first step's profiled sections.
 fn time_shape(
@@ -319,10 +325,7 @@ fn time_shape(
     let mut first_step_s = None;
     let mut recovered = Vec::new();
     for step in 0..2 {
-        let note = |line: String| {
-            tracing::info!("{seq} x {bs}: {line}");
-            recovered.push(line)
-        };
+        let note = |line| noted(&mut recovered, (seq, bs), line);
         trainer.step_recovering(step, &batch, note)?.context("no trained token: a shape needs seq ≥ 2")?;
         if let (Some(startup), 0) = (startup.as_mut(), step) {
             device.synchronize()?;
@@ -347,10 +350,7 @@ fn time_shape(
     for _ in 0..2 {
         let (before, started) = (recovered.len(), Instant::now());
         for step in 2..2 + steps {
-            let note = |line: String| {
-                tracing::info!("{seq} x {bs}: {line}");
-                recovered.push(line)
-            };
+            let note = |line| noted(&mut recovered, (seq, bs), line);
             loss = trainer.step_recovering(step, &batch, note)?.map_or(f64::NAN, |r| r.loss);
         }
         device.synchronize()?;

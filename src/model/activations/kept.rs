@@ -128,7 +128,8 @@ impl KeptLayers {
     pub fn plan_growing(&self, shape: (usize, usize)) -> (LayerPlan, bool) {
         let mut chosen = self.chosen.lock().expect("the kept-layer memo's lock");
         let tokens = |(s, b): (usize, usize)| s * b;
-        let grows = chosen.keys().all(|&seen| tokens(seen) < tokens(shape));
+        // a shape seen before never grows: the scan runs once per new shape, not every step
+        let grows = !chosen.contains_key(&shape) && chosen.keys().all(|&seen| tokens(seen) < tokens(shape));
         let plan = *chosen.entry(shape).or_insert_with(|| (self.count)(shape));
         (self.less_fewer(plan), grows)
     }

@@ -77,8 +77,7 @@ impl LoraGroup {
     /// backward makes down's x, the activation, in the pass that takes dx (mlp.rs
     /// `gated_backward_with_act`).
     pub fn backward_before_x(&self, dys: &[&Tensor], dx: &mut ProductSum) -> Result<PendingGrads> {
-        let dev = dys.first().map(|dy| dy.device().clone()).unwrap_or(candle_core::Device::Cpu);
-        section("lora.backward", &dev, || {
+        section("lora.backward", self.a.device(), || {
             // dh = [dy₁·(scale₁·B₁) … dyₙ·(scaleₙ·Bₙ)], each member's product into its columns
             let width = self.ranks.iter().sum();
             let (mut dh, mut grad_b) = (ProductSum::new(), Vec::with_capacity(dys.len()));
