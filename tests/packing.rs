@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use lora_ft::data::{pack, Batch, Example};
+use lora_ft::data::{pack, Batch, Example, PadTo};
 use lora_ft::export::load_adapter;
 use lora_ft::model::CausalLm;
 use lora_ft::quant::Quantization;
@@ -123,6 +123,19 @@ fn check_model(dir: &Path, name: &str, lens: &[usize], max_len: usize, kernels: 
     assert!(
         l32 <= 4.0 * ref_loss && g32 <= 4.0 * ref_grads,
         "{name} f32: loss {l32:.2e}, gradients {g32:.2e}"
+    );
+    // and padded past its longest row (`data.pad_to_multiple_of`): the padding trains nothing and
+    // moves nothing beyond roundings
+    let to = PadTo { multiple: packed.seq_len + 5, most: usize::MAX };
+    let padded = Batch::padded(&rows.iter().collect::<Vec<_>>(), 0, to);
+    assert_eq!(padded.seq_len, packed.seq_len + 5);
+    let (loss_pad, n_pad, grads_pad) = run(&m32, &padded);
+    assert_eq!(n_pad, want_n);
+    let (lp, gp) = (rel(loss_pad), grad_err(&grads_pad, &want));
+    println!("{name} {dev:?}: packed f32 padded by 5: loss {lp:.1e} grads {gp:.1e}");
+    assert!(
+        lp <= 4.0 * ref_loss && gp <= 4.0 * ref_grads,
+        "{name} padded f32: loss {lp:.2e}, gradients {gp:.2e}"
     );
     // and with the MLP in row tiles of 3 tokens (layer/tiles.rs)
     let (lt, gt) = tiled_error(m32, &packed, |loss, grads| (rel(loss), grad_err(grads, &want)));

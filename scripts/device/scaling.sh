@@ -2,8 +2,8 @@
 # Issue 20, deliver 5: tokens/s from 1 to N GPUs of one host, data-parallel (`lora-ft train --gpus N`),
 # on the same random model of a real architecture with its real tokenizer and chat template (as
 # bench_epoch.sh sets it up), datasets/support-long packed into rows of SEQ tokens (2048), BATCH rows
-# a step on each GPU (4: the issue's 2048 × 4 per GPU; the config's batch_size is the global batch,
-# BATCH × N), LoRA dropout 0 (each rank the computation of one process), STEPS steps of which the
+# a step on each GPU (4: the issue's 2048 × 4 per GPU; train.batch_size is per GPU, so the global
+# batch is BATCH × N), LoRA dropout 0 (each rank the computation of one process), STEPS steps of which the
 # first WARMUP are not timed; then the table (scripts/bench/compare_scaling.py: tokens/s, the speedup
 # over one GPU, its efficiency, and each run's losses).
 #   bash scripts/device/scaling.sh llama3.1-8b "1 2 4"     (on nvidia-h100-x4 / -h200-x4; with the
@@ -12,7 +12,10 @@
 # which travel with the tree). GPUS: the counts to run (default every count
 # 1, 2, 4, 8 up to the GPUs nvidia-smi lists). Environment: SEQ, BATCH, STEPS (default 14), WARMUP
 # (default 4), GPU_MEM (plan each rank's checkpointing for a card of that many GiB), DATA (the
-# dialogues), BUDGET_S (580).
+# dialogues), BUDGET_S (580), WARM_STEPS (12: an untimed one-GPU run first, so that every counted run
+# finds the machine's caches — the driver's compiled kernels — as a run before it left them; 0: none),
+# PACKING (true; false: one dialogue a row, padded per batch), PAD_TO (data.pad_to_multiple_of, 64).
+# Each run's log comes back whole, with the steps whose new shapes built cuDNN graphs (debug lines).
 # BENCH_DEVICE=cpu: a dry run of this whole command on CPU workers (`--gpus N --device cpu`), with
 # the tiny model of the tests (TINY=DIR: a folder with config.json, safetensors, tokenizer and
 # template, e.g. /tmp/lora-ft-tiny-smollm2-v1 after `cargo test --test oom_retry`), f32:
@@ -49,10 +52,15 @@ fi
 echo "{\"model_ready_at_s\": $SECONDS, \"dtype\": \"$dtype\", \"gpus\": \"$gpus\"}"
 
 rm -rf /tmp/scaling; mkdir -p /tmp/scaling
+export RUST_LOG=${RUST_LOG:-lora_ft=info,lora_ft::train::run_loop=debug}
 runs=()
-for n in $gpus; do
+warm=${WARM_STEPS:-12}
+[ "$warm" -gt 0 ] && gpus="warm $gpus"
+for name in $gpus; do
+  n=$name; config_steps=$steps
+  if [ "$name" = warm ]; then n=1; config_steps=$warm; else name=gpus$n; fi
   gpu_mem=""; [ -n "${GPU_MEM:-}" ] && gpu_mem="gpu_mem = $GPU_MEM"
-  cat > /tmp/scaling/gpus$n.toml <<EOF
+  cat > /tmp/scaling/$name.toml <<EOF
 [model]
 source = "$dir"
 quantization = "$quant"
@@ -64,10 +72,11 @@ target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 [data]
 train = "$data"
 max_seq_len = $seq
-packing = true
+packing = ${PACKING:-true}
+pad_to_multiple_of = ${PAD_TO:-64}
 [train]
-batch_size = $((batch * n))
-max_steps = $steps
+batch_size = $batch
+max_steps = $config_steps
 lr = 2e-4
 warmup_steps = 0
 compute_dtype = "$dtype"
@@ -79,15 +88,21 @@ $gpu_mem
 every = 0
 resume = "never"
 [output]
-dir = "/tmp/scaling/run-gpus$n"
+dir = "/tmp/scaling/run-$name"
 adapters_dir = "/tmp/scaling/adapters"
-adapter_name = "gpus$n"
+adapter_name = "$name"
 EOF
   left=$((budget - SECONDS)); [ $left -gt 30 ] || left=30
   launch=(); [ "$n" -gt 1 ] && launch=(--gpus $n)
-  timeout $left lora-ft train /tmp/scaling/gpus$n.toml "${launch[@]}" "${device_args[@]}" 2>&1 \
-    | grep -v " INFO " | tail -3 || true
-  cp /tmp/scaling/run-gpus$n/metrics.jsonl $OUT/lora_ft_${arch}_gpus$n.metrics.jsonl 2>/dev/null || true
+  # the whole log comes back; here its warnings (retries, new plans) and the summary
+  if [ "$name" = warm ]; then
+    timeout $left lora-ft train /tmp/scaling/warm.toml "${device_args[@]}" > $OUT/train_${arch}_warm.log 2>&1 || true
+    echo "{\"warm_done_at_s\": $SECONDS}"; continue
+  fi
+  timeout $left lora-ft train /tmp/scaling/$name.toml "${launch[@]}" "${device_args[@]}" \
+    > $OUT/train_${arch}_gpus$n.log 2>&1 || true
+  { grep -E " (WARN|ERROR) " $OUT/train_${arch}_gpus$n.log | head -20; tail -2 $OUT/train_${arch}_gpus$n.log; } || true
+  cp /tmp/scaling/run-$name/metrics.jsonl $OUT/lora_ft_${arch}_gpus$n.metrics.jsonl 2>/dev/null || true
   runs+=($n:$OUT/lora_ft_${arch}_gpus$n.metrics.jsonl)
   echo "{\"gpus_${n}_done_at_s\": $SECONDS}"
 done

@@ -12,6 +12,9 @@ export PYTHONPATH=/tmp/site
 export LD_LIBRARY_PATH=$(python3 -c "import nvidia,os;print(':'.join(os.path.join(nvidia.__path__[0],d,'lib') for d in ('cu13','cudnn','nccl')))")
 # the GPU machine has cuDNN: the attention test must find it and use it (model/attention.rs)
 export LORA_FT_TEST_NEEDS_CUDNN=1
+# NVLink multicast stays off (KINDS.md: it can take the shared host's GPUs out of service); the
+# machine sets these already, and the ranks lora-ft starts inherit them
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p /tmp/bin
 for f in .gpu/*.xz; do [ -e "$f" ] || continue; n=$(basename "$f" .xz); xz -dc "$f" > /tmp/bin/$n; chmod +x /tmp/bin/$n; done
 export PATH=/tmp/bin:$PATH

@@ -185,7 +185,7 @@ pub fn train(
     // the first shape's attention built and run while the weights load (decoder/prepare.rs)
     let warm_up = shapes
         .first()
-        .and_then(|&shape| crate::model::decoder::prepare::spawn(&config, dtype, device, shape));
+        .and_then(|&shape| crate::model::decoder::prepare::spawn(&config, dtype, device, shape, false));
     let mut lm = CausalLm::load(&config, &weights, dtype, quantization, device)?;
     startup.mark("model loaded", device)?;
     // joined before anything else uses the device from this thread (cuBLAS and curand handles are

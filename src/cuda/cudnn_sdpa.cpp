@@ -18,6 +18,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -81,6 +82,9 @@ struct State {
     std::mutex lock;
     std::map<void *, cudnnHandle_t> handles;  // one per stream (one stream per device in this program)
     std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;
+    // graphs built so far and the host time their building took (a new shape's cost)
+    uint64_t builds = 0;
+    double build_seconds = 0;
 };
 
 State &state() {
@@ -271,6 +275,7 @@ std::pair<std::shared_ptr<fe::graph::Graph>, cudnnHandle_t> graph_for(const Sdpa
     const Key key = key_of(d, backward);
     auto it = s.graphs.find(key);
     if (it != s.graphs.end()) return {it->second, h};
+    const auto started = std::chrono::steady_clock::now();
     auto g = backward ? backward_graph(d) : forward_graph(d);
     CHECK(g->validate());
     CHECK(g->build_operation_graph(h));
@@ -278,6 +283,8 @@ std::pair<std::shared_ptr<fe::graph::Graph>, cudnnHandle_t> graph_for(const Sdpa
     CHECK(g->check_support(h));
     CHECK(g->build_plans(h));
     s.graphs.emplace(key, g);
+    s.builds += 1;
+    s.build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return {g, h};
 }
 
@@ -320,6 +327,14 @@ int64_t lft_cudnn_load(const char *path, char *err, size_t len) {
     int64_t version = 0;
     if (guarded(err, len, [&] { version = static_cast<int64_t>(fe::detail::get_backend_version()); }) != 0) return 0;
     return version;
+}
+
+// The graphs built so far (forward and backward, every shape) and the seconds that took.
+void lft_cudnn_sdpa_graph_builds(uint64_t *builds, double *seconds) {
+    auto &s = state();
+    std::lock_guard<std::mutex> guard(s.lock);
+    *builds = s.builds;
+    *seconds = s.build_seconds;
 }
 
 // Builds (once per desc) the forward or backward graph and writes its workspace size in bytes.

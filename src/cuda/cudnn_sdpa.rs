@@ -111,6 +111,12 @@ pub fn mode() -> Mode {
     }
 }
 
+/// cuDNN's attention graphs built so far in this process (one forward and one backward per new
+/// shape) and the host seconds their building took: what a step of a new shape pays.
+pub fn graph_builds() -> (u64, f64) {
+    ffi::graph_builds()
+}
+
 /// Overrides `LORA_FT_ATTENTION` on this thread (tests and `bench attention`), and forgets
 /// earlier refusals.
 pub fn set_mode(m: Mode) {
@@ -209,6 +215,10 @@ mod ffi {
 
     pub fn why_not() -> String {
         "this binary was built without the cuDNN headers".into()
+    }
+
+    pub fn graph_builds() -> (u64, f64) {
+        (0, 0.0)
     }
 
     pub fn forward(

@@ -49,6 +49,7 @@ struct RaggedPtrs {
 
 extern "C" {
     fn lft_cudnn_load(path: *const c_char, err: *mut c_char, len: usize) -> i64;
+    fn lft_cudnn_sdpa_graph_builds(builds: *mut u64, seconds: *mut f64);
     fn lft_cudnn_sdpa_workspace(
         d: *const SdpaDesc,
         backward: i32,
@@ -116,6 +117,13 @@ fn load() -> &'static std::result::Result<i64, String> {
 /// cuDNN's version (e.g. 91900) when it loaded.
 pub fn version() -> Option<i64> {
     load().as_ref().ok().copied()
+}
+
+/// The graphs built so far (each shape's forward and backward once) and the host seconds that took.
+pub fn graph_builds() -> (u64, f64) {
+    let (mut builds, mut seconds) = (0u64, 0f64);
+    unsafe { lft_cudnn_sdpa_graph_builds(&mut builds, &mut seconds) };
+    (builds, seconds)
 }
 
 pub fn why_not() -> String {

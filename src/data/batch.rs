@@ -1,8 +1,11 @@
-//! Batches: rows padded on the right to the longest row of the batch, in an order shuffled per
-//! epoch from the seed, assembled ahead of time on a background thread.
+//! Batches: rows padded on the right to the longest row of the batch (rounded up to a multiple of
+//! `data.pad_to_multiple_of`), in an order shuffled per epoch from the seed, assembled ahead of
+//! time on a background thread.
 //!
 //! Right padding keeps every real token at the same position as unpadded, so a causal mask
-//! alone keeps real tokens from attending to padding; pad positions carry label -100.
+//! alone keeps real tokens from attending to padding; pad positions carry label -100. So the
+//! loss and gradients do not depend on how far a batch is padded; its shape does, and each new
+//! shape costs the GPU path one-time work (cuDNN's attention graphs, a checkpointing plan).
 
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
@@ -23,6 +26,26 @@ pub struct Batch {
     /// With packed rows (`data.packing`): per row, the lengths of its dialogues (a row of one
     /// dialogue lists its length; the padding after them is not listed). Empty otherwise.
     pub seq_lens: Vec<Vec<usize>>,
+    /// The length `seq_len` was rounded up to a multiple of (1: none), which a rank's shard keeps.
+    pub pad_multiple: usize,
+}
+
+/// How far a batch is padded: its longest row rounded up to a multiple of `multiple`, but not
+/// past `most` (`data.max_seq_len`: the length the memory plan is for) nor below the row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PadTo {
+    pub multiple: usize,
+    pub most: usize,
+}
+
+impl PadTo {
+    /// The longest row only (no rounding).
+    pub const LONGEST: PadTo = PadTo { multiple: 1, most: usize::MAX };
+
+    /// The padded length of a batch whose longest row has `longest` tokens.
+    pub fn len(&self, longest: usize) -> usize {
+        longest.next_multiple_of(self.multiple.max(1)).min(self.most).max(longest)
+    }
 }
 
 impl Batch {
@@ -34,13 +57,19 @@ impl Batch {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let input_ids: Vec<u32> = (0..seq * bs).map(|_| rng.random_range(0..vocab)).collect();
         let labels = input_ids.iter().map(|&i| i as i64).collect();
-        Self { input_ids, labels, batch_size: bs, seq_len: seq, seq_lens: Vec::new() }
+        Self { input_ids, labels, batch_size: bs, seq_len: seq, seq_lens: Vec::new(), pad_multiple: 1 }
     }
 }
 
 impl Batch {
+    /// The rows padded to the longest of them.
     pub fn from_examples(rows: &[&Example], pad_id: u32) -> Self {
-        let seq_len = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        Self::padded(rows, pad_id, PadTo::LONGEST)
+    }
+
+    /// The rows padded to `to.len(longest row)`.
+    pub fn padded(rows: &[&Example], pad_id: u32, to: PadTo) -> Self {
+        let seq_len = to.len(rows.iter().map(|r| r.len()).max().unwrap_or(0));
         let mut input_ids = Vec::with_capacity(rows.len() * seq_len);
         let mut labels = Vec::with_capacity(rows.len() * seq_len);
         for row in rows {
@@ -57,13 +86,21 @@ impl Batch {
         } else {
             Vec::new()
         };
-        Self { input_ids, labels, batch_size: rows.len(), seq_len, seq_lens }
+        Self {
+            input_ids,
+            labels,
+            batch_size: rows.len(),
+            seq_len,
+            seq_lens,
+            pad_multiple: to.multiple.max(1),
+        }
     }
 
     /// Rows `rows` of the batch (one rank's shard of a global batch), cut after the last column
-    /// any of them trains on. The columns cut are inputs only to later positions, which train
-    /// nothing (causal attention), so the loss and the gradients are those of the uncut rows;
-    /// the cut drops the padding the other ranks' longer rows brought.
+    /// any of them trains on, rounded up to the batch's `pad_multiple` (within its length). The
+    /// columns cut are inputs only to later positions, which train nothing (causal attention),
+    /// so the loss and the gradients are those of the uncut rows; the cut drops the padding the
+    /// other ranks' longer rows brought.
     pub fn shard(&self, rows: std::ops::Range<usize>) -> Batch {
         let t = self.seq_len;
         let row = |r: usize| r * t..(r + 1) * t;
@@ -71,7 +108,7 @@ impl Batch {
             .clone()
             .filter_map(|r| self.labels[row(r)].iter().rposition(|&l| l != IGNORE_INDEX))
             .max()
-            .map_or(0, |last| last + 1);
+            .map_or(0, |last| PadTo { multiple: self.pad_multiple, most: t }.len(last + 1));
         let cut = |r: usize| r * t..r * t + keep;
         // a packed row's dialogues up to the cut (the last one cut short where the cut falls in it)
         let seq_lens = |r: usize| {
@@ -95,6 +132,7 @@ impl Batch {
             } else {
                 rows.clone().map(seq_lens).collect()
             },
+            pad_multiple: self.pad_multiple,
         }
     }
 
@@ -119,6 +157,8 @@ pub struct BatchLoader {
     shuffle_seed: Option<u64>,
     /// `data.group_by_length`: each epoch's order sorted by length within windows of batches.
     group_by_length: bool,
+    /// `data.pad_to_multiple_of` up to `data.max_seq_len`.
+    pad_to: PadTo,
 }
 
 impl BatchLoader {
@@ -129,7 +169,13 @@ impl BatchLoader {
         shuffle_seed: Option<u64>,
     ) -> Self {
         assert!(batch_size > 0, "batch_size must be at least 1 (config validation guarantees it)");
-        Self { examples, batch_size, pad_id, shuffle_seed, group_by_length: false }
+        Self { examples, batch_size, pad_id, shuffle_seed, group_by_length: false, pad_to: PadTo::LONGEST }
+    }
+
+    /// Pads each batch as `to` says (`data.pad_to_multiple_of`, `data.max_seq_len`).
+    pub fn padded_to(mut self, to: PadTo) -> Self {
+        self.pad_to = to;
+        self
     }
 
     /// Sorts each epoch's rows by length within windows of batches (`data.group_by_length`).
@@ -178,7 +224,8 @@ impl BatchLoader {
     pub fn epoch_from_row(&self, epoch: u64, start_row: usize) -> EpochBatches {
         let mut order = self.epoch_order(epoch);
         order.drain(..start_row.min(order.len()));
-        let (examples, batch_size, pad_id) = (Arc::clone(&self.examples), self.batch_size, self.pad_id);
+        let (examples, batch_size, pad_id, pad_to) =
+            (Arc::clone(&self.examples), self.batch_size, self.pad_id, self.pad_to);
         let (tx, rx) = sync_channel(PREFETCH);
         let worker = std::thread::Builder::new()
             .name(format!("batches-epoch-{epoch}"))
@@ -186,7 +233,7 @@ impl BatchLoader {
                 for chunk in order.chunks(batch_size) {
                     let rows: Vec<&Example> = chunk.iter().map(|&i| &examples[i]).collect();
                     // The consumer hung up (stopped early): nothing left to do.
-                    if tx.send(Batch::from_examples(&rows, pad_id)).is_err() {
+                    if tx.send(Batch::padded(&rows, pad_id, pad_to)).is_err() {
                         break;
                     }
                 }
@@ -250,6 +297,41 @@ mod tests {
         assert_eq!(batch.labels, [-100, 6, 7, 8, -100, -100]);
         // Row b's only label sits at position 0, which the shift never uses.
         assert_eq!(batch.trained_tokens(), 2);
+    }
+
+    /// `data.pad_to_multiple_of`: the longest row rounded up, never past `max_seq_len` nor below
+    /// the row; the padding is the pad id with label -100, so the trained tokens do not change.
+    #[test]
+    fn pads_to_a_multiple_within_the_longest_allowed() {
+        let to = PadTo { multiple: 4, most: 10 };
+        assert_eq!([1, 4, 5, 8, 9, 10].map(|n| to.len(n)), [4, 4, 8, 8, 10, 10]);
+        assert_eq!(PadTo { multiple: 64, most: 2048 }.len(2047), 2048);
+        assert_eq!(PadTo::LONGEST.len(2047), 2047);
+        // a row longer than `most` (never made by the data pipeline) is not cut
+        assert_eq!(PadTo { multiple: 4, most: 10 }.len(11), 11);
+        let a = row(&[5, 6, 7], &[-100, 6, 7]);
+        let b = row(&[8], &[8]);
+        let batch = Batch::padded(&[&a, &b], 0, to);
+        assert_eq!((batch.batch_size, batch.seq_len, batch.pad_multiple), (2, 4, 4));
+        assert_eq!(batch.input_ids, [5, 6, 7, 0, 8, 0, 0, 0]);
+        assert_eq!(batch.labels, [-100, 6, 7, -100, 8, -100, -100, -100]);
+        assert_eq!(batch.trained_tokens(), Batch::from_examples(&[&a, &b], 0).trained_tokens());
+    }
+
+    /// A shard's cut is rounded up to the batch's multiple, within the batch's length.
+    #[test]
+    fn a_padded_batchs_shard_is_cut_at_a_multiple() {
+        let long = row(&[1, 2, 3, 4, 5, 6, 7], &[-100, 2, 3, 4, 5, 6, 7]);
+        let short = row(&[7, 8, 9], &[-100, 8, -100]);
+        let batch = Batch::padded(&[&long, &short], 0, PadTo { multiple: 4, most: 16 });
+        assert_eq!(batch.seq_len, 8);
+        // short's last trained column is 1: cut at 2, rounded up to 4
+        let tail = batch.shard(1..2);
+        assert_eq!((tail.seq_len, tail.input_ids.as_slice()), (4, &[7, 8, 9, 0][..]));
+        assert_eq!(tail.pad_multiple, 4);
+        // long trains up to column 6: 7 rounds to 8, the batch's own length
+        assert_eq!(batch.shard(0..1).seq_len, 8);
+        assert_eq!(batch.shard(0..1).trained_tokens() + tail.trained_tokens(), batch.trained_tokens());
     }
 
     /// A shard keeps its rows, cut after the last trained column of those rows.

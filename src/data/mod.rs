@@ -24,7 +24,7 @@ mod template;
 mod tool_calls_text;
 mod tools;
 
-pub use batch::{Batch, BatchLoader, EpochBatches};
+pub use batch::{Batch, BatchLoader, EpochBatches, PadTo};
 pub use check::{data_check, data_tokenize};
 pub use dataset::{DatasetStats, Example, TokenizedDataset};
 pub use formats::{is_parquet, read_conversations, row_name};

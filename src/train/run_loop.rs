@@ -69,6 +69,7 @@ pub(super) fn train_loop(
     };
     let budget =
         crate::memory::VramBudget::of(trainer.model.device(), cfg.train.max_vram_fraction, cfg.train.gpu_mem);
+    let mut graphs = crate::model::ops::attention::graph_builds();
     for step in start..total {
         let t0 = Instant::now();
         let micro: Vec<Batch> = (0..cfg.train.grad_accum).map(|_| stream.next_batch()).collect();
@@ -121,6 +122,15 @@ pub(super) fn train_loop(
                 trainer.scaler.scale()
             ));
         }
+        let built = crate::model::ops::attention::graph_builds();
+        if built.0 > graphs.0 {
+            tracing::debug!(
+                "step {done}: cuDNN built {} attention graphs for this step's new shapes in {:.3} s",
+                built.0 - graphs.0,
+                built.1 - graphs.1
+            );
+        }
+        graphs = built;
         if done % cfg.train.log_every == 0 || done == total {
             log.step(&step_record(trainer, stream, &r, (done, step), (t0, started), gpu))?;
         }
@@ -142,6 +152,13 @@ pub(super) fn train_loop(
     }
     if let Some(samples) = run.samples {
         samples.print_comparison(&answers, log)?;
+    }
+    if graphs.0 > 0 {
+        tracing::info!(
+            "cuDNN built {} attention graphs (a forward and a backward per shape) in {:.2} s",
+            graphs.0,
+            graphs.1
+        );
     }
     log.finish();
     trace.map(Trace::finish).transpose()?;

@@ -15,7 +15,7 @@ use super::tensorboard::TensorBoard;
 use super::trace::Trace;
 use super::{auto_batch, TrainSummary};
 use crate::config::{BatchSize, Checkpointing, ComputeDtype, Config, ReportTo, TrainSection};
-use crate::data::{BatchLoader, ChatTokenizer, TokenizedDataset};
+use crate::data::{BatchLoader, ChatTokenizer, PadTo, TokenizedDataset};
 use crate::distributed::{Collective, ReduceOp};
 use crate::durable;
 use crate::model::{CausalLm, LoraSpec};
@@ -102,7 +102,8 @@ fn load_model(
         BatchSize::Fixed(n) => (cfg.data.max_seq_len, n),
         BatchSize::Auto => (cfg.data.max_seq_len, 1),
     };
-    let warm_up = crate::model::decoder::prepare::spawn(&files.config, dtype, device, first_shape);
+    let warm_up =
+        crate::model::decoder::prepare::spawn(&files.config, dtype, device, first_shape, cfg.data.packing);
     let mut model = CausalLm::load(&files.config, &files.weights, dtype, cfg.model.quantization(), device)?;
     if let Some(warm_up) = warm_up {
         let _ = warm_up.join();
@@ -241,10 +242,12 @@ pub(super) fn train(
     // every rank builds the global batches (those of one process with batch_size × world_size
     // rows, so the data order is the same for any number of ranks) and trains its shard
     let global_batch = batch_size * world_size;
-    let eval_loader =
-        eval_set.map(|set| BatchLoader::new(Arc::new(set.examples), global_batch, pad_id, None));
+    let pad_to = PadTo { multiple: cfg.data.pad_to_multiple_of, most: cfg.data.max_seq_len };
+    let eval_loader = eval_set
+        .map(|set| BatchLoader::new(Arc::new(set.examples), global_batch, pad_id, None).padded_to(pad_to));
     let loader = BatchLoader::new(Arc::new(train_set.examples), global_batch, pad_id, Some(cfg.train.seed))
-        .grouped_by_length(cfg.data.group_by_length);
+        .grouped_by_length(cfg.data.group_by_length)
+        .padded_to(pad_to);
     let total = total_steps(cfg, loader.num_batches());
     let ran = (rank == 0).then(|| write_run_config(cfg, batch_size)).transpose()?;
     let schedule = LrSchedule::new(cfg.train.schedule, cfg.train.lr, cfg.train.warmup_steps, total);

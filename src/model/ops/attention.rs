@@ -177,6 +177,15 @@ enum KernelSaved {
     Cudnn { context: Tensor, stats: Tensor },
 }
 
+/// cuDNN's attention graphs built so far in this process and the seconds that took (none without
+/// CUDA): each new shape builds a forward and a backward graph.
+pub fn graph_builds() -> (u64, f64) {
+    #[cfg(feature = "cuda")]
+    return crate::cuda::cudnn_sdpa::graph_builds();
+    #[cfg(not(feature = "cuda"))]
+    (0, 0.0)
+}
+
 /// The rule as cuDNN takes it (scale, cap and window are its graph's own).
 #[cfg(feature = "cuda")]
 fn cudnn_rule(rule: &ScoreRule) -> crate::cuda::cudnn_sdpa::Rule {
@@ -237,7 +246,7 @@ fn kernel_forward(
 /// what their first use costs — cuDNN building its graphs, the driver loading (cold: compiling)
 /// their kernels — is paid here, on a thread of its own while the model loads
 /// (`decoder::prepare`), not in the first step. The same calls as a layer's, so the graphs built
-/// are the ones the step looks up.
+/// are the ones the step looks up; with `packed`, as packed rows' (`data.packing`).
 #[cfg(feature = "cuda")]
 pub fn prepare(
     device: &candle_core::Device,
@@ -245,11 +254,16 @@ pub fn prepare(
     (b, t): (usize, usize),
     (heads, kv_heads, head_dim): (usize, usize, usize),
     rule: &ScoreRule,
+    packed: bool,
 ) -> Result<()> {
     let laid_out = |h: usize| Tensor::zeros((b, t, h, head_dim), dtype, device)?.transpose(1, 2);
     let (q, k, v) = (laid_out(heads)?, laid_out(kv_heads)?, laid_out(kv_heads)?);
-    let (_, saved) = attention_packed(&q, &k, &v, (None, None), rule)?;
-    attention_backward_packed((&q, &k, &v), (None, None), rule, &saved, &laid_out(heads)?)?;
+    // packed rows (`data.packing`) take cuDNN's ragged graphs, whose kernels differ: two dialogues
+    // a row stand for them
+    let spans = vec![vec![t / 2, t - t / 2]; b];
+    let rows = packed.then(|| PackedRows::new(&spans, t, device)).transpose()?;
+    let (_, saved) = attention_packed(&q, &k, &v, (None, rows.as_ref()), rule)?;
+    attention_backward_packed((&q, &k, &v), (None, rows.as_ref()), rule, &saved, &laid_out(heads)?)?;
     Ok(())
 }
 

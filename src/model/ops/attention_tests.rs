@@ -137,6 +137,11 @@ fn cuda_attention_cases(needs_cudnn: bool) {
                 assert_eq!(on_cudnn, training_shape, "d {d} t {t} s {s} {window:?}: cuDNN taken {on_cudnn}");
             }
             let (dq, dk, dv) = attention_backward(&gq, &gk, &gv, None, &rule, &saved, &on_gpu(&dc)).unwrap();
+            if on_cudnn {
+                // this shape's forward and backward graphs at least were built, and timed
+                let (graphs, seconds) = super::graph_builds();
+                assert!(graphs >= 2 && seconds > 0.0, "cuDNN graph builds counted: {graphs} in {seconds} s");
+            }
             let check = |name: &str, ours: &Tensor, reference: &Tensor| {
                 let ours = ours.to_dtype(DType::F32).unwrap().to_device(&cpu).unwrap();
                 let err = max_rel(&ours, reference);
