@@ -59,7 +59,7 @@ fn a_step_out_of_memory_runs_again_and_the_run_ends_as_one_that_never_ran_out() 
         log.contains(&format!("step {step}: out of GPU memory in its forward and backward; {what}"))
     };
     let (trimmed, fewer) =
-        ("runs again with the memory pool trimmed", "the steps from now on keep one layer's");
+        ("runs again with the memory pool trimmed", "the steps of its shape from now on keep one layer's");
     assert!(said(2, trimmed) && said(2, fewer) && said(4, trimmed) && !said(4, fewer), "{log}");
     let (a, b) = (curve(&whole), curve(&retried));
     assert_eq!(a.iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);

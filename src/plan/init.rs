@@ -233,7 +233,9 @@ fn render(
         None => out += "# eval = \"eval.jsonl\"   # held-out dialogues, scored every eval_every steps\n",
     }
     out += &format!(
-        "max_seq_len = {seq}   # with batch_size, what the planner fits on this card; rows are padded to the batch's longest\ntruncation_side = \"right\"\n"
+        "max_seq_len = {seq}   # with batch_size, what the planner fits on this card\n\
+         pad_to_multiple_of = 64   # each batch padded to its longest row rounded up to this: few shapes, few cuDNN graphs to build\n\
+         truncation_side = \"right\"\n"
     );
     if refuses_system(arch, req.chat_template) {
         out += "system_message = \"fold\"   # the chat template refuses a system role: its text goes before the first user turn\n";

@@ -5,7 +5,8 @@
 //! room on a card the size of the plan's (measured: Mistral-7B and Llama-2-13B at 2048 × 4 after
 //! 2048 × 2, held to a 24 GiB card on an H100, benches/issue20_checkpointing_cold_start.md). So the
 //! step runs again first with the pool trimmed, the same plan; then, if it runs out again, with
-//! one layer's activations fewer kept from then on, until it fits or no layer is left to give up.
+//! one layer's activations fewer kept at its shapes from then on, until it fits or no layer is left
+//! to give up (`KeptLayers::keep_fewer`: the other shapes keep their plans).
 
 use super::step::{may_run_again, StepResult, Trainer};
 use crate::data::Batch;
@@ -26,7 +27,7 @@ impl Trainer {
             let what = if !trimmed {
                 "runs again with the memory pool trimmed"
             } else if self.model.kept_layers.keep_fewer(layers) {
-                "the steps from now on keep one layer's activations fewer, and this one runs again"
+                "the steps of its shape from now on keep one layer's activations fewer, and this one runs again"
             } else {
                 break;
             };

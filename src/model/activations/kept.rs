@@ -11,7 +11,6 @@
 //! above it (the backward starts with the last layer, which is never offloaded).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// How many layers a step keeps, and where.
@@ -85,16 +84,20 @@ impl LayerPlan {
 type Count = dyn Fn((usize, usize)) -> LayerPlan + Send + Sync;
 
 /// The layers kept at a step of `(seq, batch)`, as the memory planner chose them for the budget
-/// (`train.checkpointing`), asked once per shape; never more than the model has. A run whose
-/// measured peak goes over its budget keeps one layer fewer on the device at every shape from
-/// then on (`keep_fewer`) rather than stopping.
+/// (`train.checkpointing`), asked once per shape; never more than the model has. A step that
+/// runs out of memory, or whose measured peak goes over the budget, keeps one layer fewer on the
+/// device at its shapes from then on (`keep_fewer`) rather than stopping; the other shapes keep
+/// their plans (each is planned to the budget on its own: one shape's pool running out says
+/// nothing of another's).
 #[derive(Clone)]
 pub struct KeptLayers {
     count: Arc<Count>,
     /// The plan of each shape seen, so that the planner runs once per shape, not per step.
     chosen: Arc<Mutex<HashMap<(usize, usize), LayerPlan>>>,
-    /// Layers taken off every shape's device count by `keep_fewer`.
-    fewer: Arc<AtomicUsize>,
+    /// Layers taken off a shape's device count by `keep_fewer`.
+    fewer: Arc<Mutex<HashMap<(usize, usize), usize>>>,
+    /// The shapes planned since `begin_step`: the ones `keep_fewer` takes a layer off.
+    stepping: Arc<Mutex<Vec<(usize, usize)>>>,
 }
 
 impl KeptLayers {
@@ -115,7 +118,17 @@ impl KeptLayers {
 
     /// `count(seq, batch)`, e.g. the planner's choice within a memory budget.
     pub fn by(count: impl Fn((usize, usize)) -> LayerPlan + Send + Sync + 'static) -> Self {
-        Self { count: Arc::new(count), chosen: Default::default(), fewer: Default::default() }
+        Self {
+            count: Arc::new(count),
+            chosen: Default::default(),
+            fewer: Default::default(),
+            stepping: Default::default(),
+        }
+    }
+
+    /// A step starts (or runs again): the shapes it plans are the ones `keep_fewer` then means.
+    pub fn begin_step(&self) {
+        lock(&self.stepping).clear();
     }
 
     /// The plan at a step of `(seq, batch)`, less the layers `keep_fewer` took off.
@@ -126,16 +139,22 @@ impl KeptLayers {
     /// `plan`, and whether the shape has more tokens than every one asked for before it (the
     /// first one included): where the step's buffers outgrow all the earlier ones.
     pub fn plan_growing(&self, shape: (usize, usize)) -> (LayerPlan, bool) {
-        let mut chosen = self.chosen.lock().expect("the kept-layer memo's lock");
+        let mut chosen = lock(&self.chosen);
         let tokens = |(s, b): (usize, usize)| s * b;
         // a shape seen before never grows: the scan runs once per new shape, not every step
         let grows = !chosen.contains_key(&shape) && chosen.keys().all(|&seen| tokens(seen) < tokens(shape));
         let plan = *chosen.entry(shape).or_insert_with(|| (self.count)(shape));
-        (self.less_fewer(plan), grows)
+        drop(chosen);
+        let mut stepping = lock(&self.stepping);
+        if !stepping.contains(&shape) {
+            stepping.push(shape);
+        }
+        drop(stepping);
+        (self.less_fewer(shape, plan), grows)
     }
 
-    fn less_fewer(&self, plan: LayerPlan) -> LayerPlan {
-        match self.fewer.load(Ordering::Relaxed) {
+    fn less_fewer(&self, shape: (usize, usize), plan: LayerPlan) -> LayerPlan {
+        match lock(&self.fewer).get(&shape).copied().unwrap_or(0) {
             0 => plan,
             // a step over its budget sheds the complete layers' extra activations too
             fewer => LayerPlan { kept: plan.kept.saturating_sub(fewer), complete: 0, ..plan },
@@ -147,30 +166,40 @@ impl KeptLayers {
         self.plan(shape).kinds(layers)
     }
 
-    /// One layer fewer kept on the device at every shape, where some shape seen keeps one
-    /// (`layers` in the model): whether that was possible. For a step whose peak went over the
-    /// budget.
+    /// One layer fewer kept on the device at each shape the step since `begin_step` planned
+    /// that still keeps one (`layers` in the model): whether any could. For a step that ran out
+    /// of memory or whose peak went over the budget.
     pub fn keep_fewer(&self, layers: usize) -> bool {
-        let fewer = self.fewer.load(Ordering::Relaxed);
-        let chosen = self.chosen.lock().expect("the kept-layer memo's lock");
-        let most = chosen.values().map(|p| p.kept.min(layers)).max().unwrap_or(0);
-        if most <= fewer {
-            return false;
+        let chosen = lock(&self.chosen);
+        let mut fewer = lock(&self.fewer);
+        let mut any = false;
+        for shape in lock(&self.stepping).iter() {
+            let kept = chosen.get(shape).map_or(0, |p| p.kept.min(layers));
+            let taken = fewer.entry(*shape).or_insert(0);
+            if kept > *taken {
+                *taken += 1;
+                any = true;
+            }
         }
-        self.fewer.store(fewer + 1, Ordering::Relaxed);
-        true
+        any
     }
+}
+
+/// The memo's lock (a panic while it was held leaves plans that are still whole).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl std::fmt::Debug for KeptLayers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "KeptLayers(fewer: {})", self.fewer.load(Ordering::Relaxed))
+        write!(f, "KeptLayers(fewer: {:?})", lock(&self.fewer))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use LayerKind::{Kept as K, Offloaded as O, Recomputed as R};
 
     fn kept_count(k: &KeptLayers, layers: usize, shape: (usize, usize)) -> usize {
@@ -220,18 +249,40 @@ mod tests {
     }
 
     #[test]
-    fn keep_fewer_takes_a_layer_off_every_shape_until_none_is_kept() {
+    fn keep_fewer_takes_a_layer_off_the_steps_shapes_until_none_is_kept() {
         let kept =
             KeptLayers::by(|(s, _)| LayerPlan { kept: if s == 512 { 2 } else { 1 }, ..LayerPlan::NONE });
         assert!(!kept.keep_fewer(32), "no shape seen yet, nothing to take off");
+        // a step of two micro-batches of different shapes: both give a layer up
         assert_eq!(kept_count(&kept, 32, (512, 8)), 2);
         assert_eq!(kept_count(&kept, 32, (2048, 8)), 1);
         assert!(kept.keep_fewer(32));
         assert_eq!((kept_count(&kept, 32, (512, 8)), kept_count(&kept, 32, (2048, 8))), (1, 0));
-        assert!(kept.keep_fewer(32));
+        assert!(kept.keep_fewer(32), "512 x 8 still keeps one");
         assert_eq!(kept_count(&kept, 32, (512, 8)), 0);
         assert!(!kept.keep_fewer(32), "every layer is recomputed already");
         assert!(!KeptLayers::none().keep_fewer(32));
+    }
+
+    /// A step of one shape gives up its own layer: the shapes it did not plan keep theirs.
+    #[test]
+    fn keep_fewer_leaves_the_shapes_the_step_did_not_plan() {
+        let kept = KeptLayers::by(|(s, _)| LayerPlan { kept: s / 256, ..LayerPlan::NONE });
+        assert_eq!(kept_count(&kept, 32, (2048, 4)), 8);
+        kept.begin_step();
+        assert_eq!(kept_count(&kept, 32, (512, 8)), 2);
+        assert!(kept.keep_fewer(32));
+        assert_eq!((kept_count(&kept, 32, (512, 8)), kept_count(&kept, 32, (2048, 4))), (1, 8));
+        // the step runs again (begin_step) and fails at the same shape: one more off it alone
+        kept.begin_step();
+        assert_eq!(kept_count(&kept, 32, (512, 8)), 1);
+        assert!(kept.keep_fewer(32));
+        kept.begin_step();
+        assert_eq!(kept_count(&kept, 32, (512, 8)), 0);
+        assert!(!kept.keep_fewer(32), "the step's shape keeps none");
+        assert_eq!(kept_count(&kept, 32, (2048, 4)), 8);
+        kept.begin_step();
+        assert!(!kept.keep_fewer(32), "a step that planned nothing gives nothing up");
     }
 
     #[test]
