@@ -164,7 +164,10 @@ pub fn set_mlp_tiles(model: &mut CausalLm, on: bool) {
 pub fn set_host_offload(model: &mut CausalLm, on: bool) -> anyhow::Result<()> {
     model.offload_checkpoints = on && model.device().is_cuda();
     if on && model.stream_lm_head()? {
-        tracing::info!("lm_head streamed from page-locked host memory for the loss");
+        tracing::info!(
+            "lm_head moved to page-locked host memory: streamed for the loss at the shapes where the plan \
+             has no room for it on the GPU, copied back where it has (checkpointing \"auto\")"
+        );
     }
     Ok(())
 }
