@@ -178,6 +178,12 @@ fn data_check_reports_counts_and_marks_trained_text() {
         "truncated: 1 of 2 rows longer than max_seq_len".to_string(),
         "dropped: 1 rows with no trained token left after truncation".to_string(),
         format!("kept: 1 rows, {} tokens, {} trained", short.len(), short.trained_tokens()),
+        // the one kept row padded to max_seq_len (64, the multiple's cap) by default, or not at all
+        format!(
+            "batches of 4 (one epoch, one GPU): 1 lengths, padding {:.1}% of the tokens computed \
+             (pad_to_multiple_of = 64); to the longest row only: 1 lengths, 0.0%",
+            100.0 * (1.0 - short.len() as f64 / 64.0)
+        ),
     ] {
         assert!(report.contains(&line), "missing {line:?} in:\n{report}");
     }
