@@ -10,10 +10,11 @@
 #                                     CUDA lora-ft as .gpu/lora-ft.xz: the tree and it fit one carry)
 # MODEL: llama3.1-8b | mistral-7b-v0.3 (their tokenizers and templates from tests/fixtures/tokenizers,
 # which travel with the tree). GPUS: the counts to run (default every count
-# 1, 2, 4, 8 up to the GPUs nvidia-smi lists). Environment: SEQ, BATCH, STEPS (default 14), WARMUP
+# 1, 2, 4, 8 up to the GPUs nvidia-smi lists). Environment: SEQ, BATCH, STEPS (default 24), WARMUP
 # (default 4), GPU_MEM (plan each rank's checkpointing for a card of that many GiB), DATA (the
-# dialogues), BUDGET_S (580), WARM_STEPS (12: an untimed one-GPU run first, so that every counted run
-# finds the machine's caches — the driver's compiled kernels — as a run before it left them; 0: none),
+# dialogues), BUDGET_S (580), WARM_STEPS (0; N: an untimed one-GPU run of N steps first, so that every
+# counted run finds the machine's caches — the driver's compiled kernels — as a run before it left
+# them; session 14's run 5 needed it, run 6, after the padding and the packed warm-up, did not),
 # PACKING (true; false: one dialogue a row, padded per batch), PAD_TO (data.pad_to_multiple_of, 64).
 # Each run's log comes back whole, with the steps whose new shapes built cuDNN graphs (debug lines).
 # BENCH_DEVICE=cpu: a dry run of this whole command on CPU workers (`--gpus N --device cpu`), with
@@ -24,7 +25,7 @@
 source scripts/device/bench_setup.sh   # device=cuda|cpu, strict mode
 arch=${1:-llama3.1-8b}
 budget=${BUDGET_S:-580}
-steps=${STEPS:-14}; warmup=${WARMUP:-4}; batch=${BATCH:-4}
+steps=${STEPS:-24}; warmup=${WARMUP:-4}; batch=${BATCH:-4}
 dir=/tmp/$arch
 if [ "$device" = cpu ]; then
   gpus=${2:-1 2}; dir=${TINY:?BENCH_DEVICE=cpu needs TINY=DIR}; dtype=f32; quant=none; seq=${SEQ:-96}
@@ -54,7 +55,7 @@ echo "{\"model_ready_at_s\": $SECONDS, \"dtype\": \"$dtype\", \"gpus\": \"$gpus\
 rm -rf /tmp/scaling; mkdir -p /tmp/scaling
 export RUST_LOG=${RUST_LOG:-lora_ft=info,lora_ft::train::run_loop=debug}
 runs=()
-warm=${WARM_STEPS:-12}
+warm=${WARM_STEPS:-0}
 [ "$warm" -gt 0 ] && gpus="warm $gpus"
 for name in $gpus; do
   n=$name; config_steps=$steps
