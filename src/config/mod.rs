@@ -118,9 +118,10 @@ pub struct DataSection {
     #[serde(default)]
     pub group_by_length: bool,
     /// Each batch padded to a length that is a multiple of this (at most `max_seq_len`), and each
-    /// rank's shard cut at one: fewer shapes, so fewer of cuDNN's attention graphs to build (a
-    /// new shape's ~0.1 s; ~2 s on a fresh machine for a length its kernels had not seen) and
-    /// fewer plans. 1: padded to the longest row only.
+    /// rank's shard cut at one: fewer shapes, so fewer of cuDNN's attention graphs to build
+    /// (~0.13 s a new length on an H100, 2.3 s for the first 2047-long batch on a fresh machine:
+    /// benches/issue20_checkpointing_cold_start.md, session 14) and fewer plans. 1: padded to the
+    /// longest row only.
     #[serde(default = "default_pad_to_multiple_of")]
     pub pad_to_multiple_of: usize,
     /// Prompts (JSONL of `{"messages", "tools"?}` ending in a user turn) the model answers at the

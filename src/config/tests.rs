@@ -162,6 +162,17 @@ fn eval_prompts_and_chat_template_are_read_and_checked() {
 }
 
 #[test]
+fn pad_to_multiple_of_defaults_to_64_and_refuses_0() {
+    assert_eq!(parse(MINIMAL).unwrap().data.pad_to_multiple_of, 64);
+    let text = MINIMAL.replace("[data]\n", "[data]\npad_to_multiple_of = 1\n");
+    assert_eq!(parse(&text).unwrap().data.pad_to_multiple_of, 1);
+    let err = parse(&text.replace("= 1\n", "= 0\n")).unwrap_err().to_string();
+    assert_eq!(err, "run.toml: data.pad_to_multiple_of: must be at least 1 (1: no rounding)");
+    let err = parse(&text.replace("= 1\n", "= -8\n")).unwrap_err().to_string();
+    assert!(err.starts_with("run.toml: data.pad_to_multiple_of: "), "{err}");
+}
+
+#[test]
 fn optim_name_picks_the_optimizer_and_its_keys() {
     let c = parse(MINIMAL).unwrap();
     assert_eq!(c.optim.name, OptimName::Adafactor);

@@ -23,7 +23,9 @@ pub fn data_check(file: &Path, cfg: &Config, tokenizer_dir: &Path) -> anyhow::Re
         .with_system_message(cfg.data.system_message);
     let conversations = read_conversations(file, cfg.data.format)?;
     let (max_len, side) = (cfg.data.max_seq_len, cfg.data.truncation_side);
-    let dataset = TokenizedDataset::from_conversations(file, &conversations, &tokenizer, max_len, side)?;
+    let mut dataset = TokenizedDataset::from_conversations(file, &conversations, &tokenizer, max_len, side)?;
+    // shared with the batch order below rather than copied
+    let examples = Arc::new(std::mem::take(&mut dataset.examples));
     let s = &dataset.stats;
     let mut out = String::new();
     let side_name = match side {
@@ -46,14 +48,14 @@ pub fn data_check(file: &Path, cfg: &Config, tokenizer_dir: &Path) -> anyhow::Re
     let _ = writeln!(
         out,
         "kept: {} rows, {} tokens, {} trained ({share:.1}%)",
-        dataset.examples.len(),
+        examples.len(),
         s.tokens,
         s.trained_tokens
     );
     if let (BatchSize::Fixed(batch), false) = (cfg.train.batch_size, cfg.data.packing) {
         let epoch = |multiple| {
             let to = PadTo { multiple, most: max_len };
-            padding(&dataset.examples, batch, (cfg.train.seed, cfg.data.group_by_length), to)
+            padding(&examples, batch, (cfg.train.seed, cfg.data.group_by_length), to)
         };
         let multiple = cfg.data.pad_to_multiple_of;
         let (lengths, share) = epoch(multiple);
@@ -88,9 +90,13 @@ pub fn data_check(file: &Path, cfg: &Config, tokenizer_dir: &Path) -> anyhow::Re
 
 /// One epoch's batches of `batch` rows in training's order (`seed`, `group_by_length`), padded
 /// as `to` says: how many lengths they have, and the padding's share of the tokens computed.
-fn padding(examples: &[Example], batch: usize, (seed, grouped): (u64, bool), to: PadTo) -> (usize, f64) {
-    let loader =
-        BatchLoader::new(Arc::new(examples.to_vec()), batch, 0, Some(seed)).grouped_by_length(grouped);
+fn padding(
+    examples: &Arc<Vec<Example>>,
+    batch: usize,
+    (seed, grouped): (u64, bool),
+    to: PadTo,
+) -> (usize, f64) {
+    let loader = BatchLoader::new(Arc::clone(examples), batch, 0, Some(seed)).grouped_by_length(grouped);
     let (mut lengths, mut computed, mut real) = (std::collections::BTreeSet::new(), 0usize, 0usize);
     for rows in loader.epoch_order(0).chunks(batch) {
         let len = to.len(rows.iter().map(|&i| examples[i].len()).max().unwrap_or(0));
@@ -197,9 +203,11 @@ mod tests {
     /// (never past 11, the longest allowed, but not below a row either).
     #[test]
     fn padding_counts_an_epochs_lengths_and_padded_share() {
-        let rows: Vec<Example> = (5..=10)
-            .map(|n| Example { input_ids: vec![1; n], labels: vec![1; n], ..Default::default() })
-            .collect();
+        let rows: Arc<Vec<Example>> = Arc::new(
+            (5..=10)
+                .map(|n| Example { input_ids: vec![1; n], labels: vec![1; n], ..Default::default() })
+                .collect(),
+        );
         let (lengths, share) = padding(&rows, 1, (7, false), PadTo { multiple: 1, most: 11 });
         assert_eq!((lengths, share), (6, 0.0));
         let (lengths, share) = padding(&rows, 1, (7, false), PadTo { multiple: 4, most: 11 });
