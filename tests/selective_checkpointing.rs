@@ -118,6 +118,28 @@ fn check(name: &str) {
                 grads.iter().flatten().zip(kept_grads.iter().flatten()).filter(|(a, b)| a != b).count();
             println!("{name} {dtype:?} lm_head streamed, layers offloaded: loss {kept_loss} vs {loss}, {differing} gradient values differ");
             assert_eq!((kept_loss, differing), (loss, 0), "{name} {dtype:?}: lm_head streamed");
+            // its first chunks prefetched during the forward's last layer, or from the first
+            // layer on (then the offloaded layer the backward reaches first comes in after the
+            // loss): the same chunks in the same order, the same bits
+            for lead in [1, usize::MAX] {
+                let prefetched = KeptLayers::by(move |_| LayerPlan {
+                    kept: 1,
+                    offloaded: usize::MAX,
+                    stride: 1,
+                    lm_head_prefetch: 2,
+                    lm_head_prefetch_lead: lead,
+                    ..LayerPlan::NONE
+                });
+                let (pre_loss, pre_grads) = run(&mut m, &batch, prefetched, None);
+                let differing =
+                    grads.iter().flatten().zip(pre_grads.iter().flatten()).filter(|(a, b)| a != b).count();
+                println!("{name} {dtype:?} lm_head prefetched from {lead} layers before the end: loss {pre_loss} vs {loss}, {differing} gradient values differ");
+                assert_eq!(
+                    (pre_loss, differing),
+                    (loss, 0),
+                    "{name} {dtype:?}: lm_head prefetched, lead {lead}"
+                );
+            }
         }
     }
 }

@@ -155,7 +155,7 @@ impl Estimate {
     pub fn peak(&self) -> u64 {
         let fixed = self.base_weights + self.lora_and_optimizer + self.workspace;
         let kept = self.checkpoints + self.kept_activations;
-        let mut start = kept + self.in_flight + self.loss_chunk;
+        let mut start = self.loss_moment();
         if self.kept_layers > 0 {
             start = start.max(kept - self.kept_layer_bytes + self.kept_layer_backward + self.in_flight);
         }
@@ -173,6 +173,19 @@ impl Estimate {
             false => self.kept_layer_backward,
         };
         fixed + start.max(self.gradients + end + self.in_flight)
+    }
+
+    /// The loss at the forward's end, less the frozen parts: the checkpoints, every kept layer's
+    /// activations, the offloaded one leaving, and the loss's own buffers.
+    fn loss_moment(&self) -> u64 {
+        self.checkpoints + self.kept_activations + self.in_flight + self.loss_chunk
+    }
+
+    /// Bytes by which the loss's moment stays under the step's peak: what a streamed lm_head's
+    /// prefetched chunks may take without raising the peak (`keep::with_head_prefetch`).
+    pub fn loss_headroom(&self) -> u64 {
+        let fixed = self.base_weights + self.lora_and_optimizer + self.workspace;
+        self.peak() - fixed - self.loss_moment()
     }
 
     /// Bytes of the checkpoints that stay on the device with host offload (checkpoints.rs: two
@@ -260,7 +273,7 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
         kept_layer_backward: activations::layer_peak(m, &f, &untiled, (seq, batch)),
         layer_recompute: activations::layer_peak(m, &f, run, (seq, batch)),
         loss_chunk: if streamed {
-            streamed_loss_bytes(m, t, b)
+            streamed_loss_bytes(m, t, b, run.layers.lm_head_prefetch as u64)
         } else {
             activations::dense_loss_bytes(m, &f, run, tokens)
         },
@@ -290,11 +303,17 @@ fn small_tensors(m: &ModelConfig, f: &Family, seq: usize) -> u64 {
     m.num_hidden_layers as u64 * layer + h + ropes * rows * d
 }
 
-/// The streamed loss (model/lm_head.rs): two vocab chunks of lm_head, one chunk of logits, the
-/// f32 accumulator, and the chunk's and the gradient's `[tokens, hidden]` rows.
-fn streamed_loss_bytes(m: &ModelConfig, tokens: u64, b: u64) -> u64 {
+/// The streamed loss (model/lm_head.rs): two vocab chunks of lm_head besides the `prefetched`
+/// ones, one chunk of logits, the f32 accumulator, and the chunk's and the gradient's
+/// `[tokens, hidden]` rows.
+fn streamed_loss_bytes(m: &ModelConfig, tokens: u64, b: u64, prefetched: u64) -> u64 {
     let (h, chunk) = (m.hidden_size as u64, crate::model::ops::lm_head::VOCAB_CHUNK as u64);
-    2 * chunk * h * b + tokens * (chunk * b + h * (4 + 3 * b))
+    (2 + prefetched) * chunk * h * b + tokens * (chunk * b + h * (4 + 3 * b))
+}
+
+/// Bytes of one streamed vocab chunk of lm_head.
+pub(crate) fn head_chunk_bytes(m: &ModelConfig, run: &RunShape) -> u64 {
+    (crate::model::ops::lm_head::VOCAB_CHUNK * m.hidden_size * run.dtype_bytes) as u64
 }
 
 /// LoRA parameters of one layer.

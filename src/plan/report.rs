@@ -63,6 +63,16 @@ pub fn report(
     if plan.lm_head_resident {
         out += "lm_head stays on the GPU at this shape (streamed from host memory where it would cost a layer)\n";
     }
+    if plan.lm_head_prefetch > 0 {
+        let chunks = m.vocab_size.div_ceil(crate::model::ops::lm_head::VOCAB_CHUNK);
+        out += &format!(
+            "lm_head is streamed from host memory for the loss: its first {} of {chunks} chunks ({:.2} GiB) \
+             come in during the last {} layers' forward, in the loss's room under the peak\n",
+            plan.lm_head_prefetch.min(chunks),
+            gib(plan.lm_head_prefetch as u64 * super::head_chunk_bytes(m, run)),
+            plan.lm_head_prefetch_lead
+        );
+    }
     out += "\nlargest batch within the budget:\n";
     let mut seqs = vec![512, 1024, 2048, 4096, seq];
     seqs.sort_unstable();

@@ -29,6 +29,13 @@ pub struct LayerPlan {
     /// gives back (n1, n2 and the gated product) instead of running it again in the backward:
     /// where every layer is kept and memory is left over.
     pub complete: usize,
+    /// Of an lm_head streamed for the loss (ops/lm_head.rs), the first chunks (`VOCAB_CHUNK`
+    /// rows each) copied to the device while the forward's last `lm_head_prefetch_lead` layers
+    /// compute, as many as the loss's moment leaves under the step's peak: the loss then streams
+    /// only the rest over the PCIe link, which the forward leaves idle in that direction.
+    pub lm_head_prefetch: usize,
+    /// Layers before the forward's end at which the prefetch starts.
+    pub lm_head_prefetch_lead: usize,
 }
 
 /// What a layer keeps for its backward.
@@ -46,7 +53,15 @@ pub enum LayerKind {
 
 impl LayerPlan {
     /// Every layer recomputed.
-    pub const NONE: Self = Self { kept: 0, offloaded: 0, stride: 1, lm_head_resident: false, complete: 0 };
+    pub const NONE: Self = Self {
+        kept: 0,
+        offloaded: 0,
+        stride: 1,
+        lm_head_resident: false,
+        complete: 0,
+        lm_head_prefetch: 0,
+        lm_head_prefetch_lead: 0,
+    };
 
     /// Each of `layers` layers' kind: offloaded ones `stride` layers below the last and every
     /// `stride` layers down from there, then the highest of the others kept (the highest

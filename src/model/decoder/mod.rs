@@ -66,6 +66,9 @@ struct Keeping<'s, 'a> {
     kinds: &'s [LayerKind],
     checkpoints: &'s mut Checkpoints<'a>,
     offloaded: &'s mut OffloadedLayers<'a, LayerSaved>,
+    /// A streamed lm_head's chunks to prefetch for the loss, and the layer before whose forward
+    /// the copies start (`LayerPlan::lm_head_prefetch`).
+    head_prefetch: (usize, usize),
 }
 
 /// The result of one training forward + backward on a micro-batch.
@@ -273,6 +276,9 @@ impl CausalLm {
                 x = layer.forward(&x, &input, None)?;
                 continue;
             };
+            if k.head_prefetch.0 > 0 && l == k.head_prefetch.1 {
+                self.lm_head.prefetch(k.head_prefetch.0)?;
+            }
             match k.kinds[l] {
                 LayerKind::Recomputed => {
                     let next = layer.forward(&x, &input, None)?;
@@ -393,18 +399,32 @@ impl CausalLm {
             self.lm_head.set_resident(false)?;
             crate::memory::trim_pool(&self.device);
         }
+        self.lm_head.drop_prefetched();
         self.lm_head.set_resident(plan.lm_head_resident)?;
         let kinds = plan.kinds(self.layers.len());
         let mut offloaded = self.offloaded_layers(&kinds)?;
-        let keeping = Keeping { kinds: &kinds, checkpoints: &mut checkpoints, offloaded: &mut offloaded };
+        let layers = self.layers.len();
+        let prefetch = match self.lm_head.streams() {
+            true => plan.lm_head_prefetch,
+            false => 0,
+        };
+        let keeping = Keeping {
+            kinds: &kinds,
+            checkpoints: &mut checkpoints,
+            offloaded: &mut offloaded,
+            head_prefetch: (prefetch, layers.saturating_sub(plan.lm_head_prefetch_lead)),
+        };
         let x = self.embed(input_ids)?;
         timeline::mark(&self.device, || "embedding".into())?;
         let (last, mut kept) = self.forward_checkpointed(x, masks, dropout_seed, Some(keeping))?;
         // the offloaded layer the backward reaches first comes in behind the loss and the layers
-        // above it (where the loss streams lm_head over the same link too, fetching it after the
-        // loss instead measured no faster: Qwen3-14B 512 x 8 on an H200, 8,549 against 8,557 tok/s)
+        // above it; where the loss streams lm_head with chunks prefetched, after the loss, so
+        // that the link carries the head's rest alone (fetching it after the loss without a
+        // prefetch measured no faster: Qwen3-14B 512 x 8 on an H200, 8,549 against 8,557 tok/s)
         let next_offloaded = |below: usize| (0..below).rev().find(|&n| kinds[n] == LayerKind::Offloaded);
-        offloaded.start_backward(next_offloaded(self.layers.len()))?;
+        if prefetch == 0 {
+            offloaded.start_backward(next_offloaded(layers))?;
+        }
         let last = last.reshape((b * t, hidden))?;
         let h = rms_norm(&last, &self.norm, self.arch.rms_norm_eps)?;
         let targets = shift_labels(labels, b, t);
@@ -413,6 +433,9 @@ impl CausalLm {
             self.lm_head.cross_entropy(&h, &targets, Some(grad_scale), self.loss_chunk_rows, cap)
         })?;
         timeline::mark(&self.device, || "loss".into())?;
+        if prefetch > 0 {
+            offloaded.start_backward(next_offloaded(layers))?;
+        }
         let d_h = out.d_hidden.expect("asked for the gradient");
         let mut dx =
             rms_norm_backward(&last, &self.norm, self.arch.rms_norm_eps, &d_h)?.reshape((b, t, hidden))?;

@@ -77,6 +77,37 @@ impl LmHead {
         }
     }
 
+    /// Starts copying the first `chunks` vocab chunks of a streamed lm_head to the device, for
+    /// the next loss to read before it streams the rest (`LayerPlan::lm_head_prefetch`). No-op
+    /// for a head on the device or a resident copy.
+    pub fn prefetch(&self, chunks: usize) -> Result<()> {
+        match self {
+            Self::Device(_) => {
+                let _ = chunks;
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Self::Host(w) => w.prefetch(chunks),
+        }
+    }
+
+    /// Drops chunks prefetched for a loss that did not run (a step that failed before it).
+    pub fn drop_prefetched(&self) {
+        #[cfg(feature = "cuda")]
+        if let Self::Host(w) = self {
+            w.drop_prefetched();
+        }
+    }
+
+    /// Whether the loss streams the head from host memory (no device copy).
+    pub fn streams(&self) -> bool {
+        match self {
+            Self::Device(_) => false,
+            #[cfg(feature = "cuda")]
+            Self::Host(w) => w.resident().is_none(),
+        }
+    }
+
     /// The tensor, when it is on the device.
     pub fn on_device(&self) -> Option<&Tensor> {
         match self {
@@ -89,6 +120,7 @@ impl LmHead {
 
 #[cfg(feature = "cuda")]
 pub mod host {
+    use std::collections::VecDeque;
     use std::sync::{Arc, Mutex};
 
     use candle_core::{DType, Device, Result, Shape, Tensor};
@@ -106,6 +138,8 @@ pub mod host {
         chunk_rows: usize,
         /// A device copy of the whole table, for the shapes whose plan has room for it.
         resident: Mutex<Option<Tensor>>,
+        /// The first chunks, copied ahead of the loss (`prefetch`), in order.
+        prefetched: Mutex<VecDeque<InFlight>>,
     }
 
     impl HostLmHead {
@@ -125,17 +159,18 @@ pub mod host {
                 hidden,
                 chunk_rows: chunk_rows.max(1),
                 resident: Mutex::new(None),
+                prefetched: Mutex::new(VecDeque::new()),
             }))
         }
 
         /// The device copy, when there is one.
         pub fn resident(&self) -> Option<Tensor> {
-            self.resident.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            lock(&self.resident).clone()
         }
 
         /// Copies the table to the device (once) or frees that copy.
         pub fn set_resident(&self, on: bool) -> Result<()> {
-            let mut resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+            let mut resident = lock(&self.resident);
             match (on, resident.is_some()) {
                 (true, false) => {
                     let shape = Shape::from((self.table.rows(), self.hidden));
@@ -148,15 +183,42 @@ pub mod host {
             Ok(())
         }
 
-        /// Each chunk's first row and its rows on the device, the next one's copy overlapping.
+        /// Starts copying chunks up to the first `chunks` (of those not prefetched yet) on the
+        /// copy stream, each once the compute stream's queued work is done with the memory it
+        /// takes; they wait on the device for the next loss.
+        pub fn prefetch(&self, chunks: usize) -> Result<()> {
+            let mut prefetched = lock(&self.prefetched);
+            let vocab = self.table.rows();
+            while prefetched.len() < chunks && prefetched.len() * self.chunk_rows < vocab {
+                let start = prefetched.len() * self.chunk_rows;
+                prefetched.push_back(self.fetch(start)?);
+            }
+            Ok(())
+        }
+
+        /// Frees the prefetched chunks (once the compute stream has waited for their copies).
+        pub fn drop_prefetched(&self) {
+            lock(&self.prefetched).clear();
+        }
+
+        /// Each chunk's first row and its rows on the device: the prefetched ones first, while
+        /// the copy stream brings the others in, one chunk ahead of the chunk computing
+        /// (`prefetched + 2` chunks on the device at most).
         fn for_each_chunk(&self, mut f: impl FnMut(usize, &Tensor) -> Result<()>) -> Result<()> {
             let vocab = self.table.rows();
-            let mut next = Some(self.fetch(0)?);
-            for start in (0..vocab).step_by(self.chunk_rows) {
-                let w = next.take().expect("fetched").finish()?;
-                if start + self.chunk_rows < vocab {
-                    next = Some(self.fetch(start + self.chunk_rows)?);
+            let mut ahead = std::mem::take(&mut *lock(&self.prefetched));
+            let mut next = ahead.len() * self.chunk_rows;
+            let mut fetch_next = |ahead: &mut VecDeque<InFlight>| -> Result<()> {
+                if next < vocab {
+                    ahead.push_back(self.fetch(next)?);
+                    next += self.chunk_rows;
                 }
+                Ok(())
+            };
+            fetch_next(&mut ahead)?;
+            for start in (0..vocab).step_by(self.chunk_rows) {
+                let w = ahead.pop_front().expect("fetched in order").finish()?;
+                fetch_next(&mut ahead)?;
                 f(start, &w)?;
             }
             Ok(())
@@ -211,6 +273,11 @@ pub mod host {
         }
     }
 
+    /// A lock whose holder panicked leaves a value that is still whole (a tensor or copies).
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     #[cfg(test)]
     mod tests {
         use super::*;
@@ -238,6 +305,20 @@ pub mod host {
                 let (wd, gd) = (f32_of(want.d_hidden.unwrap()), f32_of(got.d_hidden.unwrap()));
                 let err = max_abs(&(&gd - &wd).unwrap()) / max_abs(&wd);
                 assert!(err < tol, "{dtype:?} gradient {err}");
+                // chunks prefetched (some, every one and more than there are, or dropped again)
+                // read the same rows in the same order: the same bits
+                for (chunks, drop) in [(2, false), (5, false), (100, false), (3, true)] {
+                    streamed.prefetch(chunks).unwrap();
+                    assert_eq!(lock(&streamed.prefetched).len(), chunks.min(5), "{dtype:?}");
+                    if drop {
+                        streamed.drop_prefetched();
+                    }
+                    let again = streamed.cross_entropy(&hidden, &targets, Some(0.25)).unwrap();
+                    assert!(lock(&streamed.prefetched).is_empty(), "{dtype:?} {chunks}: consumed");
+                    assert_eq!(again.loss_sum, got.loss_sum, "{dtype:?} {chunks}");
+                    let d = f32_of(again.d_hidden.unwrap());
+                    assert_eq!(max_abs(&(d - &gd).unwrap()), 0.0, "{dtype:?} {chunks}");
+                }
                 let eval = streamed.cross_entropy(&hidden, &targets, None).unwrap();
                 assert!(
                     (eval.loss_sum - got.loss_sum).abs() < 1e-4 * got.loss_sum.abs()

@@ -213,3 +213,53 @@ fn plans_and_peaks_on_24_gb_are_the_measured_ones() {
     let before = layer_plan(&bench_model("gemma2-9b"), &composed, (512, 8), budget);
     assert_eq!((before.kept, before.offloaded), (22, 10));
 }
+
+/// Qwen3-14B's streamed head on a 24 GB card: the plan prefetches as many of its chunks as the
+/// loss's moment has room for under the peak, and no more — the peak is the plan's without the
+/// prefetch, one chunk more raises it — starting early enough for the copy to hide behind the
+/// forward; a head kept on the device, or one tied to the embedding, prefetches nothing.
+#[test]
+fn a_streamed_head_prefetches_what_the_loss_leaves_under_the_peak() {
+    let budget = (0.90 * 24.0 * GIB) as u64;
+    let run = RunShape { mlp_tiles: true, host_budget: 64 << 30, ..offload_run() };
+    let m = bench_model("qwen3-14b");
+    let chunk = (crate::model::ops::lm_head::VOCAB_CHUNK * m.hidden_size * 2) as u64;
+    for shape in [(512, 8), (2048, 4), (2048, 8)] {
+        let plan = layer_plan(&m, &run, shape, budget);
+        assert!(!plan.lm_head_resident, "{shape:?}: {plan:?}");
+        let peak = |prefetch| {
+            estimate(&m, &run.planned(&LayerPlan { lm_head_prefetch: prefetch, ..plan }), shape).peak()
+        };
+        println!("{shape:?}: {plan:?}, peak {:.2} GiB", peak(plan.lm_head_prefetch) as f64 / GIB);
+        assert!(plan.lm_head_prefetch > 0, "{shape:?}");
+        assert_eq!(peak(plan.lm_head_prefetch), peak(0), "{shape:?}");
+        assert!(peak(plan.lm_head_prefetch + 1) > peak(0), "{shape:?}: one chunk more raises the peak");
+        assert_eq!(
+            estimate(&m, &run.planned(&LayerPlan { lm_head_prefetch: 0, ..plan }), shape).loss_headroom()
+                / chunk,
+            plan.lm_head_prefetch as u64,
+            "{shape:?}"
+        );
+        // the copy (12,000 FLOPs a byte) takes longer than the forward of one layer fewer
+        let layer_flops = |(s, b): (usize, usize)| {
+            let params = 5120.0 * (2.0 * 5120.0 + 2.0 * 1024.0) + 3.0 * 5120.0 * 17408.0;
+            2.0 * params * (s * b) as f64 + 2.0 * 5120.0 * s as f64 * (s * b) as f64
+        };
+        let copy_flops = (plan.lm_head_prefetch as u64 * chunk) as f64 * 12_000.0;
+        let lead = plan.lm_head_prefetch_lead as f64;
+        assert!(lead * layer_flops(shape) >= copy_flops && (lead - 1.0) * layer_flops(shape) < copy_flops);
+    }
+    // 512 x 8 (28 layers kept, 12 offloaded): 7 chunks (0.27 GiB) over the last 2 layers
+    let plan = layer_plan(&m, &run, (512, 8), budget);
+    assert_eq!(
+        (plan.kept, plan.offloaded, plan.lm_head_prefetch, plan.lm_head_prefetch_lead),
+        (28, 12, 7, 2)
+    );
+    let text = report(&m, &run, (512, 8), budget, true);
+    assert!(text.contains("its first 7 of 38 chunks (0.27 GiB) come in during the last 2 layers"), "{text}");
+    // Llama-2-13B keeps its head on the device at 512 x 8; Gemma 2 ties it to the embedding
+    for name in ["llama2-13b", "gemma2-9b"] {
+        let plan = layer_plan(&bench_model(name), &run, (512, 8), budget);
+        assert_eq!(plan.lm_head_prefetch, 0, "{name}: {plan:?}");
+    }
+}
