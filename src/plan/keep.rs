@@ -115,7 +115,7 @@ fn layers_for(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize), bud
         if fits(k, offloaded, stride) {
             // fewer kept on the device only ever means as many or fewer whole layers
             return match k + offloaded > kept {
-                true => LayerPlan { kept: k, offloaded, stride, ..LayerPlan::NONE },
+                true => LayerPlan { kept: k, offloaded, stride, offload_room: room, ..LayerPlan::NONE },
                 false => alone,
             };
         }

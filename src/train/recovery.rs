@@ -6,7 +6,10 @@
 //! 2048 × 2, held to a 24 GiB card on an H100, benches/issue20_checkpointing_cold_start.md). So the
 //! step runs again first with the pool trimmed, the same plan; then, if it runs out again, with
 //! one layer's activations fewer kept at its shapes from then on, until it fits or no layer is left
-//! to give up (`KeptLayers::keep_fewer`: the other shapes keep their plans).
+//! to give up (`KeptLayers::keep_fewer`: the other shapes keep their plans). A shape is trimmed
+//! once: where a later step of it runs out again, it gives up a layer at once
+//! (`KeptLayers::trimmed_before`), so that a run settles on a plan its card holds instead of
+//! trimming the pool step after step.
 
 use super::step::{may_run_again, StepResult, Trainer};
 use crate::data::Batch;
@@ -24,10 +27,11 @@ impl Trainer {
         let mut trimmed = false;
         while result.as_ref().is_err_and(may_run_again) {
             let layers = self.model.layers.len();
-            let what = if !trimmed {
+            // a shape trimmed in an earlier step that runs out again gives up a layer at once
+            let what = if !trimmed && !self.model.kept_layers.trimmed_before() {
                 "runs again with the memory pool trimmed"
             } else if self.model.kept_layers.keep_fewer(layers) {
-                "the steps of its shape from now on keep one layer's activations fewer, and this one runs again"
+                "the steps of its shape from now on keep one layer's activations fewer on the GPU, and this one runs again"
             } else {
                 break;
             };

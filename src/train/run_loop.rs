@@ -110,7 +110,7 @@ pub(super) fn train_loop(
                     cfg.data.max_seq_len
                 );
                 log.println(format!(
-                    "step {done}: {over}; the steps of its shape from now on keep one layer's activations fewer \
+                    "step {done}: {over}; the steps of its shape from now on keep one layer's activations fewer on the GPU \
                      (train.checkpointing = \"auto\")"
                 ));
                 crate::memory::reset_peak(trainer.model.device());

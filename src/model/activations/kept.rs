@@ -36,6 +36,10 @@ pub struct LayerPlan {
     pub lm_head_prefetch: usize,
     /// Layers before the forward's end at which the prefetch starts.
     pub lm_head_prefetch_lead: usize,
+    /// The most layers the host budget and the offload positions take (`offloaded` or more):
+    /// a layer a step gives up on the device goes to host memory while there is room, not to a
+    /// recompute (`KeptLayers::keep_fewer`).
+    pub offload_room: usize,
 }
 
 /// What a layer keeps for its backward.
@@ -61,6 +65,7 @@ impl LayerPlan {
         complete: 0,
         lm_head_prefetch: 0,
         lm_head_prefetch_lead: 0,
+        offload_room: 0,
     };
 
     /// Each of `layers` layers' kind: offloaded ones `stride` layers below the last and every
@@ -113,6 +118,8 @@ pub struct KeptLayers {
     fewer: Arc<Mutex<HashMap<(usize, usize), usize>>>,
     /// The shapes planned since `begin_step`: the ones `keep_fewer` takes a layer off.
     stepping: Arc<Mutex<Vec<(usize, usize)>>>,
+    /// The shapes of steps that ran again with the memory pool trimmed (`trimmed_before`).
+    trimmed: Arc<Mutex<Vec<(usize, usize)>>>,
 }
 
 impl KeptLayers {
@@ -138,6 +145,7 @@ impl KeptLayers {
             chosen: Default::default(),
             fewer: Default::default(),
             stepping: Default::default(),
+            trimmed: Default::default(),
         }
     }
 
@@ -171,8 +179,14 @@ impl KeptLayers {
     fn less_fewer(&self, shape: (usize, usize), plan: LayerPlan) -> LayerPlan {
         match lock(&self.fewer).get(&shape).copied().unwrap_or(0) {
             0 => plan,
-            // a step over its budget sheds the complete layers' extra activations too
-            fewer => LayerPlan { kept: plan.kept.saturating_sub(fewer), complete: 0, ..plan },
+            // a step over its budget sheds the complete layers' extra activations too; the layers
+            // given up wait in host memory where the plan has room for them (the one in flight
+            // is there already), else they are recomputed
+            fewer => {
+                let kept = plan.kept.saturating_sub(fewer);
+                let moved = (plan.kept - kept).min(plan.offload_room.saturating_sub(plan.offloaded));
+                LayerPlan { kept, offloaded: plan.offloaded + moved, complete: 0, ..plan }
+            }
         }
     }
 
@@ -181,9 +195,27 @@ impl KeptLayers {
         self.plan(shape).kinds(layers)
     }
 
+    /// Marks the shapes the step since `begin_step` planned as run again with the memory pool
+    /// trimmed; whether each of them had been before (none planned: `false`). A shape whose
+    /// pool runs out again after a trim gives up a layer rather than be trimmed step after step
+    /// (on an H100 held to 24 GiB, Qwen3-14B's 2048 x 4 ran out in one timed step after another,
+    /// each fitting once trimmed).
+    pub fn trimmed_before(&self) -> bool {
+        let stepping = lock(&self.stepping);
+        let mut trimmed = lock(&self.trimmed);
+        let before = !stepping.is_empty() && stepping.iter().all(|s| trimmed.contains(s));
+        for shape in stepping.iter() {
+            if !trimmed.contains(shape) {
+                trimmed.push(*shape);
+            }
+        }
+        before
+    }
+
     /// One layer fewer kept on the device at each shape the step since `begin_step` planned
-    /// that still keeps one (`layers` in the model): whether any could. For a step that ran out
-    /// of memory or whose peak went over the budget.
+    /// that still keeps one (`layers` in the model), in host memory instead where the plan has
+    /// room there: whether any could. For a step that ran out of memory or whose peak went over
+    /// the budget.
     pub fn keep_fewer(&self, layers: usize) -> bool {
         let chosen = lock(&self.chosen);
         let mut fewer = lock(&self.fewer);
@@ -301,6 +333,24 @@ mod tests {
     }
 
     #[test]
+    fn a_shape_is_trimmed_once_then_gives_up_a_layer() {
+        let kept = KeptLayers::all();
+        kept.begin_step();
+        assert!(!kept.trimmed_before(), "no shape planned");
+        kept.plan((512, 8));
+        assert!(!kept.trimmed_before(), "the first time");
+        kept.begin_step();
+        kept.plan((512, 8));
+        assert!(kept.trimmed_before(), "again");
+        // a step of a shape trimmed before and a new one: the new one is trimmed first
+        kept.begin_step();
+        kept.plan((512, 8));
+        kept.plan((2048, 4));
+        assert!(!kept.trimmed_before());
+        assert!(kept.trimmed_before());
+    }
+
+    #[test]
     fn a_shape_grows_where_it_has_more_tokens_than_every_one_before() {
         let kept = KeptLayers::all();
         let grows = |shape| kept.plan_growing(shape).1;
@@ -319,5 +369,23 @@ mod tests {
         assert_eq!(kept.kinds(6, (512, 8)), [R, O, R, O, R, K]);
         assert!(kept.keep_fewer(6));
         assert_eq!(kept.kinds(6, (512, 8)), [R, O, R, O, R, R]);
+    }
+
+    /// Where the plan has room in host memory (Qwen3-14B at 512 x 8 on a 24 GiB card: 28 kept,
+    /// 12 offloaded of 13 positions), a layer given up goes there: no layer is recomputed until
+    /// the room is used up.
+    #[test]
+    fn keep_fewer_moves_a_layer_to_host_memory_while_there_is_room() {
+        let plan = LayerPlan { kept: 8, offloaded: 2, stride: 3, offload_room: 3, ..LayerPlan::NONE };
+        assert_eq!(plan.offload_positions(10).collect::<Vec<_>>(), [6, 3, 0]);
+        let kept = KeptLayers::by(move |_| plan);
+        assert_eq!(kept.kinds(10, (512, 8)), [K, K, K, O, K, K, O, K, K, K]);
+        assert!(kept.keep_fewer(10));
+        // layer 0 leaves the device for host memory: then the room is used up
+        assert_eq!(kept.kinds(10, (512, 8)), [O, K, K, O, K, K, O, K, K, K]);
+        assert_eq!(kept.plan((512, 8)), LayerPlan { kept: 7, offloaded: 3, ..plan });
+        assert!(kept.keep_fewer(10));
+        assert_eq!(kept.kinds(10, (512, 8)), [O, R, K, O, K, K, O, K, K, K]);
+        assert_eq!(kept.plan((512, 8)), LayerPlan { kept: 6, offloaded: 3, ..plan });
     }
 }

@@ -255,6 +255,8 @@ fn a_streamed_head_prefetches_what_the_loss_leaves_under_the_peak() {
         (plan.kept, plan.offloaded, plan.lm_head_prefetch, plan.lm_head_prefetch_lead),
         (28, 12, 7, 2)
     );
+    // one offload position (layer 0) left: a layer a 24 GiB card's pool cannot hold goes there
+    assert_eq!(plan.offload_room, 13);
     let text = report(&m, &run, (512, 8), budget, true);
     assert!(text.contains("its first 7 of 38 chunks (0.27 GiB) come in during the last 2 layers"), "{text}");
     // Llama-2-13B keeps its head on the device at 512 x 8; Gemma 2 ties it to the embedding
