@@ -36,6 +36,7 @@ impl Trainer {
                 break;
             };
             trimmed = true;
+            self.model.drop_prefetched();
             crate::memory::trim_pool(self.model.device());
             note(format!("step {}: out of GPU memory in its forward and backward; {what}", step + 1));
             result = self.step(step, micro_batches);

@@ -108,6 +108,12 @@ impl CausalLm {
         &self.device
     }
 
+    /// Frees lm_head chunks prefetched for a loss that did not run (a step that failed), so
+    /// that a trim of the memory pool can give their memory back.
+    pub fn drop_prefetched(&self) {
+        self.lm_head.drop_prefetched();
+    }
+
     /// Bytes of the frozen model as held on its device (a tied lm_head counted once).
     pub fn base_size_in_bytes(&self) -> usize {
         let dense = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
@@ -391,6 +397,7 @@ impl CausalLm {
         let masks = (masks.as_slice(), packed.as_ref());
         let mut checkpoints = self.checkpoints();
         let (plan, grows) = self.kept_layers.plan_growing((t, b));
+        self.lm_head.drop_prefetched(); // a failed step's, before any trim
         if grows {
             // the memory pool keeps what the smaller shapes before freed, cut to their buffers,
             // which the plan does not count (on a 24 GiB card Llama-2-13B's 512 x 8 ran out after
@@ -399,7 +406,6 @@ impl CausalLm {
             self.lm_head.set_resident(false)?;
             crate::memory::trim_pool(&self.device);
         }
-        self.lm_head.drop_prefetched();
         self.lm_head.set_resident(plan.lm_head_resident)?;
         let kinds = plan.kinds(self.layers.len());
         let mut offloaded = self.offloaded_layers(&kinds)?;
