@@ -63,8 +63,9 @@ pub(super) fn plan_for(m: &ModelConfig, run: &RunShape, shape: (usize, usize), b
 /// moment leaves under the plan's peak (none where the head is not streamed), starting as many
 /// layers before the forward's end as their copy takes at `OFFLOAD_FLOPS_PER_BYTE`. The peak
 /// stays what it was: the chunks are counted in the loss's moment, which was below it by that
-/// much. Qwen3-14B at 512 x 8 streams its 1.56 GB head over PCIe in ~30 ms, a third more than
-/// the loss's GEMMs take.
+/// much. Qwen3-14B at 512 x 8 streamed its 1.56 GB head over PCIe in 30.5 ms (session 9's
+/// timeline), its loss's GEMMs ~20 ms by arithmetic at the rate Llama-3.1-8B's resident head
+/// measured there; with 7 chunks ahead its loss took 26.9 ms (H100, benches/issue20/session15).
 fn with_head_prefetch(m: &ModelConfig, run: &RunShape, shape: (usize, usize), plan: LayerPlan) -> LayerPlan {
     let plan = LayerPlan { lm_head_prefetch: 0, lm_head_prefetch_lead: 0, ..plan };
     if !run.streams_lm_head(m) {
@@ -72,8 +73,8 @@ fn with_head_prefetch(m: &ModelConfig, run: &RunShape, shape: (usize, usize), pl
     }
     let planned = run.planned(&LayerPlan { lm_head_resident: false, ..plan });
     let chunk = super::head_chunk_bytes(m, run).max(1);
-    let chunks = m.vocab_size.div_ceil(crate::model::ops::lm_head::VOCAB_CHUNK);
-    let prefetch = ((estimate(m, &planned, shape).loss_headroom() / chunk) as usize).min(chunks);
+    let prefetch =
+        ((estimate(m, &planned, shape).loss_headroom() / chunk) as usize).min(super::head_chunks(m));
     if prefetch == 0 {
         return plan;
     }

@@ -153,7 +153,7 @@ impl Estimate {
     /// layer's backward, the first recomputed layer's, and the backward's end (every gradient
     /// with layer 0's).
     pub fn peak(&self) -> u64 {
-        let fixed = self.base_weights + self.lora_and_optimizer + self.workspace;
+        let fixed = self.fixed();
         let kept = self.checkpoints + self.kept_activations;
         let mut start = self.loss_moment();
         if self.kept_layers > 0 {
@@ -175,6 +175,12 @@ impl Estimate {
         fixed + start.max(self.gradients + end + self.in_flight)
     }
 
+    /// What the whole step holds: the frozen model, the adapters with their optimizer state, and
+    /// the workspace.
+    fn fixed(&self) -> u64 {
+        self.base_weights + self.lora_and_optimizer + self.workspace
+    }
+
     /// The loss at the forward's end, less the frozen parts: the checkpoints, every kept layer's
     /// activations, the offloaded one leaving, and the loss's own buffers.
     fn loss_moment(&self) -> u64 {
@@ -184,8 +190,7 @@ impl Estimate {
     /// Bytes by which the loss's moment stays under the step's peak: what a streamed lm_head's
     /// prefetched chunks may take without raising the peak (`keep::with_head_prefetch`).
     pub fn loss_headroom(&self) -> u64 {
-        let fixed = self.base_weights + self.lora_and_optimizer + self.workspace;
-        self.peak() - fixed - self.loss_moment()
+        self.peak() - self.fixed() - self.loss_moment()
     }
 
     /// Bytes of the checkpoints that stay on the device with host offload (checkpoints.rs: two
@@ -273,7 +278,7 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
         kept_layer_backward: activations::layer_peak(m, &f, &untiled, (seq, batch)),
         layer_recompute: activations::layer_peak(m, &f, run, (seq, batch)),
         loss_chunk: if streamed {
-            streamed_loss_bytes(m, t, b, run.layers.lm_head_prefetch as u64)
+            streamed_loss_bytes(m, run, t)
         } else {
             activations::dense_loss_bytes(m, &f, run, tokens)
         },
@@ -303,17 +308,24 @@ fn small_tensors(m: &ModelConfig, f: &Family, seq: usize) -> u64 {
     m.num_hidden_layers as u64 * layer + h + ropes * rows * d
 }
 
-/// The streamed loss (model/lm_head.rs): two vocab chunks of lm_head besides the `prefetched`
-/// ones, one chunk of logits, the f32 accumulator, and the chunk's and the gradient's
+/// The streamed loss (model/lm_head.rs): two vocab chunks of lm_head besides the plan's
+/// prefetched ones, one chunk of logits, the f32 accumulator, and the chunk's and the gradient's
 /// `[tokens, hidden]` rows.
-fn streamed_loss_bytes(m: &ModelConfig, tokens: u64, b: u64, prefetched: u64) -> u64 {
-    let (h, chunk) = (m.hidden_size as u64, crate::model::ops::lm_head::VOCAB_CHUNK as u64);
-    (2 + prefetched) * chunk * h * b + tokens * (chunk * b + h * (4 + 3 * b))
+fn streamed_loss_bytes(m: &ModelConfig, run: &RunShape, tokens: u64) -> u64 {
+    let (h, chunk, b) =
+        (m.hidden_size as u64, crate::model::ops::lm_head::VOCAB_CHUNK as u64, run.dtype_bytes as u64);
+    (2 + run.layers.lm_head_prefetch as u64) * head_chunk_bytes(m, run)
+        + tokens * (chunk * b + h * (4 + 3 * b))
 }
 
 /// Bytes of one streamed vocab chunk of lm_head.
 pub(crate) fn head_chunk_bytes(m: &ModelConfig, run: &RunShape) -> u64 {
     (crate::model::ops::lm_head::VOCAB_CHUNK * m.hidden_size * run.dtype_bytes) as u64
+}
+
+/// The vocab chunks a streamed lm_head is read in.
+pub(crate) fn head_chunks(m: &ModelConfig) -> usize {
+    m.vocab_size.div_ceil(crate::model::ops::lm_head::VOCAB_CHUNK)
 }
 
 /// LoRA parameters of one layer.

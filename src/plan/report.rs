@@ -64,7 +64,7 @@ pub fn report(
         out += "lm_head stays on the GPU at this shape (streamed from host memory where it would cost a layer)\n";
     }
     if plan.lm_head_prefetch > 0 {
-        let chunks = m.vocab_size.div_ceil(crate::model::ops::lm_head::VOCAB_CHUNK);
+        let chunks = super::head_chunks(m);
         out += &format!(
             "lm_head is streamed from host memory for the loss: its first {} of {chunks} chunks ({:.2} GiB) \
              come in during the last {} layers' forward, in the loss's room under the peak\n",

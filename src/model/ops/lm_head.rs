@@ -187,6 +187,9 @@ pub mod host {
         /// copy stream, each once the compute stream's queued work is done with the memory it
         /// takes; they wait on the device for the next loss.
         pub fn prefetch(&self, chunks: usize) -> Result<()> {
+            if self.resident().is_some() {
+                return Ok(()); // the loss reads the device copy
+            }
             let mut prefetched = lock(&self.prefetched);
             let vocab = self.table.rows();
             while prefetched.len() < chunks && prefetched.len() * self.chunk_rows < vocab {
@@ -331,6 +334,11 @@ pub mod host {
                 // kept on the device for a shape: the device loss itself, to the bit; freed again
                 let head = super::super::LmHead::Host(streamed);
                 head.set_resident(true).unwrap();
+                // the resident copy is what the loss reads: nothing to prefetch
+                head.prefetch(2).unwrap();
+                if let super::super::LmHead::Host(w) = &head {
+                    assert!(lock(&w.prefetched).is_empty(), "{dtype:?}: prefetched beside a resident copy");
+                }
                 let resident = head.cross_entropy(&hidden, &targets, Some(0.25), 4, None).unwrap();
                 assert_eq!(resident.loss_sum, want.loss_sum, "{dtype:?}");
                 assert_eq!(max_abs(&(f32_of(resident.d_hidden.unwrap()) - &wd).unwrap()), 0.0, "{dtype:?}");
