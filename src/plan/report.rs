@@ -28,7 +28,7 @@ pub fn report(
         ("checkpointed activations", e.checkpoints),
         (kept_line.as_str(), e.kept_activations),
         ("one layer's recompute + backward", e.layer_recompute),
-        ("loss chunk (not at the same time)", e.loss_chunk),
+        ("loss buffers (not at the same time)", e.loss_chunk),
         ("gradients (at the backward's end)", e.gradients),
         ("workspace", e.workspace),
     ];
