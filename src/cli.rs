@@ -18,6 +18,7 @@ pub struct Cli {
 pub enum Command {
     /// Train a LoRA adapter as a config file says.
     Train {
+        /// The run's TOML config (`lora-ft init MODEL` writes one).
         config: PathBuf,
         /// Overrides the config's train.device: auto, cpu, cuda or cuda:N (with --gpus: cuda,
         /// or cpu for N CPU workers).
@@ -35,9 +36,19 @@ pub enum Command {
         launch: LaunchArgs,
     },
     /// Copy a checkpoint's adapter into a standalone PEFT adapter folder.
-    Export { checkpoint: PathBuf, out_dir: PathBuf },
+    Export {
+        /// A checkpoint folder, `<output.dir>/checkpoints/step-N/`.
+        checkpoint: PathBuf,
+        /// The PEFT adapter folder to write.
+        out_dir: PathBuf,
+    },
     /// Convert a GGUF file into an HF-layout model folder (f32 safetensors, tokenizer, config).
-    Import { gguf: PathBuf, out_dir: PathBuf },
+    Import {
+        /// A GGUF file of a family lora-ft trains, or a vocabulary-only GGUF (tokenizer files only).
+        gguf: PathBuf,
+        /// The HF-layout folder to write (config.json, model.safetensors, tokenizer files).
+        out_dir: PathBuf,
+    },
     /// Chat with a model, with or without an adapter.
     Chat(ChatArgs),
     /// Fold an adapter into its base model (W + scale·B·A) and write an HF-layout folder that
@@ -46,12 +57,15 @@ pub enum Command {
         /// Hub repo id, local HF folder or .gguf file of the base model.
         #[arg(long)]
         model: String,
+        /// The Hub revision (branch, tag or commit) of a repo id.
         #[arg(long, default_value = "main")]
         revision: String,
         /// The PEFT adapter folder (adapter_config.json, adapter_model.safetensors).
         #[arg(long)]
         adapter: PathBuf,
+        /// The HF-layout folder to write.
         out_dir: PathBuf,
+        /// The dtype of the merged weights.
         #[arg(long, default_value = "f16", value_parser = ["f16", "bf16", "f32"])]
         dtype: String,
     },
@@ -62,6 +76,7 @@ pub enum Command {
         /// Hub repo id or local HF folder of the base model.
         #[arg(long)]
         model: String,
+        /// The Hub revision (branch, tag or commit) of a repo id.
         #[arg(long, default_value = "main")]
         revision: String,
         /// The PEFT adapter folder; without it the base model is written.
@@ -85,6 +100,7 @@ pub enum Command {
     /// Predict peak GPU memory of a config's run before loading anything, and the largest batch
     /// that fits at each sequence length.
     Estimate {
+        /// The run's TOML config; of the model, only config.json is read.
         config: PathBuf,
         /// The card's memory: 24GiB, 48GB, 80 (GiB).
         #[arg(long, default_value = "24GiB")]
@@ -105,6 +121,7 @@ pub enum Command {
         /// A Hub repo id (meta-llama/Llama-3.1-8B-Instruct; only config.json is fetched), a local
         /// HF folder, or a .gguf file (only its metadata is read).
         model: String,
+        /// The Hub revision (branch, tag or commit) of a repo id.
         #[arg(long, default_value = "main")]
         revision: String,
         /// The card's memory: 24GiB, 48GB, 80 (GiB).
@@ -143,6 +160,9 @@ pub enum Command {
         #[command(subcommand)]
         command: DataCommand,
     },
+    /// Write the book's generated reference pages (cli.md, config.md) into DIR.
+    #[command(hide = true)]
+    Reference { dir: PathBuf },
 }
 
 /// Data-parallel training: one rank per GPU of this machine, and of several machines.
@@ -156,6 +176,7 @@ pub struct LaunchArgs {
     /// MASTER_PORT name where rank 0 listens).
     #[arg(long, default_value_t = 1, requires = "gpus", value_parser = at_least_one)]
     pub nnodes: usize,
+    /// This machine's index among --nnodes (0 runs rank 0).
     #[arg(long, default_value_t = 0, requires = "gpus")]
     pub node_rank: usize,
 }
@@ -171,14 +192,18 @@ pub fn at_least_one(text: &str) -> Result<usize, String> {
 pub enum DataCommand {
     /// Counts, token-length percentiles, truncation and one rendered example with the trained spans.
     Check {
+        /// The data file, read in the config's data.format.
         file: PathBuf,
+        /// The run's TOML config: model (its tokenizer and template), data settings.
         #[arg(long)]
         config: PathBuf,
     },
     /// Every kept row as training reads it (rendered, masked, truncated), one JSON line each:
     /// {"line", "input_ids", "labels"} with -100 where a token is not trained.
     Tokenize {
+        /// The data file, read in the config's data.format.
         file: PathBuf,
+        /// The run's TOML config: model (its tokenizer and template), data settings.
         #[arg(long)]
         config: PathBuf,
         /// The JSON Lines file to write [default: stdout].
@@ -197,6 +222,7 @@ pub enum BenchCommand {
         /// SEQxBATCH,... as in ../shared/anchors/peft_qlora_baseline.py.
         #[arg(long, default_value = "512x2,512x4,512x8,2048x2,2048x4,2048x8")]
         shapes: String,
+        /// Timed optimizer steps per shape (after two warm-up steps).
         #[arg(long, default_value_t = 6)]
         steps: usize,
         /// LoRA dropout (the anchor recipe has none).
@@ -231,6 +257,7 @@ pub enum BenchCommand {
     /// the driver compiles), one JSON line each, then the totals. Run it with
     /// CUDA_CACHE_DISABLE=1 to see a fresh machine's compile times.
     Kernels {
+        /// cuda or cuda:N.
         #[arg(long, default_value = "cuda")]
         device: String,
     },
@@ -243,12 +270,16 @@ pub enum BenchCommand {
         /// Query heads, kv heads and head_dim (Mistral-7B's by default).
         #[arg(long, default_value_t = 32)]
         heads: usize,
+        /// Key/value heads (grouped-query attention when fewer than --heads).
         #[arg(long, default_value_t = 8)]
         kv_heads: usize,
+        /// The width of one head.
         #[arg(long, default_value_t = 128)]
         head_dim: usize,
+        /// Timed iterations per shape.
         #[arg(long, default_value_t = 20)]
         iters: usize,
+        /// The dtype of q, k and v.
         #[arg(long, default_value = "f16", value_parser = ["f32", "f16", "bf16"])]
         dtype: String,
         /// auto, cpu, cuda or cuda:N.
@@ -268,8 +299,10 @@ pub struct BenchModel {
     /// Hub repo id, local HF folder or .gguf file.
     #[arg(long)]
     pub model: String,
+    /// Storage of the frozen projection weights (nf4: with double quantization).
     #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
     pub quantization: String,
+    /// The compute dtype.
     #[arg(long, default_value = "f16", value_parser = ["f32", "f16", "bf16"])]
     pub dtype: String,
     /// auto, cpu, cuda or cuda:N.
@@ -337,7 +370,7 @@ pub struct EvalArgs {
     /// Hub repo id, local HF folder or .gguf file [default: the config's model.source].
     #[arg(long)]
     pub model: Option<String>,
-    /// [default: the config's model.revision, else main]
+    /// The Hub revision of a repo id [default: the config's model.revision, else main].
     #[arg(long)]
     pub revision: Option<String>,
     /// A PEFT adapter folder (adapter_config.json + adapter_model.safetensors).
@@ -361,7 +394,8 @@ pub struct EvalArgs {
     /// auto, cpu, cuda or cuda:N [default: the config's train.device, else auto].
     #[arg(long)]
     pub device: Option<String>,
-    /// [default: the config's train.compute_dtype; without a config f32 on the CPU, f16 on a GPU]
+    /// The compute dtype [default: the config's train.compute_dtype; without a config f32 on the
+    /// CPU, f16 on a GPU].
     #[arg(long, value_parser = ["f32", "f16", "bf16"])]
     pub dtype: Option<String>,
     /// Storage of the base's projection weights [default: the config's, else nf4 as training].
@@ -400,17 +434,22 @@ pub struct ChatArgs {
     /// One user message; without it, chat interactively on stdin.
     #[arg(long)]
     pub prompt: Option<String>,
+    /// A system message before the conversation.
     #[arg(long)]
     pub system: Option<String>,
+    /// The longest reply, in tokens.
     #[arg(long, default_value_t = 256)]
     pub max_new_tokens: usize,
     /// 0 decodes greedily.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f64,
+    /// Nucleus sampling: draw from the smallest set of tokens whose probability reaches this.
     #[arg(long)]
     pub top_p: Option<f64>,
+    /// Seeds the sampling.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// The Hub revision (branch, tag or commit) of a repo id.
     #[arg(long, default_value = "main")]
     pub revision: String,
     /// Storage of the base's projection weights; use what the adapter was trained with.

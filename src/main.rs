@@ -2,6 +2,7 @@
 
 mod cli;
 mod plan_commands;
+mod reference;
 
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -211,6 +212,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Eval(args) => eval(&args),
+        Command::Reference { dir } => reference::write(&dir),
         Command::Data { command: DataCommand::Check { file, config } } => {
             let cfg = Config::from_file(&config)?;
             let files = lora_ft::hub::resolve(&cfg.model.expanded_source(), &cfg.model.revision)?;

@@ -1,5 +1,8 @@
 //! `train.batch_size`: a number of rows, or "auto".
 
+use std::borrow::Cow;
+
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 
 /// `train.batch_size`: a number of rows (at least 1, checked as it is read), or "auto".
@@ -17,6 +20,21 @@ impl Serialize for BatchSize {
             BatchSize::Fixed(n) => s.serialize_u64(*n as u64),
             BatchSize::Auto => s.serialize_str("auto"),
         }
+    }
+}
+
+impl JsonSchema for BatchSize {
+    fn schema_name() -> Cow<'static, str> {
+        "BatchSize".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "anyOf": [
+                { "type": "integer", "minimum": 1 },
+                { "const": "auto", "description": "The largest batch that fits, probed on the GPU." }
+            ]
+        })
     }
 }
 

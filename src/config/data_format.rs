@@ -1,11 +1,12 @@
 //! `data.format`, the dataset format of the data files.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// `data.format`: how a row reads as a conversation (`src/data/formats/` has the conventions).
 /// A `.parquet` file is Parquet (the keys as columns, message lists as lists of structs), any
 /// other JSON Lines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DataFormat {
     /// `{"messages": [{"role", "content"}, ...]}` (OpenAI / HF chat format), the default.

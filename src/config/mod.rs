@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::quant::Quantization;
@@ -10,6 +11,7 @@ use crate::quant::Quantization;
 mod batch_size;
 mod data_format;
 mod optim;
+pub mod reference;
 pub use batch_size::BatchSize;
 pub use data_format::DataFormat;
 pub use optim::{AdafactorFlavor, AdafactorSection, AdamwSection, OptimName, OptimSection};
@@ -23,34 +25,48 @@ pub enum ConfigError {
     Invalid { file: PathBuf, key: String, message: String },
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// A training run's config file: `lora-ft train CONFIG`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// The base model and how its frozen weights are stored.
     pub model: ModelSection,
+    /// The LoRA adapters: rank, scale, dropout and which projections they adapt.
     #[serde(default)]
     pub lora: LoraSection,
+    /// The training data: files, format, sequence length, packing.
     pub data: DataSection,
+    /// The training loop: batch, steps, schedule, precision, device and memory policy.
     #[serde(default)]
     pub train: TrainSection,
+    /// The optimizer and its settings.
     #[serde(default)]
     pub optim: OptimSection,
+    /// Checkpoints: how often, how many, and resuming.
     #[serde(default)]
     pub checkpoint: CheckpointSection,
+    /// Where the run and the adapter are written.
     #[serde(default)]
     pub output: OutputSection,
 }
 
 /// Where the base model comes from: a Hub repo id, a local HF folder, or a `.gguf` file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
+    /// A Hub repo id (`mistralai/Mistral-7B-v0.1`; `HF_TOKEN` and `HF_HOME` are
+    /// honoured, a cached model works offline), a local HF folder, or a `.gguf` file (imported
+    /// once into the cache). `${LORA_FT_CACHE}` and a leading `~/` are expanded.
     pub source: String,
+    /// The Hub revision (branch, tag or commit) of a repo id.
     #[serde(default = "default_revision")]
     pub revision: String,
-    /// Storage of the frozen projection weights: "nf4" (QLoRA, the default) or "none" (dense).
+    /// Storage of the frozen projection weights: 4-bit NF4 in bitsandbytes' format (QLoRA), or
+    /// dense in the compute dtype.
     #[serde(default)]
     pub quantization: QuantizationKind,
-    /// Quantize NF4's absmax values to 8 bits (bitsandbytes' `bnb_4bit_use_double_quant`).
+    /// Quantize NF4's absmax values to 8-bit codes (bitsandbytes' `bnb_4bit_use_double_quant`,
+    /// its `compress_statistics`).
     #[serde(default = "default_double_quant")]
     pub double_quant: bool,
     /// A Jinja file in place of the model's chat template (its special tokens stay the model's).
@@ -58,26 +74,34 @@ pub struct ModelSection {
     pub chat_template: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum QuantizationKind {
+    /// 4-bit NormalFloat with a 16-bit absmax per block of 64, byte for byte bitsandbytes'.
     #[default]
     Nf4,
+    /// Dense weights in `train.compute_dtype`.
     None,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 // `default` lets a section name only the keys it changes; unknown keys are still errors.
 #[serde(deny_unknown_fields, default)]
 pub struct LoraSection {
+    /// The adapters' rank.
     pub r: usize,
+    /// The adapters' scale is `alpha / r` (`alpha / sqrt(r)` with `rslora`).
     pub alpha: f64,
+    /// Dropout on the LoRA input, as PEFT applies it; in [0, 1).
     pub dropout: f64,
+    /// The projections that get adapters: some of `q_proj`, `k_proj`, `v_proj`, `o_proj`,
+    /// `gate_proj`, `up_proj`, `down_proj`.
     pub target_modules: Vec<String>,
+    /// Rank-stabilized LoRA: scale by `alpha / sqrt(r)`.
     pub rslora: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TruncationSide {
     /// Keep the start of the conversation (drop the tail).
@@ -87,7 +111,7 @@ pub enum TruncationSide {
 }
 
 /// What to do with a conversation's leading system message.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SystemMessage {
     /// Give it to the chat template as it is (a template without a system role refuses the row).
@@ -97,75 +121,98 @@ pub enum SystemMessage {
     Fold,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DataSection {
+    /// The training file: JSON Lines, or Parquet when it ends in `.parquet`.
     pub train: PathBuf,
+    /// The evaluation file, read like `train`; without it the run has no eval loss.
     #[serde(default)]
     pub eval: Option<PathBuf>,
+    /// How a row reads as a conversation.
     #[serde(default = "default_format")]
     pub format: DataFormat,
+    /// The longest row in tokens; longer conversations are cut at `truncation_side`.
     #[serde(default = "default_max_seq_len")]
     pub max_seq_len: usize,
+    /// Which end of a conversation longer than `max_seq_len` is kept.
     #[serde(default = "default_truncation")]
     pub truncation_side: TruncationSide,
+    /// What to do with a conversation's leading system message (Gemma 2's template refuses a
+    /// system role: `"fold"`).
     #[serde(default)]
     pub system_message: SystemMessage,
-    /// Whole dialogues packed into rows of `max_seq_len`, each attending only to itself.
+    /// Whole dialogues packed into rows of `max_seq_len` (best-fit decreasing), each attending
+    /// only to itself, with its own positions.
     #[serde(default)]
     pub packing: bool,
-    /// Without packing: rows sorted by length within windows of 50 batches (less padding).
+    /// Without packing: each epoch's shuffled rows sorted by length within windows of 50
+    /// batches (less padding).
     #[serde(default)]
     pub group_by_length: bool,
     /// Each batch padded to a length that is a multiple of this (at most `max_seq_len`), and each
-    /// rank's shard cut at one: fewer shapes, so fewer of cuDNN's attention graphs to build
-    /// (~0.13 s a new length on an H100, 2.3 s for the first 2047-long batch on a fresh machine:
-    /// benches/issue20_checkpointing_cold_start.md, session 14) and fewer plans. 1: padded to the
-    /// longest row only.
+    /// rank's shard cut at one: fewer shapes, so fewer of cuDNN's attention graphs to build and
+    /// fewer memory plans. 1: padded to the longest row only.
     #[serde(default = "default_pad_to_multiple_of")]
     pub pad_to_multiple_of: usize,
     /// Prompts (JSONL of `{"messages", "tools"?}` ending in a user turn) the model answers at the
     /// start, at each evaluation and at the end, into `<output.dir>/samples.jsonl`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_prompts: Option<PathBuf>,
+    /// The most tokens generated for each of `eval_prompts`.
     #[serde(default = "default_eval_max_new_tokens")]
     pub eval_max_new_tokens: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// The learning rate after a linear warmup, as transformers' schedulers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Schedule {
+    /// Half a cosine from `lr` down to 0 at the last step.
     Cosine,
+    /// A straight line from `lr` down to 0 at the last step.
     Linear,
+    /// `lr` throughout.
     Constant,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// The dtype activations and the unquantized weights compute in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ComputeDtype {
+    /// The CPU's dtype.
     F32,
+    /// With dynamic loss scaling.
     F16,
+    /// For models whose activations overflow f16 (Gemma).
     Bf16,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 // `default` lets a section name only the keys it changes; unknown keys are still errors.
 #[serde(deny_unknown_fields, default)]
 pub struct TrainSection {
     /// Rows per micro-batch, or "auto": the largest that fits, probed on the GPU before training.
     pub batch_size: BatchSize,
+    /// Micro-batches per optimizer step; the loss is normalized over all their trained tokens.
     pub grad_accum: usize,
     /// Passes over the training set; ignored when `max_steps` is set.
     pub epochs: f64,
     /// Optimizer steps; overrides `epochs` when present.
     pub max_steps: Option<usize>,
+    /// The peak learning rate.
     pub lr: f64,
+    /// The learning rate's shape over the run.
     pub schedule: Schedule,
+    /// Optimizer steps of linear warmup from 0 to `lr`.
     pub warmup_steps: usize,
+    /// Decoupled weight decay (`p *= 1 - lr·wd`) for every optimizer, as TrainingArguments'.
     pub weight_decay: f64,
     /// Global-norm gradient clipping; 0 turns it off.
     pub max_grad_norm: f64,
+    /// Seeds the LoRA initialization, the shuffling and dropout.
     pub seed: u64,
+    /// The dtype the step computes in.
     pub compute_dtype: ComputeDtype,
     /// `auto` (the first GPU when built with CUDA and one is present, else the CPU), `cpu`,
     /// `cuda` or `cuda:N`; `lora-ft train --device` overrides it.
@@ -184,9 +231,10 @@ pub struct TrainSection {
     /// and only the input of the others, which the backward recomputes; `"full"` recomputes
     /// every layer (the least memory); `"none"` recomputes none. The gradients are the same.
     pub checkpointing: Checkpointing,
-    /// On a GPU, the checkpoints and an untied lm_head wait in page-locked host memory during a
-    /// step, copied on a second stream while the GPU computes (host RAM: one layer input per
-    /// layer, plus lm_head). `false` keeps everything on the GPU.
+    /// On a GPU, the checkpoints, an untied lm_head and (with `checkpointing = "auto"`) the
+    /// activations of layers the GPU has no room to keep wait in page-locked host memory during a
+    /// step, copied on a second stream while the GPU computes. `false` keeps everything on the
+    /// GPU.
     pub host_offload: bool,
     /// The gated MLP runs in row tiles (of at most 64M `[rows, intermediate]` values) once a
     /// step has more rows than one holds: gate, up, act and their gradients for one tile at a
@@ -196,6 +244,7 @@ pub struct TrainSection {
     pub eval_every: usize,
     /// Cap on eval batches per evaluation (0: the whole eval set).
     pub eval_batches: usize,
+    /// Log (and write to metrics.jsonl) every N optimizer steps.
     pub log_every: usize,
     /// Where else the metrics go besides metrics.jsonl: `["tensorboard"]` writes TensorBoard
     /// event files into `<output.dir>/tb/`.
@@ -203,22 +252,26 @@ pub struct TrainSection {
 }
 
 /// `train.report_to`: a tracker that gets the run's metrics besides metrics.jsonl.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ReportTo {
     /// Event files in `<output.dir>/tb/` (`tensorboard --logdir <output.dir>/tb`).
     Tensorboard,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// `train.checkpointing`: what a step keeps for its backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Checkpointing {
+    /// The planner keeps as many layers' activations as the memory budget holds.
     Auto,
+    /// Every layer recomputes (the least memory).
     Full,
+    /// No layer recomputes.
     None,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 // `default` lets a section name only the keys it changes; unknown keys are still errors.
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointSection {
@@ -231,22 +284,25 @@ pub struct CheckpointSection {
     pub resume: ResumeMode,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ResumeMode {
+    /// Continue from the newest complete checkpoint in `output.dir`.
     #[default]
     Auto,
+    /// Start from step 0.
     Never,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 // `default` lets a section name only the keys it changes; unknown keys are still errors.
 #[serde(deny_unknown_fields, default)]
 pub struct OutputSection {
-    /// Run directory: checkpoints/, metrics.jsonl.
+    /// Run directory: checkpoints/, metrics.jsonl, metrics.png, samples.jsonl, tb/.
     pub dir: PathBuf,
-    /// Adapter name: the adapter is exported to `adapters/<name>/`.
+    /// Adapter name: the adapter is written to `<adapters_dir>/<adapter_name>/`.
     pub adapter_name: String,
+    /// The folder the finished adapter is written into, in PEFT's format.
     pub adapters_dir: PathBuf,
 }
 

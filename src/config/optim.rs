@@ -3,10 +3,11 @@
 //! settings with the defaults filled in, and `validate` refuses a key that belongs to another
 //! optimizer than the one named, by name.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Which optimizer trains the adapters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OptimName {
     /// Factored second moments (no first moment by default): the least state.
@@ -51,10 +52,13 @@ pub struct AdafactorSection {
     pub warmup_init: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Which Adafactor's rules `optim.flavor` follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AdafactorFlavor {
+    /// `torch.optim.Adafactor`: the step scaled by each parameter's RMS.
     Torch,
+    /// `transformers.optimization.Adafactor`, with an absolute learning rate by default.
     Hf,
 }
 
@@ -93,37 +97,57 @@ impl Default for AdamwSection {
     }
 }
 
-/// `[optim]` as written: `name` and every optimizer's keys, each absent unless given.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// `[optim]` as written: `name` and every optimizer's keys, each absent unless given. A key of
+/// another optimizer than the one named is an error naming it, and a checkpoint resumes only
+/// under the optimizer that wrote it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OptimSection {
+    /// The optimizer.
     pub name: OptimName,
     // Adafactor
+    /// Adafactor only: whose Adafactor to follow [default: "hf"].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flavor: Option<AdafactorFlavor>,
+    /// Adafactor only: the second moment decays as beta2_t = 1 - t^decay_rate; negative
+    /// [default: -0.8].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decay_rate: Option<f64>,
+    /// Adafactor only: the regularizer of the squared gradient [default: 1e-30 with "hf", the
+    /// dtype's epsilon with "torch"].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eps1: Option<f64>,
+    /// Adafactor only: the lower bound of the parameter RMS used for relative steps
+    /// [default: 1e-3].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eps2: Option<f64>,
+    /// Adafactor only: the update clipping threshold (torch's d; at least 1 there)
+    /// [default: 1.0].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip_threshold: Option<f64>,
+    /// Adafactor "hf" only: lr = min(1e-2, 1/sqrt(t)), scaled by the parameter RMS
+    /// [default: false].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub relative_step: Option<bool>,
+    /// Adafactor "hf" only: scale the step by the parameter's RMS [default: false].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scale_parameter: Option<bool>,
+    /// Adafactor "hf" only, with `relative_step`: warm the relative step up [default: false].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warmup_init: Option<bool>,
     // both: Adafactor's optional first moment (hf), AdamW's beta1
+    /// Adafactor "hf": a first moment with this decay (omitted: none, Adafactor's memory
+    /// saving); AdamW: the first moment's decay [default: 0.9].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub beta1: Option<f64>,
     // AdamW
+    /// AdamW only: the second moment's decay [default: 0.999].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub beta2: Option<f64>,
-    /// torch's spelling of (beta1, beta2).
+    /// AdamW only: torch's spelling of `[beta1, beta2]`; give one spelling or the other.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub betas: Option<[f64; 2]>,
+    /// AdamW only: added to the second moment's root [default: 1e-8].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eps: Option<f64>,
     /// Refused with a pointer to `train.weight_decay` (one weight decay for every optimizer).
