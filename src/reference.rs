@@ -78,17 +78,16 @@ fn argument(arg: &Arg) -> String {
         let names = arg.get_value_names().map(|n| n.join(" ")).unwrap_or_else(|| arg.get_id().to_string());
         names.to_uppercase()
     };
-    let takes_value = !matches!(arg.get_action(), ArgAction::SetTrue | ArgAction::SetFalse | ArgAction::Count);
+    let takes_value =
+        !matches!(arg.get_action(), ArgAction::SetTrue | ArgAction::SetFalse | ArgAction::Count);
     let mut spelled = match (arg.get_long(), arg.get_short()) {
         (Some(long), Some(short)) => format!("-{short}, --{long}"),
         (Some(long), None) => format!("--{long}"),
         (None, Some(short)) => format!("-{short}"),
         (None, None) => format!("<{}>", value_name()),
     };
-    if arg.get_long().is_some() || arg.get_short().is_some() {
-        if takes_value {
-            spelled.push_str(&format!(" <{}>", value_name()));
-        }
+    if (arg.get_long().is_some() || arg.get_short().is_some()) && takes_value {
+        spelled.push_str(&format!(" <{}>", value_name()));
     }
     let mut text = format!("`{spelled}`");
     if arg.is_required_set() {

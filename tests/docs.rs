@@ -27,10 +27,12 @@ fn pages() -> Vec<PathBuf> {
     out
 }
 
-/// The text with fenced code blocks and inline code blanked out (links there are not links).
+/// The text with fenced code blocks and inline code blanked out (links there are not links). An
+/// inline code span may wrap onto the next line; a blank line ends it.
 fn prose(text: &str) -> String {
     let mut out = String::new();
     let mut fenced = false;
+    let mut in_code = false;
     for line in text.lines() {
         if line.trim_start().starts_with("```") {
             fenced = !fenced;
@@ -41,12 +43,14 @@ fn prose(text: &str) -> String {
             out.push('\n');
             continue;
         }
-        let mut in_code = false;
+        if line.trim().is_empty() {
+            in_code = false;
+        }
         for c in line.chars() {
             if c == '`' {
                 in_code = !in_code;
             }
-            out.push(if in_code { ' ' } else { c });
+            out.push(if in_code || c == '`' { ' ' } else { c });
         }
         out.push('\n');
     }
