@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use lora_ft::data::{pack, Batch, Example, PadTo};
 use lora_ft::export::load_adapter;
-use lora_ft::model::CausalLm;
+use lora_ft::model::{CausalLm, TrainingPolicy};
 use lora_ft::quant::Quantization;
 
 fn device() -> Device {
@@ -196,7 +196,8 @@ fn check_model(dir: &Path, name: &str, lens: &[usize], max_len: usize, kernels: 
 
 /// The errors `err` gives for the packed batch run with the MLP in row tiles of 3 tokens.
 fn tiled_error(mut m: CausalLm, batch: &Batch, err: impl Fn(f64, &[Vec<f64>]) -> (f64, f64)) -> (f64, f64) {
-    m.mlp_tile_values = 3 * m.config().intermediate_size;
+    let mlp_tile_values = 3 * m.config().intermediate_size;
+    m.set_training_policy(TrainingPolicy { mlp_tile_values, ..m.training_policy().clone() });
     let (loss, _, grads) = run(&m, batch);
     err(loss, &grads)
 }

@@ -15,7 +15,7 @@ use candle_core::{DType, Device, Tensor};
 use lora_ft::data::{pack, Batch, Example};
 use lora_ft::export::load_adapter;
 use lora_ft::model::activations::{KeptLayers, LayerPlan};
-use lora_ft::model::CausalLm;
+use lora_ft::model::{CausalLm, TrainingPolicy};
 use lora_ft::quant::Quantization;
 
 fn device() -> Device {
@@ -62,7 +62,7 @@ fn packed_batch(lens: &[usize], max_len: usize) -> Batch {
 
 /// (loss sum, the input gradient and every LoRA gradient, flattened as f64) with `kept`.
 fn run(m: &mut CausalLm, batch: &Batch, kept: KeptLayers, dropout_seed: Option<u64>) -> (f64, Vec<Vec<f64>>) {
-    m.kept_layers = kept;
+    m.set_training_policy(TrainingPolicy { kept_layers: kept, ..m.training_policy().clone() });
     let shape = (batch.batch_size, batch.seq_len);
     let ids = Tensor::from_vec(batch.input_ids.clone(), shape, m.device()).unwrap();
     let out = m.forward_backward_packed(&ids, &batch.labels, &batch.seq_lens, 1.0, dropout_seed).unwrap();

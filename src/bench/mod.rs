@@ -218,7 +218,7 @@ pub fn train(
         target_modules: targets,
         optimizer: crate::plan::OptimizerState::Adafactor { first_moment: false },
         embeddings_on_host: true,
-        loss_chunk_rows: lm.loss_chunk_rows,
+        loss_chunk_rows: crate::model::decoder::LOSS_CHUNK_ROWS,
         accumulates_gradients: false,
         lora_dropout: lora_dropout > 0.0,
         host_offload,
@@ -368,7 +368,7 @@ fn time_shape(
         .then(|| sections.into_iter().map(|(name, s, _)| (name.to_string(), s / steps as f64)).collect());
     let pool = pool_memory(&device);
     // what the steps kept: the layers placed, not the plan's counts
-    let kinds = trainer.model.kept_layers.kinds(layers, (seq, bs));
+    let kinds = trainer.model.kept_layers().kinds(layers, (seq, bs));
     let kept = kinds.iter().filter(|&&k| k != LayerKind::Recomputed).count();
     let lora_params = trainer.model.lora_params().iter().map(|(_, v)| v.elem_count()).sum();
     let flops = flops::per_token(trainer.model.config(), &trainer.model.arch, lora_params, seq, kept);

@@ -27,6 +27,6 @@ pub mod packing;
 pub mod reference;
 
 pub use arch::{Architecture, ModelConfig};
-pub use decoder::{CausalLm, TrainOutput};
+pub use decoder::{CausalLm, TrainOutput, TrainingPolicy};
 pub use layer::KvCache;
 pub use lora::{module_path, LoraSpec, PROJECTIONS};

@@ -28,9 +28,9 @@ impl Trainer {
         while result.as_ref().is_err_and(may_run_again) {
             let layers = self.model.layers.len();
             // a shape trimmed in an earlier step that runs out again gives up a layer at once
-            let what = if !trimmed && !self.model.kept_layers.trimmed_before() {
+            let what = if !trimmed && !self.model.kept_layers().trimmed_before() {
                 "runs again with the memory pool trimmed"
-            } else if self.model.kept_layers.keep_fewer(layers) {
+            } else if self.model.kept_layers().keep_fewer(layers) {
                 "the steps of its shape from now on keep one layer's activations fewer on the GPU, and this one runs again"
             } else {
                 break;

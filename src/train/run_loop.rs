@@ -104,7 +104,7 @@ pub(super) fn train_loop(
                 // checkpointing "auto" planned to the budget's edge: keep a layer fewer, go on
                 let layers = trainer.model.layers.len();
                 anyhow::ensure!(
-                    trainer.model.kept_layers.keep_fewer(layers),
+                    trainer.model.kept_layers().keep_fewer(layers),
                     "step {done}: {over}; lower train.batch_size ({batch_size}) or data.max_seq_len ({}), or \
                      raise train.max_vram_fraction",
                     cfg.data.max_seq_len

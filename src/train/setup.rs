@@ -18,7 +18,7 @@ use crate::config::{BatchSize, Checkpointing, ComputeDtype, Config, ReportTo, Tr
 use crate::data::{BatchLoader, ChatTokenizer, PadTo, TokenizedDataset};
 use crate::distributed::{Collective, ReduceOp};
 use crate::durable;
-use crate::model::{CausalLm, LoraSpec};
+use crate::model::{CausalLm, LoraSpec, TrainingPolicy};
 use crate::optim::LrSchedule;
 
 pub fn lora_spec(cfg: &Config) -> LoraSpec {
@@ -121,7 +121,7 @@ fn load_model(
             BatchSize::Fixed(n) => n,
             BatchSize::Auto => 1,
         };
-        let plan = model.kept_layers.plan((seq, batch));
+        let plan = model.kept_layers().plan((seq, batch));
         tracing::info!(
             "checkpointing auto: at batch {batch} x {seq} {} of {layers} layers keep their activations on the \
              GPU within the budget of {:.2} GiB and {} in page-locked host memory (one every {} layers), the \
@@ -145,7 +145,7 @@ pub fn set_checkpointing(
     budget: Option<u64>,
 ) {
     use crate::model::activations::KeptLayers;
-    model.kept_layers = match (mode, budget) {
+    let kept_layers = match (mode, budget) {
         (Checkpointing::Full, _) | (Checkpointing::Auto, None) => KeptLayers::none(),
         (Checkpointing::None, _) => KeptLayers::all(),
         (Checkpointing::Auto, Some(budget)) => {
@@ -153,16 +153,22 @@ pub fn set_checkpointing(
             KeptLayers::by(move |shape| crate::plan::layer_plan(&m, &run, shape, budget))
         }
     };
+    let policy = TrainingPolicy { kept_layers, ..model.training_policy().clone() };
+    model.set_training_policy(policy);
 }
 
 /// The gated MLP in row tiles (`train.mlp_tiles`), or over all rows at once.
 pub fn set_mlp_tiles(model: &mut CausalLm, on: bool) {
-    model.mlp_tile_values = if on { crate::model::layer::MLP_TILE_VALUES } else { usize::MAX };
+    let mlp_tile_values = if on { crate::model::layer::MLP_TILE_VALUES } else { usize::MAX };
+    let policy = TrainingPolicy { mlp_tile_values, ..model.training_policy().clone() };
+    model.set_training_policy(policy);
 }
 
 /// Checkpoints and lm_head in host memory during steps (CUDA), or everything on the device.
 pub fn set_host_offload(model: &mut CausalLm, on: bool) -> anyhow::Result<()> {
-    model.offload_checkpoints = on && model.device().is_cuda();
+    let offload_checkpoints = on && model.device().is_cuda();
+    let policy = TrainingPolicy { offload_checkpoints, ..model.training_policy().clone() };
+    model.set_training_policy(policy);
     if on && model.stream_lm_head()? {
         tracing::info!(
             "lm_head moved to page-locked host memory: streamed for the loss at the shapes where the plan \

@@ -198,7 +198,7 @@ impl Trainer {
     fn local_step(&self, step: usize, micro_batches: &[Batch], grad_scale: f64) -> anyhow::Result<LocalStep> {
         let rank = self.collective.rank() as u64;
         // the shapes this step plans are the ones a retry or an over-budget peak gives a layer up
-        self.model.kept_layers.begin_step();
+        self.model.kept_layers().begin_step();
         let (mut grads, mut loss_sum, mut tokens): (Option<Vec<Tensor>>, f64, usize) = (None, 0.0, 0);
         for (m, global) in micro_batches.iter().enumerate() {
             let Some(batch) = rank_batch(global, &*self.collective) else { continue };

@@ -156,9 +156,7 @@ impl CausalLm {
             dtype,
             device: device.clone(),
             loss_chunk_rows: LOSS_CHUNK_ROWS,
-            offload_checkpoints: device.is_cuda(),
-            mlp_tile_values: crate::model::layer::MLP_TILE_VALUES,
-            kept_layers: crate::model::activations::KeptLayers::none(),
+            policy: super::TrainingPolicy::loaded_on(device),
             #[cfg(feature = "cuda")]
             host_stash: std::sync::OnceLock::new(),
             #[cfg(feature = "cuda")]

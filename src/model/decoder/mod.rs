@@ -4,7 +4,10 @@
 //! last layers the planner keeps whole (`KeptLayers`), whose backward reads their forward's.
 
 mod load;
+mod policy;
 pub mod prepare;
+
+pub use policy::TrainingPolicy;
 
 use crate::profile::section;
 use candle_core::{DType, Device, Tensor, Var};
@@ -46,14 +49,9 @@ pub struct CausalLm {
     dtype: DType,
     device: Device,
     /// Rows of the cross-entropy processed at once (bounds the logits buffer to chunk × vocab).
-    pub loss_chunk_rows: usize,
-    /// Checkpoints wait in page-locked host memory during the step (CUDA; checkpoints.rs).
-    pub offload_checkpoints: bool,
-    /// Values of one row tile of the gated MLP (layer/tiles.rs; `MLP_TILE_VALUES`).
-    pub mlp_tile_values: usize,
-    /// The last layers whose activations stay from the forward to the backward at a step's
-    /// shape (selective checkpointing); the others are recomputed. Default: none.
-    pub kept_layers: KeptLayers,
+    loss_chunk_rows: usize,
+    /// What the training steps keep and where (policy.rs), set by the run's setup.
+    policy: TrainingPolicy,
     #[cfg(feature = "cuda")]
     host_stash: std::sync::OnceLock<Option<HostStash>>,
     #[cfg(feature = "cuda")]
@@ -106,6 +104,21 @@ impl CausalLm {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// What the training steps keep and where.
+    pub fn training_policy(&self) -> &TrainingPolicy {
+        &self.policy
+    }
+
+    /// The run's policy for the training steps from here on (train/setup.rs resolves it).
+    pub fn set_training_policy(&mut self, policy: TrainingPolicy) {
+        self.policy = policy;
+    }
+
+    /// The layers the steps keep, given up one at a time where a step runs out of memory.
+    pub fn kept_layers(&self) -> &KeptLayers {
+        &self.policy.kept_layers
     }
 
     /// Frees lm_head chunks prefetched for a loss that did not run (a step that failed), so
@@ -243,7 +256,7 @@ impl CausalLm {
             _ => &self.rope,
         };
         let scores = ScoreRule { scale: self.arch.query_scale, softcap: self.arch.attention_softcap, window };
-        LayerInput { rope, mask, offset, scores, dropout_seed, packed, mlp_tile_values: self.mlp_tile_values }
+        LayerInput { rope, mask, offset, scores, dropout_seed, packed, mlp_tile_values: self.policy.mlp_tile_values }
     }
 
     /// Eval-mode logits `[b, t, vocab]` (f32). With `caches`, continues from the cached positions.
@@ -340,7 +353,7 @@ impl CausalLm {
         make: fn(&Device) -> candle_core::Result<T>,
         what: &str,
     ) -> Option<&'s T> {
-        if !(self.offload_checkpoints && self.device.is_cuda()) {
+        if !(self.policy.offload_checkpoints && self.device.is_cuda()) {
             return None;
         }
         let made = cell.get_or_init(|| {
@@ -396,7 +409,7 @@ impl CausalLm {
         let masks = self.attention_masks(t, 0, packed.as_ref())?;
         let masks = (masks.as_slice(), packed.as_ref());
         let mut checkpoints = self.checkpoints();
-        let (plan, grows) = self.kept_layers.plan_growing((t, b));
+        let (plan, grows) = self.policy.kept_layers.plan_growing((t, b));
         self.lm_head.drop_prefetched(); // a failed step's, before any trim
         if grows {
             // the memory pool keeps what the smaller shapes before freed, cut to their buffers,
