@@ -4,8 +4,8 @@
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use lora_ft::gguf::export::quantize;
-use lora_ft::gguf::kquants;
+use lora_ft::gguf::format::kquants;
+use lora_ft::gguf::format::quants::quantize;
 use serde_json::Value as Json;
 
 type Quantizer = fn(&[f32]) -> Vec<u8>;

@@ -3,7 +3,7 @@
 //! SmolLM2 demo folder) and the default system prompts read from them.
 
 use flate2::read::GzDecoder;
-use lora_ft::gguf::modelfile::{default_system, Family};
+use lora_ft::gguf::export::modelfile::{default_system, Family};
 use serde_json::Value as Json;
 use std::io::Read;
 use std::path::Path;

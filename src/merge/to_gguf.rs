@@ -12,7 +12,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use super::{merged_tensor, not_created, AdapterDeltas};
 use crate::durable;
 use crate::gguf::export::{FileType, GgufModel, Planned};
-use crate::gguf::writer::GgufWriter;
+use crate::gguf::format::writer::{GgufWriter, TensorInfo};
 use candle_core::quantized::gguf_file::Value;
 
 /// What an export wrote.
@@ -21,7 +21,7 @@ pub struct GgufSummary {
     pub tensors: usize,
     pub merged_projections: usize,
     pub bytes: u64,
-    /// The Ollama Modelfile written beside the GGUF file (`gguf/modelfile.rs`).
+    /// The Ollama Modelfile written beside the GGUF file (`gguf/export/modelfile.rs`).
     pub modelfile: PathBuf,
     /// What the user should know about the Modelfile (no TEMPLATE, a FROM to fill in).
     pub warnings: Vec<String>,
@@ -97,7 +97,7 @@ pub fn export_gguf(
 fn write_gguf<T>(
     out: &Path,
     metadata: &[(String, Value)],
-    infos: Vec<crate::gguf::writer::TensorInfo>,
+    infos: Vec<TensorInfo>,
     tensors: impl FnOnce(&mut GgufWriter<BufWriter<std::fs::File>>, &Path) -> anyhow::Result<T>,
 ) -> anyhow::Result<(T, u64)> {
     let partial = partial_of(out)?;
@@ -220,7 +220,7 @@ fn write_modelfile(
     config: &Path,
     base: Option<Option<&Path>>,
 ) -> anyhow::Result<(PathBuf, Vec<String>)> {
-    use crate::gguf::modelfile;
+    use crate::gguf::export::modelfile;
     let own = format!("./{}", out.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
     let mut warnings = Vec::new();
     let (from, adapter) = match base {

@@ -1,111 +1,22 @@
-//! What tells the exported families apart, as llama.cpp's `convert_hf_to_gguf.py` writes each:
-//! the architecture (`llama` for Llama and Mistral, `qwen2`, `qwen3`, `gemma2`, `gemma3`), the
-//! `<arch>.*` keys of `Qwen2Model`/`Qwen3Model` (`TextModel.set_gguf_parameters`),
-//! `Gemma2Model` and `Gemma3Model`, Gemma's norms stored as w + 1, and what llama.cpp cannot
-//! run as transformers does (refused, naming the config key).
+//! config.json → the model's `<arch>.*` keys, as llama.cpp's `convert_hf_to_gguf.py` writes
+//! each family's: `LlamaModel` (Llama and Mistral), `Qwen2Model`/`Qwen3Model`
+//! (`TextModel.set_gguf_parameters`), `Gemma2Model` and `Gemma3Model`; what llama.cpp cannot run
+//! as transformers does is refused, naming the config key.
 
-use super::arch::Architecture;
-use super::export::GgufModel;
+use super::family::Family;
+use super::hf_model::HfModel;
 use anyhow::{bail, Result};
 use candle_core::quantized::gguf_file::Value;
 use serde_json::Value as Json;
 
-/// The family of a config.json's `model_type`, as the exporter writes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    /// `llama` and `mistral` (llama.cpp writes both as `llama`, Q/K rows permuted).
-    Llama,
-    Qwen2,
-    Qwen3,
-    Gemma2,
-    Gemma3,
-}
-
-impl Family {
-    pub fn of_model_type(model_type: &str) -> Option<Self> {
-        Some(match model_type {
-            "llama" | "mistral" => Self::Llama,
-            "qwen2" => Self::Qwen2,
-            "qwen3" => Self::Qwen3,
-            "gemma2" => Self::Gemma2,
-            "gemma3" | "gemma3_text" => Self::Gemma3,
-            _ => return None,
-        })
-    }
-
-    /// `general.architecture`, the prefix of the model's own keys.
-    pub fn arch_name(self) -> &'static str {
-        match self {
-            Self::Llama => "llama",
-            Self::Qwen2 => "qwen2",
-            Self::Qwen3 => "qwen3",
-            Self::Gemma2 => "gemma2",
-            Self::Gemma3 => "gemma3",
-        }
-    }
-
-    /// The import's table of tensor names, run backwards.
-    pub(super) fn architecture(self) -> Architecture {
-        match self {
-            Self::Llama => Architecture::Llama,
-            Self::Qwen2 => Architecture::Qwen2,
-            Self::Qwen3 => Architecture::Qwen3,
-            Self::Gemma2 => Architecture::Gemma2,
-            Self::Gemma3 => Architecture::Gemma3,
-        }
-    }
-
-    /// Added to a tensor before it is stored: Gemma's RMSNorm scales by (1 + w) and its
-    /// converters write every `*norm.weight` as w + 1 (`modify_tensors`, `norm_shift`).
-    pub fn stored_offset(self, hf_name: &str) -> f32 {
-        if hf_name.ends_with("norm.weight") {
-            self.architecture().stored_norm_offset()
-        } else {
-            0.0
-        }
-    }
-}
-
-/// A sliding window llama.cpp would not run: its llama, qwen2 and qwen3 graphs attend to the
-/// whole context. Mistral 7B v0.1's window of 4096 in a 32768 context is dropped with a warning,
-/// as convert_hf_to_gguf.py drops it (every GGUF of that model runs so, and rows up to the window
-/// are computed alike); Qwen's `use_sliding_window` is refused.
-pub(super) fn check_sliding_window(model: &GgufModel) -> Result<()> {
-    let config = model.config();
-    let file = model.config_file().display();
-    match model.family() {
-        Family::Llama => {
-            let window = model.opt_uint("sliding_window")?;
-            let context = model.opt_uint("max_position_embeddings")?;
-            if let (Some(window), Some(context)) = (window, context) {
-                if window < context {
-                    tracing::warn!(
-                        "{file}: `sliding_window` = {window} < max_position_embeddings {context}: llama.cpp's \
-                         llama graph has no sliding window, so the GGUF attends past {window} positions (as \
-                         llama.cpp's own converter writes this model); rows up to {window} tokens are computed alike"
-                    );
-                }
-            }
-        }
-        Family::Qwen2 | Family::Qwen3 if config["use_sliding_window"] == true => {
-            bail!(
-                "{file}: `use_sliding_window` is true: llama.cpp's {} has no sliding window",
-                model.family().arch_name()
-            )
-        }
-        _ => {}
-    }
-    Ok(())
-}
-
-/// The `<arch>.*` keys of a Qwen or Gemma model (Llama's are `GgufModel::metadata`'s own), in
-/// the order the converter adds them; a later key of the same name replaces the earlier, as
-/// gguf-py's writer does.
-pub(super) fn family_keys(model: &GgufModel, family: Family) -> Result<Vec<(String, Value)>> {
+/// The model's `<arch>.*` keys, in the order the converter adds them; for Qwen and Gemma a later
+/// key of the same name replaces the earlier, as gguf-py's writer does.
+pub(super) fn arch_keys(model: &HfModel) -> Result<Vec<(String, Value)>> {
+    let family = model.family();
     let arch = family.arch_name();
     let mut keys = Keys { arch, keys: Vec::new() };
     match family {
-        Family::Llama => unreachable!("Llama's keys are GgufModel::metadata's"),
+        Family::Llama => return llama_keys(model),
         Family::Qwen2 | Family::Qwen3 => text_model_keys(model, &mut keys)?,
         Family::Gemma2 => gemma2_keys(model, &mut keys)?,
         Family::Gemma3 => {
@@ -114,6 +25,41 @@ pub(super) fn family_keys(model: &GgufModel, family: Family) -> Result<Vec<(Stri
         }
     }
     Ok(keys.keys)
+}
+
+/// The `llama.*` keys (`TextModel` and `LlamaModel.set_gguf_parameters`).
+fn llama_keys(model: &HfModel) -> Result<Vec<(String, Value)>> {
+    let hidden = model.uint("hidden_size")?;
+    let head_dim = model.opt_uint("head_dim")?;
+    let eps = model.required_float("rms_norm_eps")?;
+    let mut keys = vec![
+        ("llama.block_count", model.u32_of("num_hidden_layers")?),
+        ("llama.context_length", model.u32_of("max_position_embeddings")?),
+        ("llama.embedding_length", model.u32_of("hidden_size")?),
+        ("llama.feed_forward_length", model.u32_of("intermediate_size")?),
+        ("llama.attention.head_count", Value::U32(model.heads() as u32)),
+        ("llama.attention.head_count_kv", Value::U32(model.kv_heads() as u32)),
+    ];
+    if let Some(theta) = model.float("rope_theta")? {
+        keys.push(("llama.rope.freq_base", Value::F32(theta)));
+    }
+    keys.push(("llama.attention.layer_norm_rms_epsilon", Value::F32(eps)));
+    if let Some(("linear", scaling)) = model.rope_scaling() {
+        keys.push(("llama.rope.scaling.type", Value::String("linear".into())));
+        keys.push((
+            "llama.rope.scaling.factor",
+            Value::F32(model.scaling_float(scaling, "factor", None)? as f32),
+        ));
+    }
+    // Mistral Nemo: head_dim 128 with hidden / heads = 160
+    if let Some(head_dim) = head_dim {
+        keys.push(("llama.attention.key_length", Value::U32(head_dim as u32)));
+        keys.push(("llama.attention.value_length", Value::U32(head_dim as u32)));
+    }
+    keys.push(("llama.vocab_size", model.u32_of("vocab_size")?));
+    let rope_dims = head_dim.unwrap_or(hidden / model.heads().max(1) as u64);
+    keys.push(("llama.rope.dimension_count", Value::U32(rope_dims as u32)));
+    Ok(keys.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
 }
 
 struct Keys {
@@ -132,8 +78,8 @@ impl Keys {
 }
 
 /// `TextModel.set_gguf_parameters`, for what these configs hold: the sizes, RoPE (linear scaling
-/// only: the others are refused by `GgufModel::read`), the norm epsilon, `head_dim`.
-fn text_model_keys(model: &GgufModel, keys: &mut Keys) -> Result<()> {
+/// only: the others are refused by `HfModel::read`), the norm epsilon, `head_dim`.
+fn text_model_keys(model: &HfModel, keys: &mut Keys) -> Result<()> {
     keys.put("block_count", model.u32_of("num_hidden_layers")?);
     for (key, name) in [
         ("context_length", "max_position_embeddings"),
@@ -147,7 +93,7 @@ fn text_model_keys(model: &GgufModel, keys: &mut Keys) -> Result<()> {
         }
     }
     let (full, sliding) = rope_sets(model);
-    // Gemma 3's global set (`full_attention`) escapes GgufModel::read's check of the flat one
+    // Gemma 3's global set (`full_attention`) escapes HfModel::read's check of the flat one
     match full["rope_type"].as_str().or(full["type"].as_str()) {
         None | Some("default" | "linear") => {}
         Some(kind) => bail!(
@@ -185,7 +131,7 @@ fn text_model_keys(model: &GgufModel, keys: &mut Keys) -> Result<()> {
 
 /// The RoPE parameters of global and of sliding-window layers: transformers ≥ 5's
 /// `rope_parameters` (one set, or `full_attention`/`sliding_attention`), else `rope_scaling`.
-fn rope_sets(model: &GgufModel) -> (&Json, &Json) {
+fn rope_sets(model: &HfModel) -> (&Json, &Json) {
     let config = model.config();
     let params = match &config["rope_parameters"] {
         Json::Null => &config["rope_scaling"],
@@ -199,7 +145,7 @@ fn rope_sets(model: &GgufModel) -> (&Json, &Json) {
 
 /// `Gemma2Model.set_gguf_parameters` (which does not call TextModel's: no RoPE base is written,
 /// and llama.cpp runs 10000).
-fn gemma2_keys(model: &GgufModel, keys: &mut Keys) -> Result<()> {
+fn gemma2_keys(model: &HfModel, keys: &mut Keys) -> Result<()> {
     for (key, name) in [
         ("context_length", "max_position_embeddings"),
         ("embedding_length", "hidden_size"),
@@ -227,7 +173,7 @@ fn gemma2_keys(model: &GgufModel, keys: &mut Keys) -> Result<()> {
 }
 
 /// `Gemma3Model.set_gguf_parameters` over TextModel's keys.
-fn gemma3_keys(model: &GgufModel, keys: &mut Keys) -> Result<()> {
+fn gemma3_keys(model: &HfModel, keys: &mut Keys) -> Result<()> {
     let config = model.config();
     let uint_or = |name: &str, default: u64| -> Result<Value> {
         Ok(Value::U32(model.opt_uint(name)?.unwrap_or(default) as u32))
@@ -273,7 +219,7 @@ fn gemma3_keys(model: &GgufModel, keys: &mut Keys) -> Result<()> {
 }
 
 /// config.json's `layer_types` as "is a sliding-window layer", if it has them.
-fn layer_types(model: &GgufModel) -> Result<Option<Vec<bool>>> {
+fn layer_types(model: &HfModel) -> Result<Option<Vec<bool>>> {
     let Some(types) = model.config()["layer_types"].as_array() else { return Ok(None) };
     types
         .iter()
@@ -288,7 +234,7 @@ fn layer_types(model: &GgufModel) -> Result<Option<Vec<bool>>> {
 
 /// llama.cpp fixes which layers slide (`rule`, a layer's index → local); a config.json whose
 /// `layer_types` differ is refused.
-fn check_layer_types(model: &GgufModel, rule: impl Fn(usize) -> bool, says: &str) -> Result<()> {
+fn check_layer_types(model: &HfModel, rule: impl Fn(usize) -> bool, says: &str) -> Result<()> {
     if let Some(types) = layer_types(model)? {
         if let Some(layer) = (0..types.len()).find(|&l| types[l] != rule(l)) {
             bail!(
@@ -305,7 +251,7 @@ fn check_layer_types(model: &GgufModel, rule: impl Fn(usize) -> bool, says: &str
 /// llama.cpp scales Gemma's queries by 1/√head_dim, or 1/√(hidden / heads) for the 27B models
 /// (told apart by their layer count, `big_layers`), not by config.json's
 /// `query_pre_attn_scalar`: a config whose scalar is another number is refused.
-fn check_attention_scale(model: &GgufModel, big_layers: u64) -> Result<()> {
+fn check_attention_scale(model: &HfModel, big_layers: u64) -> Result<()> {
     let Some(scalar) = model.opt_uint("query_pre_attn_scalar")? else { return Ok(()) };
     let head_dim = model.opt_uint("head_dim")?.unwrap_or(256);
     let used = if model.uint("num_hidden_layers")? == big_layers {

@@ -3,8 +3,9 @@
 //! `llama-model.cpp` for what that loader drops: RoPE scaling, Qwen3's head_dim, Gemma's
 //! softcaps, local RoPE base and attention scale).
 
-use super::arch::Architecture;
-use super::{rope, Metadata};
+use super::rope;
+use crate::gguf::format::architecture::Architecture;
+use crate::gguf::format::metadata::Metadata;
 use anyhow::{bail, Result};
 use candle_core::quantized::gguf_file::Value;
 use serde_json::{json, Map, Value as Json};

@@ -16,14 +16,11 @@
 //! llama.cpp never merges into); `<0xNN>` byte, the model's `unk_token` unknown — the rule that
 //! wrote tests/fixtures/vocab-gguf's Gemma files, which llama.cpp's `test-tokenizer-0` passes.
 
-use super::vocab_out::{looks_special, CONTROL_TYPE, NORMAL, UNUSED, USER_DEFINED_TYPE};
+use crate::gguf::format::vocab::{looks_special, BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED};
 use anyhow::{bail, Context, Result};
 use serde_json::Value as Json;
 use std::collections::HashMap;
 use std::path::Path;
-
-const UNKNOWN: i32 = 2;
-const BYTE: i32 = 6;
 
 /// Tokens, scores and types by id.
 pub(super) struct SpmVocab {
@@ -60,7 +57,7 @@ impl SpmVocab {
                 let id =
                     id.as_u64().with_context(|| format!("{}: {token:?} has id {id}", added.display()))?;
                 if (id as usize) < self.tokens.len() {
-                    self.set(id as usize, token.clone(), -1000.0, USER_DEFINED_TYPE);
+                    self.set(id as usize, token.clone(), -1000.0, USER_DEFINED);
                 }
             }
         }
@@ -72,9 +69,9 @@ impl SpmVocab {
                 continue;
             }
             if data["special"] == true || looks_special(token) {
-                self.set(id, token.to_string(), -1000.0, CONTROL_TYPE);
+                self.set(id, token.to_string(), -1000.0, CONTROL);
             } else {
-                self.set(id, token.replace('▁', " "), -1000.0, USER_DEFINED_TYPE);
+                self.set(id, token.replace('▁', " "), -1000.0, USER_DEFINED);
             }
         }
         Ok(())
@@ -92,7 +89,7 @@ pub(super) fn from_model_file(dir: &Path, vocab_size: usize, tokenizer_config: &
         // sentencepiece's IsUnknown / IsControl / IsUnused / IsByte; the rest normal
         let kind = match kind {
             2 => UNKNOWN,
-            3 => CONTROL_TYPE,
+            3 => CONTROL,
             5 => UNUSED,
             6 => BYTE,
             _ => NORMAL,

@@ -1,21 +1,16 @@
 //! A Hugging Face tokenizer (tokenizer.json, tokenizer_config.json, tokenizer.model) → the
 //! `tokenizer.*` keys of a GGUF file, as llama.cpp's `convert_hf_to_gguf.py` writes them: a
 //! byte-level BPE as a `gpt2` vocabulary (`get_vocab_base`: tokens by id, their types, the
-//! merges), a SentencePiece one as `llama` (`vocab_spm_out.rs`), then gguf-py's `SpecialVocab`
+//! merges), a SentencePiece one as `llama` (`vocab_spm.rs`), then gguf-py's `SpecialVocab`
 //! for both: the special token ids, the add-bos/eos flags and the chat template.
 
-use super::tokenizer::{split_regex, CONTROL, USER_DEFINED};
+use super::vocab_spm;
+use crate::gguf::format::vocab::{looks_special, split_regex, CONTROL, NORMAL, UNUSED, USER_DEFINED};
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::Value;
 use serde_json::Value as Json;
 use std::collections::HashMap;
 use std::path::Path;
-
-/// llama.cpp's token types (`llama_token_type`).
-pub(super) const NORMAL: i32 = 1;
-pub(super) const UNUSED: i32 = 5;
-pub(super) const CONTROL_TYPE: i32 = CONTROL as i32;
-pub(super) const USER_DEFINED_TYPE: i32 = USER_DEFINED as i32;
 
 /// The pre-tokenizer names whose split regex the import knows, tried in this order (the first
 /// name of each regex is the one convert_hf_to_gguf.py writes for the models lora-ft trains).
@@ -111,9 +106,9 @@ fn spm_keys(
     config: &Json,
 ) -> Result<VocabKeys> {
     let vocab = if dir.join("tokenizer.model").is_file() {
-        super::vocab_spm_out::from_model_file(dir, vocab_size, tokenizer_config)?
+        vocab_spm::from_model_file(dir, vocab_size, tokenizer_config)?
     } else {
-        super::vocab_spm_out::from_tokenizer_json(dir, tokenizer, vocab_size, tokenizer_config)?
+        vocab_spm::from_tokenizer_json(dir, tokenizer, vocab_size, tokenizer_config)?
     };
     let mut keys = vec![
         ("tokenizer.ggml.model".to_string(), Value::String("llama".into())),
@@ -199,9 +194,9 @@ fn tokens_and_types(file: &Path, tokenizer: &Json, vocab_size: usize) -> Result<
     for added in tokenizer["added_tokens"].as_array().map(Vec::as_slice).unwrap_or_default() {
         let token = added["content"].as_str().unwrap_or_default();
         if added["special"] == true || looks_special(token) {
-            put(token, added["id"].as_u64(), CONTROL as i32)?;
+            put(token, added["id"].as_u64(), CONTROL)?;
         } else {
-            put(&token.replace('▁', " "), added["id"].as_u64(), USER_DEFINED as i32)?;
+            put(&token.replace('▁', " "), added["id"].as_u64(), USER_DEFINED)?;
         }
     }
     Ok(tokens
@@ -209,14 +204,6 @@ fn tokens_and_types(file: &Path, tokenizer: &Json, vocab_size: usize) -> Result<
         .enumerate()
         .map(|(id, slot)| slot.unwrap_or_else(|| (format!("[PAD{id}]"), UNUSED)))
         .unzip())
-}
-
-/// convert_hf_to_gguf.py's `does_token_look_special`: added tokens some models leave unmarked.
-pub(super) fn looks_special(token: &str) -> bool {
-    matches!(token, "<pad>" | "<mask>" | "<2mass>" | "[@BOS@]")
-        || (token.starts_with("<|") && token.ends_with("|>"))
-        || (token.starts_with("<｜") && token.ends_with("｜>"))
-        || (token.starts_with("<unused") && token.ends_with('>'))
 }
 
 /// `"a b"` per merge; tokenizer.json holds them so or as pairs, whose spaces gguf-py writes as

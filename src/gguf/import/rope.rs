@@ -6,13 +6,11 @@
 //! `rope_freqs[i]`. The importer writes the `llama3` parameters that give llama.cpp's
 //! frequencies.
 
-use super::Metadata;
+use crate::gguf::format::metadata::Metadata;
+use crate::gguf::format::rope_freqs::{llama3_factor, LLAMA3_ORIGINAL_CONTEXT};
 use anyhow::{bail, Result};
 use serde_json::{json, Map, Value as Json};
 use std::f64::consts::PI;
-
-/// llama.cpp's converter default for `original_max_position_embeddings` (every Llama 3.x has it).
-pub(super) const LLAMA3_ORIGINAL_CONTEXT: u64 = 8192;
 
 /// `rope_parameters` from `<arch>.rope.scaling.*`: `{"rope_type": "default"}` without scaling,
 /// `linear` with its factor, `yarn` with factor and original context; `rope_theta` is added by
@@ -57,7 +55,7 @@ pub(super) fn from_metadata(meta: &Metadata, prefix: &str) -> Result<Map<String,
 /// linear in `x = original / wavelength`, so two or more in-between entries give `low` and
 /// `high` exactly (for a fixed `original`, which only scales all three). With fewer, the
 /// converter's defaults (1, 4) are taken. Either way the factors are recomputed and must match.
-pub(super) fn llama3_from_factors(
+pub(in crate::gguf) fn llama3_from_factors(
     meta: &Metadata,
     prefix: &str,
     factors: &[f32],
@@ -115,19 +113,6 @@ pub(super) fn llama3_from_factors(
     p.insert("high_freq_factor".into(), json!(high));
     p.insert("original_max_position_embeddings".into(), json!(original));
     Ok(Some(p))
-}
-
-/// llama.cpp's converter's `rope_factors[i]` for the frequency `freq`.
-pub(super) fn llama3_factor(freq: f64, factor: f64, low: f64, high: f64, old: f64) -> f64 {
-    let wavelen = 2.0 * PI / freq;
-    if wavelen < old / high {
-        1.0
-    } else if wavelen > old / low {
-        factor
-    } else {
-        let smooth = (old / wavelen - low) / (high - low);
-        1.0 / ((1.0 - smooth) / factor + smooth)
-    }
 }
 
 /// A fitted value to the nearest thousandth when it is that close (the factors are stored in

@@ -11,7 +11,7 @@
 //! split into the type's blocks: Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, and F16 if that does
 //! not split either.
 
-use super::writer::TensorInfo;
+use crate::gguf::format::writer::TensorInfo;
 use anyhow::{bail, Result};
 use candle_core::quantized::GgmlDType;
 

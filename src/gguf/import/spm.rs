@@ -12,15 +12,16 @@
 //! `<start_of_image>`-style markers, newline and space runs) plain added tokens, matched in the
 //! raw text before anything else as llama.cpp partitions them out.
 
-use super::tokenizer::{
+use super::tokenizer_files::{
     post_processor, special_tokens, tokenizer_config, AddedToken, TokenizerFiles, CONTROL, USER_DEFINED,
 };
-use super::Metadata;
+use crate::gguf::format::metadata::Metadata;
+use crate::gguf::format::vocab;
 use anyhow::{bail, Result};
 use serde_json::{json, Map, Value as Json};
 use std::collections::HashMap;
 
-const UNKNOWN: i64 = 2;
+const UNKNOWN: i64 = vocab::UNKNOWN as i64;
 
 pub(super) fn convert(meta: &Metadata, context_length: u64) -> Result<TokenizerFiles> {
     let file = meta.file.display();

@@ -1,13 +1,14 @@
 //! Which decoder a GGUF file holds (`general.architecture`), and what tells its families apart
-//! on the import side: the Hugging Face class, llama.cpp's tensor names, the Q/K row permutation
-//! and Gemma's stored norm offset.
+//! in the file: the Hugging Face class, llama.cpp's tensor names, the Q/K row permutation and
+//! Gemma's stored norm offset. The import reads it from the file; the export maps its own
+//! families onto it for the names and the offset.
 
-use super::Metadata;
+use super::metadata::Metadata;
 use anyhow::{bail, Result};
 
 /// The decoder families this importer writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Architecture {
+pub(crate) enum Architecture {
     Llama,
     Mistral,
     Qwen2,
