@@ -24,7 +24,7 @@ fn main() -> anyhow::Result<()> {
     let device = Device::Cpu;
     let mut lm = CausalLm::load(&files.config, &files.weights, DType::F32, Quantization::None, &device)?;
     if adapter != "-" {
-        lora_ft::export::load_adapter(&mut lm, Path::new(adapter))
+        lora_ft::peft_adapter::load_adapter(&mut lm, Path::new(adapter))
             .with_context(|| format!("loading adapter {adapter}"))?;
     }
     let text = std::fs::read_to_string(ids_file).with_context(|| format!("reading {ids_file}"))?;

@@ -1,8 +1,9 @@
 //! lora-ft: QLoRA fine-tuning of Llama/Mistral decoders on candle.
 //!
-//! Data flow (see DESIGN.md): `config` → `hub`/`gguf` (model source) → `model` (decoder with LoRA,
-//! checkpointed explicit backward) ← `data` (chat-templated, masked batches) → `train` (loop,
-//! `optim`) → `export` (PEFT adapter) → `generate` (chat).
+//! Data flow: `config` → `hub`/`gguf` (model source) → `model` (decoder with LoRA, checkpointed
+//! explicit backward) ← `data` (chat-templated, masked batches) → `train` (loop, `optim`) →
+//! `peft_adapter` (the adapter as PEFT writes it) → `merge` (merged model, GGUF file), `generate`
+//! (chat).
 
 pub mod bench;
 pub mod config;
@@ -12,7 +13,6 @@ pub mod data;
 pub mod distributed;
 pub mod durable;
 pub mod eval;
-pub mod export;
 pub mod fixtures;
 pub mod generate;
 pub mod gguf;
@@ -21,6 +21,7 @@ pub mod memory;
 pub mod merge;
 pub mod model;
 pub mod optim;
+pub mod peft_adapter;
 pub mod plan;
 pub mod profile;
 pub mod quant;

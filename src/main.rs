@@ -91,7 +91,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             train(&config, (device, gpu_mem), trace.as_deref(), &launch)
         }
         Command::Export { checkpoint, out_dir } => {
-            lora_ft::export::export_checkpoint(&checkpoint, &out_dir)?;
+            lora_ft::peft_adapter::export_checkpoint(&checkpoint, &out_dir)?;
             println!("exported {} to {}", checkpoint.display(), out_dir.display());
             Ok(())
         }
@@ -418,7 +418,7 @@ fn chat(args: &ChatArgs) -> anyhow::Result<()> {
     let quantization = parse_quantization(&args.quantization);
     let mut model = CausalLm::load(&files.config, &files.weights, dtype, quantization, &device)?;
     if let Some(adapter) = &args.adapter {
-        lora_ft::export::load_adapter(&mut model, adapter)
+        lora_ft::peft_adapter::load_adapter(&mut model, adapter)
             .with_context(|| format!("loading adapter {}", adapter.display()))?;
     }
     let tokenizer = ChatTokenizer::load(&files.dir, args.chat_template.as_deref())?;

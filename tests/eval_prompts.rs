@@ -86,7 +86,7 @@ fn answers(cfg: &Config, adapter: Option<&Path>) -> Vec<String> {
     let (config, weights) = lora_ft::hub::local_weights(&dir).unwrap();
     let mut model = CausalLm::load(&config, &weights, DType::F32, Quantization::None, &Device::Cpu).unwrap();
     if let Some(adapter) = adapter {
-        lora_ft::export::load_adapter(&mut model, adapter).unwrap();
+        lora_ft::peft_adapter::load_adapter(&mut model, adapter).unwrap();
     }
     let tokenizer = ChatTokenizer::load(&dir, cfg.model.chat_template.as_deref()).unwrap();
     let stop = stop_ids(&dir, &tokenizer);

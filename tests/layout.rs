@@ -13,7 +13,7 @@ const FLOORS: &[&[&str]] = &[
     &["config", "distributed"],
     &["model", "optim", "gguf"],
     &["data", "hub", "plan"],
-    &["export", "generate"],
+    &["peft_adapter", "generate"],
     &["train", "merge", "eval"],
     &["bench"],
 ];

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 use lora_ft::config::{AdafactorSection, Config, Schedule};
 use lora_ft::data::{BatchLoader, ChatTokenizer, TokenizedDataset};
-use lora_ft::export::{load_adapter, save_adapter};
+use lora_ft::peft_adapter::{load_adapter, save_adapter};
 use lora_ft::model::{CausalLm, LoraSpec, PROJECTIONS};
 use lora_ft::optim::{clip_grad_norm, Adafactor, LrSchedule};
 use lora_ft::quant::Quantization;
@@ -129,7 +129,7 @@ adapters_dir = "{run}/adapters"
     // keep_last = 1: only the final checkpoint (step 3) is left; step 2 was pruned.
     assert_eq!(lora_ft::train::checkpoint::list(&run.join("run")).unwrap(), vec![3]);
     let exported = run.join("exported");
-    lora_ft::export::export_checkpoint(&run.join("run/checkpoints/step-3"), &exported).unwrap();
+    lora_ft::peft_adapter::export_checkpoint(&run.join("run/checkpoints/step-3"), &exported).unwrap();
     let a = std::fs::read(exported.join("adapter_model.safetensors")).unwrap();
     let b = std::fs::read(summary.adapter_dir.join("adapter_model.safetensors")).unwrap();
     assert_eq!(a.len(), b.len());

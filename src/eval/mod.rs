@@ -251,7 +251,7 @@ pub fn load_model(m: &EvalModel, files: &ModelFiles, device: &Device) -> anyhow:
     tracing::info!("loading {} ({:?} on {device:?}, {:?})", files.dir.display(), m.dtype, m.quantization);
     let mut model = CausalLm::load(&files.config, &files.weights, m.dtype, m.quantization, device)?;
     if let Some(adapter) = m.adapter {
-        let spec = crate::export::load_adapter(&mut model, adapter)
+        let spec = crate::peft_adapter::load_adapter(&mut model, adapter)
             .with_context(|| format!("loading adapter {}", adapter.display()))?;
         tracing::info!(
             "adapter {}: r {}, scale {}, {:?}",

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use candle_core::safetensors::MmapedSafetensors;
 
-use super::{merged_tensor, not_created, AdapterDeltas};
+use super::adapter_deltas::{merged_tensor, AdapterDeltas};
+use super::disk_full::not_created;
 use crate::durable;
 use crate::gguf::export::{FileType, GgufModel, Planned};
 use crate::gguf::format::writer::{GgufWriter, TensorInfo};

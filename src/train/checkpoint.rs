@@ -11,7 +11,7 @@ use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
 use crate::durable;
-use crate::export::write_adapter_files;
+use crate::peft_adapter::write_adapter_files;
 use crate::model::{CausalLm, LoraSpec};
 
 pub const OPTIMIZER_STATE: &str = "optimizer.safetensors";
@@ -121,7 +121,7 @@ pub fn newest_complete(run_dir: &Path) -> anyhow::Result<Option<(PathBuf, Traine
 }
 
 fn read_complete(dir: &Path, step: usize) -> anyhow::Result<TrainerState> {
-    for name in [crate::export::ADAPTER_WEIGHTS, OPTIMIZER_STATE] {
+    for name in [crate::peft_adapter::ADAPTER_WEIGHTS, OPTIMIZER_STATE] {
         let file = dir.join(name);
         // the header and every tensor's bounds against the file's length, without reading the
         // data: resume reads it once, after this check
@@ -129,7 +129,7 @@ fn read_complete(dir: &Path, step: usize) -> anyhow::Result<TrainerState> {
         unsafe { candle_core::safetensors::MmapedSafetensors::new(&file) }
             .with_context(|| format!("{}: not safetensors", file.display()))?;
     }
-    crate::export::read_adapter_config(dir)?;
+    crate::peft_adapter::read_adapter_config(dir)?;
     let file = dir.join(TRAINER_STATE);
     let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
     let state: TrainerState =

@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::data::{Batch, BatchLoader};
 use crate::distributed::{Collective, ReduceOp};
 use crate::durable::Saving;
-use crate::export::save_adapter;
+use crate::peft_adapter::save_adapter;
 use crate::memory::{is_out_of_memory, Phase};
 use crate::model::{CausalLm, LoraSpec};
 

@@ -435,7 +435,7 @@ fn resume(
         ours.as_str(),
         saved.as_str()
     );
-    crate::export::set_adapter_values(&trainer.model, dir)?;
+    crate::peft_adapter::set_adapter_values(&trainer.model, dir)?;
     let file = dir.join(checkpoint::OPTIMIZER_STATE);
     let tensors = candle_core::safetensors::load(&file, &Device::Cpu)
         .with_context(|| format!("reading {}", file.display()))?;

@@ -16,7 +16,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::data::{Batch, BatchLoader};
-use crate::export::save_adapter;
+use crate::peft_adapter::save_adapter;
 use crate::model::{CausalLm, LoraSpec};
 
 #[derive(Serialize)]
