@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Issue 21's llama.cpp check: a GGUF file `lora-ft export-gguf` wrote, run by llama.cpp itself
-(llama-cpp-python, CPU), against `lora-ft chat` on the folder it came from: the same greedy reply
-to each of ten customer-service prompts.
+(CPU: the prebuilt llama.cpp of scripts/gguf_llamacpp_install.sh, through scripts/gguf_llamacpp_run.py),
+against `lora-ft chat` on the folder it came from: the same greedy reply to each of ten
+customer-service prompts.
 
     python3 scripts/gguf_llamacpp_check.py --gguf OUT.gguf --model DIR [--adapter A] [--lora-ft BIN]
     python3 scripts/gguf_llamacpp_check.py --gguf BASE.gguf --lora-gguf ADAPTER.gguf --model DIR --adapter A
@@ -10,8 +11,8 @@ to each of ten customer-service prompts.
 Both sides get the same prompt text: the model's own chat template (tokenizer_config.json),
 rendered here with jinja2 as transformers renders it, with the generation prompt; llama.cpp
 tokenizes it with its special tokens parsed. `lora-ft chat --temperature 0` decodes greedily in
-f32 from the HF folder; llama.cpp greedily (top_k 1) from the GGUF. Prints one line per prompt
-and exits 1 if a reply differs (the first differing position is printed).
+f32 from the HF folder; llama.cpp greedily (argmax) from the GGUF. Prints one line per prompt
+and exits 1 if a reply differs (the first differing position is printed). Needs numpy and jinja2.
 
     python3 scripts/gguf_llamacpp_check.py --logits --gguf Q.gguf --model DIR [--adapter A] \
         --reference-gguf F32.gguf --calibration-gguf F16.gguf
@@ -24,7 +25,8 @@ and exits 1 if a reply differs (the first differing position is printed).
       over every 2-D weight, read from the files. The bound is checked on Q's weights run in f32
       (the f32 export with Q's dequantized weights): what the export wrote, without llama.cpp's
       own rounding of the activations in its quantized matmuls, which the native run of Q (also
-      printed) adds. Exit 1 if that run's RMS or max |Δlogit| exceeds the expected value.)
+      printed) adds. Exit 1 if that run's RMS or max |Δlogit| exceeds the expected value. This mode
+      uses llama-cpp-python and gguf-py.)
 """
 import argparse
 import json
@@ -179,21 +181,16 @@ def main():
     args = ap.parse_args()
     if args.logits:
         return logits_check(args)
-    import jinja2
-    from llama_cpp import Llama
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gguf_llamacpp_run as llamacpp
 
-    cfg = json.load(open(os.path.join(args.model, "tokenizer_config.json")))
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-    template = env.from_string(cfg["chat_template"])
-    llm = Llama(model_path=args.gguf, lora_path=args.lora_gguf, n_ctx=1024, n_threads=2, verbose=False, seed=0)
+    cfg, texts = prompt_texts(args.model)
     eos = cfg.get("eos_token")
+    replies = llamacpp.generate(args.gguf, texts, args.max_new_tokens, args.lora_gguf)
     differing = 0
-    for prompt in PROMPTS:
-        text = template.render(messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
-                               bos_token=cfg.get("bos_token", ""), eos_token=eos)
-        done = llm(text, max_tokens=args.max_new_tokens, temperature=0.0, top_k=1, top_p=1.0,
-                   repeat_penalty=1.0, stop=[eos] if eos else None)
-        theirs = done["choices"][0]["text"].strip()
+    for prompt, reply in zip(PROMPTS, replies):
+        theirs = reply.decode("utf-8", errors="ignore")
+        theirs = (theirs.split(eos)[0] if eos else theirs).strip()
         mine = ours(args.lora_ft, args.model, args.adapter, prompt, args.max_new_tokens)
         same = theirs == mine
         differing += not same

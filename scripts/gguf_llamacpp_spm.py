@@ -3,7 +3,8 @@
 2 layers, hidden 64) with a real SentencePiece vocabulary, exported by `lora-ft export-gguf`
 (f16), loaded by llama-cpp-python: its tokenization of llama.cpp's test texts
 (tests/fixtures/vocab-gguf/ggml-vocab-<name>.gguf.inp) must give the reference ids (.out:
-sentencepiece's for Mistral, transformers' for Gemma), and its logits the bound of
+sentencepiece's for Mistral, transformers' for Gemma), and its logits (llama.cpp through
+scripts/gguf_llamacpp_run.py, as gguf_llamacpp_families.py's) the bound of
 gguf_llamacpp_families.py (3·ew + e32 against transformers float64).
 
     python3 scripts/gguf_llamacpp_spm.py [--lora-ft BIN]

@@ -1,31 +1,47 @@
-//! Issue 21's round trip through llama.cpp itself, in `cargo test` where its Python binding is
-//! present: every tiny family exported by `lora-ft export-gguf` — f16 and q8_0, each fixture's
-//! adapter merged, and the base with the adapter as an `--adapter-only` file applied by llama.cpp
-//! — gives logits within the derived bound of transformers in float64
-//! (`scripts/gguf_llamacpp_families.py`; the bound and the results: benches/issue21/README.md),
-//! and the real SmolLM2 replies in llama.cpp as `lora-ft chat` does (`scripts/gguf_llamacpp_check.py`).
-//! The Python is `LORA_FT_PYTHON` (default `python3`) and needs `llama_cpp` (llama-cpp-python:
-//! PyPI has only its source, a long build), torch, transformers and gguf; without them the tests
-//! say they are skipped.
+//! Issue 21's round trip through llama.cpp itself: every tiny family exported by
+//! `lora-ft export-gguf` — f16 and q8_0, each fixture's adapter merged, and the base with the
+//! adapter as an `--adapter-only` file applied by llama.cpp — gives logits within the derived
+//! bound of transformers in float64 (`scripts/gguf_llamacpp_families.py`; the bound and the
+//! results: benches/issue21/README.md), and the real SmolLM2 replies in llama.cpp as
+//! `lora-ft chat` does (`scripts/gguf_llamacpp_check.py`).
+//!
+//! llama.cpp is the prebuilt CPU library of npm's node-llama-cpp, installed with a small C driver
+//! by `bash scripts/gguf_llamacpp_install.sh`; the float64 reference is the committed golden
+//! `tests/golden/gguf_llamacpp.json` (`scripts/golden/gguf_llamacpp_reference.py`). The Python is
+//! `LORA_FT_PYTHON` (default `python3`) with numpy and jinja2. `.ci/run` installs all of it; where
+//! any of it is missing the tests fail, saying how to install it: they never skip.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn python() -> String {
     std::env::var("LORA_FT_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-/// Whether the Python can run llama.cpp and the reference (else the test says it is skipped).
-fn python_ready() -> bool {
-    let probe = Command::new(python()).args(["-c", "import llama_cpp, torch, transformers, gguf"]).output();
-    let ready = probe.as_ref().is_ok_and(|o| o.status.success());
-    if !ready {
-        eprintln!(
-            "skipped: {} cannot import llama_cpp, torch, transformers and gguf (set LORA_FT_PYTHON)",
-            python()
-        );
-    }
-    ready
+/// `$LORA_FT_LLAMACPP`, or `llamacpp` in the fixtures' cache: where the install script puts it.
+fn llamacpp_dir() -> PathBuf {
+    std::env::var_os("LORA_FT_LLAMACPP")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| lora_ft::fixtures::cache_dir().join("llamacpp"))
+}
+
+/// Fails, saying how to install them, unless llama.cpp and the Python's modules are there.
+fn require_tools() {
+    let driver = llamacpp_dir().join("bin").join("gguf_llamacpp_run");
+    assert!(
+        driver.is_file(),
+        "llama.cpp is not installed ({} is missing): run `bash scripts/gguf_llamacpp_install.sh` (.ci/run does)",
+        driver.display()
+    );
+    let probe = Command::new(python()).args(["-c", "import numpy, jinja2"]).output();
+    assert!(
+        probe.as_ref().is_ok_and(|o| o.status.success()),
+        "{} cannot import numpy and jinja2: `{} -m pip install --user numpy jinja2` (.ci/run does), \
+         or set LORA_FT_PYTHON: {:?}",
+        python(),
+        python(),
+        probe.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+    );
 }
 
 /// Runs `script` with `args` from the repository root; its exit status is the verdict.
@@ -35,6 +51,7 @@ fn check(script: &str, args: &[&str]) {
         .arg(root.join(script))
         .args(["--lora-ft", env!("CARGO_BIN_EXE_lora-ft")])
         .args(args)
+        .env("LORA_FT_LLAMACPP", llamacpp_dir())
         .current_dir(root)
         .output()
         .expect("the check runs");
@@ -42,16 +59,14 @@ fn check(script: &str, args: &[&str]) {
     println!("{script} {args:?}:\n{text}");
     assert!(
         out.status.success(),
-        "{script} {args:?}: llama.cpp disagreed or the export failed:\n{text}\n{}",
+        "{script} {args:?}: llama.cpp disagreed, the export failed or a tool is missing:\n{text}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
 
 #[test]
 fn every_family_runs_in_llama_cpp_within_the_bound_of_transformers() {
-    if !python_ready() {
-        return;
-    }
+    require_tools();
     for args in
         [&["--types", "f16,q8_0"][..], &["--types", "f16", "--adapter"], &["--types", "f16", "--lora-gguf"]]
     {
@@ -60,18 +75,18 @@ fn every_family_runs_in_llama_cpp_within_the_bound_of_transformers() {
 }
 
 /// The real SmolLM2-135M-Instruct (the demo model) with the PEFT golden adapter: llama.cpp's
-/// logits of the f16 and q8_0 exports within the bound, and the f16 export's greedy replies to
-/// ten customer-service prompts the same as `lora-ft chat`'s.
+/// logits of the f16 and q8_0 exports, the adapter merged and the `--adapter-only` file within the
+/// bound, and the f16 export's greedy replies to ten customer-service prompts the same as
+/// `lora-ft chat`'s.
 #[test]
 fn smollm2_in_llama_cpp_replies_as_lora_ft_chat_does() {
-    if !python_ready() {
-        return;
-    }
+    require_tools();
     let model = lora_ft::fixtures::smollm2_dir();
     let model = model.to_str().expect("a UTF-8 path");
     let adapter = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/peft_smollm2_adapter");
     let logits = ["--model", model, "--adapter-dir", adapter];
     check("scripts/gguf_llamacpp_families.py", &[&logits[..], &["--types", "f16,q8_0"]].concat());
+    check("scripts/gguf_llamacpp_families.py", &[&logits[..], &["--types", "f16", "--adapter"]].concat());
     check("scripts/gguf_llamacpp_families.py", &[&logits[..], &["--types", "f16", "--lora-gguf"]].concat());
     let dir = std::env::temp_dir().join(format!("lora-ft-llamacpp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
