@@ -6,6 +6,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use lora_ft::config::{BatchSize, Config};
+use lora_ft::plan::run::Run;
 
 use crate::cli::{parse_gib, parse_size};
 
@@ -17,16 +18,15 @@ pub fn estimate(config: &Path, gpu_mem: &str, attention: &str, host_mem: Option<
     let cfg = Config::from_file(config)?;
     let config_json = lora_ft::hub::config_json(&cfg.model.expanded_source(), &cfg.model.revision)?;
     let model = lora_ft::model::ModelConfig::from_file(&config_json)?;
-    let total = parse_gib(gpu_mem)?;
-    let budget = lora_ft::memory::VramBudget::new(total, cfg.train.max_vram_fraction).bytes();
-    let mut run = lora_ft::plan::run_shape(&cfg);
-    run.fused_attention &= attention == "fused";
-    if let (Some(host_mem), true) = (host_mem, cfg.train.host_offload) {
-        run.host_budget = parse_size("--host-mem", host_mem)? / 2;
+    let budget = lora_ft::memory::VramBudget::new(parse_gib(gpu_mem)?, cfg.train.max_vram_fraction);
+    let mut run = Run::resolve(&cfg, model, Some(budget));
+    run.run_shape.fused_attention &= attention == "fused";
+    if let (Some(host_mem), true) = (host_mem, run.run_shape.host_offload) {
+        run.run_shape.host_budget = parse_size("--host-mem", host_mem)? / 2;
     }
-    let shape = (cfg.data.max_seq_len, estimated_batch(&cfg, &model, &run, budget));
-    let auto = cfg.train.checkpointing == lora_ft::config::Checkpointing::Auto;
-    print!("{}", lora_ft::plan::report(&model, &run, shape, budget, auto));
+    let shape = (run.max_seq_len, estimated_batch(&run, budget.bytes()));
+    let auto = run.checkpointing == lora_ft::config::Checkpointing::Auto;
+    print!("{}", lora_ft::plan::report(&run.model, &run.run_shape, shape, budget.bytes(), auto));
     let cards: Vec<(&str, u64)> = [("24 GB", 24u64), ("48 GB", 48), ("80 GB", 80)]
         .into_iter()
         .map(|(card, gib)| {
@@ -34,7 +34,7 @@ pub fn estimate(config: &Path, gpu_mem: &str, attention: &str, host_mem: Option<
             (card, budget.bytes())
         })
         .collect();
-    print!("\n{}", lora_ft::plan::longest_rows(&model, &run, &cards));
+    print!("\n{}", lora_ft::plan::longest_rows(&run.model, &run.run_shape, &cards));
     Ok(())
 }
 
@@ -93,19 +93,13 @@ pub fn init(
     Ok(())
 }
 
-/// The config's batch size; for "auto", the planner's largest within `budget`, where training
+/// The run's batch size; for "auto", the planner's largest within `budget` bytes, where training
 /// starts probing (said on a line of its own).
-fn estimated_batch(
-    cfg: &Config,
-    model: &lora_ft::model::ModelConfig,
-    run: &lora_ft::plan::RunShape,
-    budget: u64,
-) -> usize {
-    match cfg.train.batch_size {
+fn estimated_batch(run: &Run, budget: u64) -> usize {
+    match run.batch_size {
         BatchSize::Fixed(batch) => batch,
         BatchSize::Auto => {
-            let seq = cfg.data.max_seq_len;
-            let batch = lora_ft::plan::largest_batch(model, run, seq, budget);
+            let (batch, seq) = (run.largest_batch(budget), run.max_seq_len);
             println!(
                 "batch_size = \"auto\": training probes the GPU from batch {batch} x {seq}, the planner's \
                  largest within the budget{}\n",

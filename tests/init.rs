@@ -35,8 +35,8 @@ fn check_written(file: &Path, source: &str, model: &ModelConfig, gib: u64) -> Co
     let cfg = Config::from_file(file).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(cfg.model.source, source);
     let BatchSize::Fixed(batch) = cfg.train.batch_size else { panic!("a fixed batch") };
-    let peak =
-        lora_ft::plan::estimate(model, &lora_ft::plan::run_shape(&cfg), (cfg.data.max_seq_len, batch)).peak();
+    let run = lora_ft::plan::run::Run::resolve(&cfg, model.clone(), None);
+    let peak = lora_ft::plan::estimate(model, &run.run_shape, (run.max_seq_len, batch)).peak();
     assert!(peak <= VramBudget::new(gib << 30, None).bytes(), "{}", file.display());
     let text = std::fs::read_to_string(file).unwrap();
     let header = format!("Peak GPU memory {:.2} GiB predicted", peak as f64 / (1u64 << 30) as f64);

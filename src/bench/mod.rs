@@ -1,12 +1,17 @@
 //! `lora-ft bench`: measurements to set beside the reference stack's, printed as JSON lines.
 
 use crate::model::activations::LayerKind;
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
 use candle_core::{DType, Device};
 use serde::Serialize;
 
+use crate::config::{
+    AdafactorFlavor, AdafactorSection, ComputeDtype, Config, LoraSection, ModelSection, OptimSection,
+    QuantizationKind, TrainSection,
+};
 use crate::memory::{device_memory, pool_memory, reset_peak, GIB};
 use crate::model::CausalLm;
 use crate::quant::Quantization;
@@ -161,8 +166,7 @@ pub fn train(
     options: &TrainOptions,
     mut report: impl FnMut(&TrainRow),
 ) -> anyhow::Result<Vec<TrainRow>> {
-    use crate::model::{LoraSpec, PROJECTIONS};
-    let TrainOptions { steps, lora_dropout, host_offload, mlp_tiles, checkpointing, gpu_mem, .. } = *options;
+    let TrainOptions { steps, lora_dropout, gpu_mem, .. } = *options;
     anyhow::ensure!(
         (0.0..1.0).contains(&lora_dropout),
         "--lora-dropout must be in [0, 1), got {lora_dropout}"
@@ -181,6 +185,9 @@ pub fn train(
         );
     }
     let (config, weights) = model_files(model)?;
+    let cfg = recipe(quantization, dtype, options)?;
+    let budget = crate::memory::VramBudget::of(device, cfg.train.max_vram_fraction, cfg.train.gpu_mem);
+    let run = crate::plan::run::Run::resolve(&cfg, crate::model::ModelConfig::from_file(&config)?, budget);
     let mut startup = Startup::default();
     // the first shape's attention built and run while the weights load (decoder/prepare.rs)
     let warm_up = shapes
@@ -194,48 +201,11 @@ pub fn train(
         let _ = warm_up.join();
         startup.mark("attention warmed up", device)?;
     }
-    let targets: Vec<String> = PROJECTIONS.iter().map(|p| p.to_string()).collect();
-    lm.add_lora(
-        &LoraSpec {
-            r: 16,
-            alpha: 32.0,
-            dropout: lora_dropout,
-            target_modules: targets.clone(),
-            rslora: false,
-        },
-        0,
-    )?;
+    lm.add_lora(&run.lora, 0)?;
     startup.mark("adapters added", device)?;
-    crate::train::set_host_offload(&mut lm, host_offload)?;
-    crate::train::set_mlp_tiles(&mut lm, mlp_tiles);
-    let run = crate::plan::RunShape {
-        dtype_bytes: dtype.size_in_bytes(),
-        nf4: match quantization {
-            Quantization::Nf4 { double_quant } => Some(double_quant),
-            _ => None,
-        },
-        lora_r: 16,
-        target_modules: targets,
-        optimizer: crate::plan::OptimizerState::Adafactor { first_moment: false },
-        embeddings_on_host: true,
-        loss_chunk_rows: crate::model::decoder::LOSS_CHUNK_ROWS,
-        accumulates_gradients: false,
-        lora_dropout: lora_dropout > 0.0,
-        host_offload,
-        fused_attention: dtype != DType::F32,
-        fused_loss: device.is_cuda(),
-        mlp_tiles,
-        layers: crate::model::activations::LayerPlan::NONE,
-        host_budget: if host_offload { crate::plan::host_budget() } else { 0 },
-    };
-    let budget = crate::memory::VramBudget::of(device, None, gpu_mem).map(|b| b.bytes());
-    crate::train::set_checkpointing(&mut lm, checkpointing, run, budget);
-    let optim = crate::config::OptimSection::adafactor(&crate::config::AdafactorSection {
-        flavor: crate::config::AdafactorFlavor::Torch,
-        ..Default::default()
-    });
+    crate::train::set_training_policy(&mut lm, &run)?;
     let schedule = crate::optim::LrSchedule::new(crate::config::Schedule::Constant, 2e-4, 0, usize::MAX);
-    let mut trainer = crate::train::Trainer::new(lm, &optim, 0.0, schedule, 1.0, 0)?;
+    let mut trainer = crate::train::Trainer::new(lm, &cfg.optim, 0.0, schedule, 1.0, 0)?;
     let vocab = trainer.model.config().vocab_size as u32;
     startup.mark("trainer ready", device)?;
     let mut rows = Vec::new();
@@ -275,6 +245,46 @@ pub fn train(
         rows.push(row);
     }
     Ok(rows)
+}
+
+/// The anchor recipe with `options` as a training config, resolved into the run it times as
+/// `lora-ft train` resolves one (`plan::run::Run`).
+fn recipe(quantization: Quantization, dtype: DType, options: &TrainOptions) -> anyhow::Result<Config> {
+    let base =
+        Config::from_toml("[model]\nsource = \"\"\n[data]\ntrain = \"\"\n", Path::new("lora-ft bench"))?;
+    let (kind, double_quant) = match quantization {
+        Quantization::Nf4 { double_quant } => (QuantizationKind::Nf4, double_quant),
+        Quantization::None => (QuantizationKind::None, base.model.double_quant),
+    };
+    let compute_dtype = match dtype {
+        DType::F32 => ComputeDtype::F32,
+        DType::BF16 => ComputeDtype::Bf16,
+        _ => ComputeDtype::F16,
+    };
+    let lora = LoraSection {
+        r: 16,
+        alpha: 32.0,
+        dropout: options.lora_dropout,
+        target_modules: crate::model::PROJECTIONS.iter().map(|p| p.to_string()).collect(),
+        rslora: false,
+    };
+    let train = TrainSection {
+        compute_dtype,
+        checkpointing: options.checkpointing,
+        host_offload: options.host_offload,
+        mlp_tiles: options.mlp_tiles,
+        gpu_mem: options.gpu_mem,
+        ..base.train
+    };
+    let optim =
+        OptimSection::adafactor(&AdafactorSection { flavor: AdafactorFlavor::Torch, ..Default::default() });
+    Ok(Config {
+        model: ModelSection { quantization: kind, double_quant, ..base.model },
+        lora,
+        train,
+        optim,
+        ..base
+    })
 }
 
 fn oom_or(e: anyhow::Error) -> String {

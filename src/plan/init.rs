@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
-use super::{estimate, largest_batch, run_shape};
+use super::run::Run;
+use super::{estimate, RunShape};
 use crate::config::Config;
 use crate::memory::{VramBudget, GIB};
 use crate::model::{Architecture, ModelConfig};
@@ -90,10 +91,11 @@ pub fn write_config(req: &InitRequest) -> anyhow::Result<Written> {
     let arch = Architecture::from_config(req.model).context("lora-ft init")?;
     let budget = VramBudget::new(req.gpu_mem, None);
     let usable = (budget.bytes() as f64 * HEADROOM) as u64;
-    let config = |seq, batch, accum| -> anyhow::Result<(String, Config)> {
+    // the run of the config written for one shape
+    let run = |seq, batch, accum| -> anyhow::Result<Run> {
         let toml = render(req, &arch, (seq, batch, accum), None);
         let cfg = Config::from_toml(&toml, Path::new("lora-ft init")).context("the config init writes")?;
-        Ok((toml, cfg))
+        Ok(Run::resolve(&cfg, req.model.clone(), Some(budget)))
     };
     // rows that fit a micro-batch at each length: all 16 at once, else a power of two with the
     // f32 gradient sums of accumulation held too
@@ -106,12 +108,10 @@ pub fn write_config(req: &InitRequest) -> anyhow::Result<Written> {
     }
     let shortest = lengths[lengths.len() - 1];
     for &seq in &lengths {
-        let whole = run_shape(&config(seq, ROWS_PER_STEP, 1)?.1);
-        let rows = if largest_batch(req.model, &whole, seq, usable) >= ROWS_PER_STEP {
+        let rows = if run(seq, ROWS_PER_STEP, 1)?.largest_batch(usable) >= ROWS_PER_STEP {
             ROWS_PER_STEP
         } else {
-            let accumulating = run_shape(&config(seq, 1, 2)?.1);
-            let b = largest_batch(req.model, &accumulating, seq, usable).min(ROWS_PER_STEP / 2);
+            let b = run(seq, 1, 2)?.largest_batch(usable).min(ROWS_PER_STEP / 2);
             if b == 0 {
                 0
             } else {
@@ -127,33 +127,24 @@ pub fn write_config(req: &InitRequest) -> anyhow::Result<Written> {
         .copied();
     let Some((seq, batch)) = chosen else {
         // batch 1 accumulates the step's 16 rows
-        return Err(too_small(
-            req,
-            &run_shape(&config(shortest, 1, ROWS_PER_STEP)?.1),
-            shortest,
-            (budget, usable),
-        ));
+        return Err(too_small(req, &run(shortest, 1, ROWS_PER_STEP)?, (budget, usable)));
     };
     let accum = ROWS_PER_STEP / batch;
-    let (_, cfg) = config(seq, batch, accum)?;
-    let run = run_shape(&cfg);
-    let peak = estimate(req.model, &run, (seq, batch)).peak();
+    let run = run(seq, batch, accum)?;
+    let peak = estimate(req.model, &run.run_shape, (seq, batch)).peak();
     // soft-capped attention scores: also the composed path's peak (builds before cuDNN took caps)
-    let composed = super::RunShape { fused_attention: false, ..run };
+    let composed = RunShape { fused_attention: false, ..run.run_shape };
     let composed = arch.attention_softcap.map(|_| estimate(req.model, &composed, (seq, batch)).peak());
     let toml = render(req, &arch, (seq, batch, accum), Some((peak, composed, budget)));
     Config::from_toml(&toml, Path::new("lora-ft init")).context("the config init writes")?;
     Ok(Written { toml, seq, batch, grad_accum: accum, peak, budget: budget.bytes() })
 }
 
-/// Not even batch 1 × the shortest length fits: the smallest card of `CARDS` whose default budget takes it.
-fn too_small(
-    req: &InitRequest,
-    run: &super::RunShape,
-    seq: usize,
-    (budget, usable): (VramBudget, u64),
-) -> anyhow::Error {
-    let peak = estimate(req.model, run, (seq, 1)).peak();
+/// Not even batch 1 × the shortest length (`run`'s) fits: the smallest card of `CARDS` whose
+/// default budget takes it.
+fn too_small(req: &InitRequest, run: &Run, (budget, usable): (VramBudget, u64)) -> anyhow::Error {
+    let seq = run.max_seq_len;
+    let peak = estimate(req.model, &run.run_shape, (seq, 1)).peak();
     let fits = |c: u64| VramBudget::new(c << 30, None).bytes() as f64 * HEADROOM >= peak as f64;
     let card = CARDS.iter().find(|&&c| fits(c));
     let smallest = match card {

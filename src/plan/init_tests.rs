@@ -41,9 +41,10 @@ fn the_config_parses_and_its_shape_fits_the_card() {
         assert_eq!((cfg.data.max_seq_len, cfg.train.grad_accum), (w.seq, w.grad_accum), "{name}");
         assert_eq!(cfg.train.batch_size, crate::config::BatchSize::Fixed(w.batch), "{name}");
         assert_eq!(w.batch * w.grad_accum, ROWS_PER_STEP, "{name}");
-        let run = run_shape(&cfg);
-        assert!(run.lora_dropout && run.accumulates_gradients == (w.grad_accum > 1));
-        let peak = estimate(&model, &run, (w.seq, w.batch)).peak();
+        let run = Run::resolve(&cfg, model.clone(), None);
+        let shape = &run.run_shape;
+        assert!(shape.lora_dropout && shape.accumulates_gradients == (w.grad_accum > 1));
+        let peak = estimate(&model, shape, (w.seq, w.batch)).peak();
         assert_eq!(peak, w.peak);
         assert!(peak <= VramBudget::new(gib << 30, None).bytes(), "{name} on {gib} GiB");
         assert!(

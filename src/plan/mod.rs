@@ -18,11 +18,11 @@ pub use keep::{host_budget, layer_plan};
 mod optimizer_state;
 mod report;
 pub use report::report;
+pub mod run;
 
 use serde::Serialize;
 
 use crate::model::activations::LayerPlan;
-use crate::model::decoder::LOSS_CHUNK_ROWS;
 use crate::model::lora::linear::{MIN_SLICE_VALUES, WHOLE_WEIGHT_TOKENS};
 use crate::model::{ModelConfig, PROJECTIONS};
 use activations::Family;
@@ -367,34 +367,6 @@ fn largest_where(limit: usize, fits: impl Fn(usize) -> bool) -> usize {
         }
     }
     lo
-}
-
-/// The planner's view of a training config: the run shape of `cfg` on a GPU.
-pub fn run_shape(cfg: &crate::config::Config) -> RunShape {
-    use crate::config::{ComputeDtype, QuantizationKind};
-    RunShape {
-        dtype_bytes: if cfg.train.compute_dtype == ComputeDtype::F32 { 4 } else { 2 },
-        nf4: (cfg.model.quantization == QuantizationKind::Nf4).then_some(cfg.model.double_quant),
-        lora_r: cfg.lora.r,
-        target_modules: cfg.lora.target_modules.clone(),
-        optimizer: OptimizerState::of(cfg),
-        embeddings_on_host: true,
-        loss_chunk_rows: LOSS_CHUNK_ROWS,
-        accumulates_gradients: cfg.train.grad_accum > 1,
-        lora_dropout: cfg.lora.dropout > 0.0,
-        host_offload: cfg.train.host_offload,
-        fused_attention: cfg.train.compute_dtype != ComputeDtype::F32,
-        fused_loss: true,
-        mlp_tiles: cfg.train.mlp_tiles,
-        layers: LayerPlan {
-            kept: match cfg.train.checkpointing {
-                crate::config::Checkpointing::None => usize::MAX,
-                _ => 0,
-            },
-            ..LayerPlan::NONE
-        },
-        host_budget: if cfg.train.host_offload { host_budget() } else { 0 },
-    }
 }
 
 /// The longest sequence (a multiple of 64) whose predicted peak at `batch` is within `budget`.

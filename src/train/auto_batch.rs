@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::memory::{pool_memory, reset_peak, VramBudget, GIB};
 use crate::model::CausalLm;
 use crate::optim::Optimizer;
+use crate::plan::run::Run;
 
 /// How one probe step went.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -117,27 +118,20 @@ pub fn probe_step(
 }
 
 /// The batch size "auto" trains with, probed on `model`'s GPU: from the planner's largest batch
-/// at `data.max_seq_len` up to twice that, and at most the training set's `examples`. The
+/// at the run's `max_seq_len` up to twice that, and at most the training set's `examples`. The
 /// optimizer's state, and with accumulation the gradient sum, are held through the probes as
-/// through every training step.
-/// `budget`: the run's (`None` off a GPU, which refuses "auto").
-pub fn probe_batch_size(
-    cfg: &Config,
-    model: &CausalLm,
-    examples: usize,
-    budget: Option<VramBudget>,
-) -> anyhow::Result<usize> {
+/// through every training step. Refused without the run's budget (off a GPU).
+pub fn probe_batch_size(cfg: &Config, run: &Run, model: &CausalLm, examples: usize) -> anyhow::Result<usize> {
     let device = model.device();
-    let budget = budget.with_context(|| refused_on(device))?;
-    let (seq, run) = (cfg.data.max_seq_len, crate::plan::run_shape(cfg));
-    let planned = crate::plan::largest_batch(model.config(), &run, seq, budget.bytes());
+    let budget = run.budget.with_context(|| refused_on(device))?;
+    let (seq, planned) = (run.max_seq_len, run.largest_batch(budget.bytes()));
     let limit = (2 * planned).min(examples).max(1);
     tracing::info!(
         "batch_size = \"auto\": the planner predicts batch {planned} x {seq} within {:.2} GiB; probing up to {limit}",
         budget.bytes() as f64 / GIB
     );
     let batch = {
-        let _held = held_through_steps(model, cfg)?;
+        let _held = held_through_steps(model, cfg, run.grad_accum)?;
         search(planned, limit, seq, |b| probe_step(model, (seq, b), &budget, cfg.train.seed))?
     };
     // the training loop checks each step's peak against the budget: the probes' must not count
@@ -154,9 +148,13 @@ pub fn refused_on(device: &candle_core::Device) -> String {
 }
 
 /// The optimizer's state and, with `grad_accum` > 1, the f32 gradient sum.
-fn held_through_steps(model: &CausalLm, cfg: &Config) -> anyhow::Result<(Optimizer, Vec<Tensor>)> {
+fn held_through_steps(
+    model: &CausalLm,
+    cfg: &Config,
+    grad_accum: usize,
+) -> anyhow::Result<(Optimizer, Vec<Tensor>)> {
     let params: Vec<_> = model.lora_params().into_iter().map(|(_, v)| v).collect();
-    let sum = if cfg.train.grad_accum > 1 {
+    let sum = if grad_accum > 1 {
         params.iter().map(|p| p.as_tensor().zeros_like()).collect::<candle_core::Result<_>>()?
     } else {
         Vec::new()

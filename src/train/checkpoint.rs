@@ -11,8 +11,8 @@ use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
 use crate::durable;
-use crate::peft_adapter::write_adapter_files;
 use crate::model::{CausalLm, LoraSpec};
+use crate::peft_adapter::write_adapter_files;
 
 pub const OPTIMIZER_STATE: &str = "optimizer.safetensors";
 pub const TRAINER_STATE: &str = "trainer_state.json";

@@ -37,9 +37,7 @@ use metrics::EvalRecord;
 
 pub use crate::memory::{is_out_of_memory, Phase};
 pub use run_loop::{evaluate, oom_report};
-pub use setup::{
-    compute_dtype, lora_spec, parse_device, select_device, set_checkpointing, set_host_offload, set_mlp_tiles,
-};
+pub use setup::{compute_dtype, parse_device, select_device, set_training_policy};
 pub use step::{batch_tensor, rank_batch, target_tokens, BatchStream, StepResult, Trainer};
 
 pub struct TrainSummary {

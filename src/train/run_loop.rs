@@ -17,9 +17,10 @@ use crate::config::Config;
 use crate::data::{Batch, BatchLoader};
 use crate::distributed::{Collective, ReduceOp};
 use crate::durable::Saving;
-use crate::peft_adapter::save_adapter;
 use crate::memory::{is_out_of_memory, Phase};
-use crate::model::{CausalLm, LoraSpec};
+use crate::model::CausalLm;
+use crate::peft_adapter::save_adapter;
+use crate::plan::run::Run;
 
 /// SIGINT / SIGTERM (Ctrl-C, a preempted machine) ask the loop to checkpoint after the current
 /// step and stop; a second one kills at once.
@@ -37,6 +38,8 @@ pub(super) fn stop_on_signals() {
 /// What the loop reads and never changes.
 pub(super) struct RunContext<'a> {
     pub(super) cfg: &'a Config,
+    /// The run resolved from `cfg`: the LoRA settings, the shapes, the budget.
+    pub(super) run: &'a Run,
     pub(super) eval_loader: Option<&'a BatchLoader>,
     /// The first step to run (a resumed run's checkpoint step).
     pub(super) start: usize,
@@ -44,35 +47,33 @@ pub(super) struct RunContext<'a> {
     /// Rows per micro-batch (`batch_size = "auto"` resolved).
     pub(super) batch_size: usize,
     pub(super) base_model: &'a str,
-    pub(super) spec: &'a LoraSpec,
     /// `data.eval_prompts`, answered at the start, at each evaluation and at the end.
     pub(super) samples: Option<&'a Samples>,
 }
 
 pub(super) fn train_loop(
-    run: &RunContext,
+    context: &RunContext,
     trainer: &mut Trainer,
     stream: &mut BatchStream,
     log: &mut MetricsLog,
     mut trace: Option<Trace>,
 ) -> anyhow::Result<TrainSummary> {
-    let RunContext { cfg, eval_loader, start, total, batch_size, .. } = *run;
+    let RunContext { cfg, run, eval_loader, start, total, batch_size, .. } = *context;
     let started = Instant::now();
     let (mut first_loss, mut last_loss, mut all_tokens) = (f64::NAN, f64::NAN, 0usize);
     // The untrained model's eval loss first, so the log shows what training changed.
     let first_eval = eval_loader.map(|l| eval_record(trainer, l, cfg, start, log)).transpose()?;
     let mut last_eval = first_eval.clone();
     // the base model's answers (a resumed run has them in samples.jsonl already)
-    let mut answers = match run.samples.filter(|_| start == 0) {
+    let mut answers = match context.samples.filter(|_| start == 0) {
         Some(samples) => samples.answer(&trainer.model, start, &*trainer.collective)?,
         None => Vec::new(),
     };
-    let budget =
-        crate::memory::VramBudget::of(trainer.model.device(), cfg.train.max_vram_fraction, cfg.train.gpu_mem);
+    let budget = run.budget;
     let mut graphs = crate::model::ops::attention::graph_builds();
     for step in start..total {
         let t0 = Instant::now();
-        let micro: Vec<Batch> = (0..cfg.train.grad_accum).map(|_| stream.next_batch()).collect();
+        let micro: Vec<Batch> = (0..run.grad_accum).map(|_| stream.next_batch()).collect();
         if let Some(trace) = trace.as_mut() {
             trace.record(step + 1, &micro)?;
         }
@@ -81,7 +82,7 @@ pub(super) fn train_loop(
         let result = result.map_err(|e| match is_out_of_memory(&e) {
             true => anyhow::anyhow!(
                 "{}\n  caused by: {e:#}",
-                oom_report(&e, (step + 1, batch_size), cfg, &trainer.model)
+                oom_report(&e, (step + 1, batch_size), (run, cfg), &trainer.model)
             ),
             false => e,
         });
@@ -107,7 +108,7 @@ pub(super) fn train_loop(
                     trainer.model.kept_layers().keep_fewer(layers),
                     "step {done}: {over}; lower train.batch_size ({batch_size}) or data.max_seq_len ({}), or \
                      raise train.max_vram_fraction",
-                    cfg.data.max_seq_len
+                    run.max_seq_len
                 );
                 log.println(format!(
                     "step {done}: {over}; the steps of its shape from now on keep one layer's activations fewer on the GPU \
@@ -138,11 +139,11 @@ pub(super) fn train_loop(
         if let Some(loader) = eval_loader.filter(|_| eval_now || done == total) {
             last_eval = Some(eval_record(trainer, loader, cfg, done, log)?);
         }
-        if let Some(samples) = run.samples.filter(|_| eval_now || done == total) {
+        if let Some(samples) = context.samples.filter(|_| eval_now || done == total) {
             answers = samples.answer(&trainer.model, done, &*trainer.collective)?;
         }
         if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0) || done == total || r.stop {
-            let dir = save_checkpoint(run, trainer, stream, done)?;
+            let dir = save_checkpoint(context, trainer, stream, done)?;
             if r.stop && done < total {
                 log.println(format!("stopped at step {done}: {} (the same command resumes)", dir.display()));
                 log.finish();
@@ -150,7 +151,7 @@ pub(super) fn train_loop(
             }
         }
     }
-    if let Some(samples) = run.samples {
+    if let Some(samples) = context.samples {
         samples.print_comparison(&answers, log)?;
     }
     if graphs.0 > 0 {
@@ -162,7 +163,7 @@ pub(super) fn train_loop(
     }
     log.finish();
     trace.map(Trace::finish).transpose()?;
-    let adapter_dir = save_results(run, trainer)?;
+    let adapter_dir = save_results(context, trainer)?;
     let tokens_per_s = all_tokens as f64 / started.elapsed().as_secs_f64();
     Ok(TrainSummary { steps: total, first_loss, last_loss, first_eval, last_eval, adapter_dir, tokens_per_s })
 }
@@ -196,29 +197,30 @@ fn step_record(
 /// Checkpoint `done`, written by rank 0 alone (whole or not at all); every rank then waits for
 /// it, so none goes on, or stops, before it exists, and a failed save stops them all.
 fn save_checkpoint(
-    run: &RunContext,
+    context: &RunContext,
     trainer: &Trainer,
     stream: &BatchStream,
     done: usize,
 ) -> anyhow::Result<PathBuf> {
-    let (cfg, c) = (run.cfg, &*trainer.collective);
+    let RunContext { cfg, run, total, batch_size, base_model, .. } = *context;
+    let c = &*trainer.collective;
     let dir = checkpoint::checkpoint_dir(&cfg.output.dir, done);
     if c.rank() == 0 {
         let state = TrainerState {
             step: done,
-            total_steps: run.total,
+            total_steps: total,
             epoch: stream.epoch,
             batch_in_epoch: stream.index(),
             seed: cfg.train.seed,
             loss_scaler: Some(trainer.scaler.clone()),
-            batch_size: Some(run.batch_size),
+            batch_size: Some(batch_size),
             rows_in_epoch: Some(stream.row),
             world_size: Some(c.world_size()),
-            rows_per_step: Some(run.batch_size * c.world_size() * cfg.train.grad_accum),
+            rows_per_step: Some(batch_size * c.world_size() * run.grad_accum),
             optimizer: Some(trainer.optimizer.name()),
         };
         let opt_state = trainer.optimizer.state_tensors();
-        checkpoint::save(&cfg.output.dir, &trainer.model, run.spec, run.base_model, opt_state, &state)
+        checkpoint::save(&cfg.output.dir, &trainer.model, &run.lora, base_model, opt_state, &state)
             .context(Phase("save"))
             .with_context(|| Saving(format!("checkpoint step {done}")))?;
         checkpoint::prune(&cfg.output.dir, cfg.checkpoint.keep_last)?;
@@ -228,11 +230,11 @@ fn save_checkpoint(
 }
 
 /// The final adapter and the metrics plot, by rank 0; the others wait for the adapter.
-fn save_results(run: &RunContext, trainer: &Trainer) -> anyhow::Result<PathBuf> {
-    let cfg = run.cfg;
+fn save_results(context: &RunContext, trainer: &Trainer) -> anyhow::Result<PathBuf> {
+    let RunContext { cfg, run, base_model, .. } = *context;
     let adapter_dir = cfg.output.adapters_dir.join(&cfg.output.adapter_name);
     if trainer.collective.rank() == 0 {
-        save_adapter(&trainer.model, run.spec, run.base_model, &adapter_dir)
+        save_adapter(&trainer.model, &run.lora, base_model, &adapter_dir)
             .with_context(|| Saving(format!("the final adapter {}", adapter_dir.display())))?;
         // the adapter is the result: a plot that fails is only worth a warning
         match plot::plot_run(&cfg.output.dir, None) {
@@ -281,11 +283,12 @@ pub fn evaluate(
 }
 
 /// An out-of-memory error as users need it: the step and phase, memory in use, what the planner
-/// says fits, and the checkpoint to resume from. `batch`: the run's rows per micro-batch.
+/// says fits (`Run::oom_advice`), and the checkpoint to resume from. `batch`: the run's rows per
+/// micro-batch.
 pub fn oom_report(
     e: &anyhow::Error,
     (step, batch): (usize, usize),
-    cfg: &Config,
+    (run, cfg): (&Run, &Config),
     model: &CausalLm,
 ) -> String {
     let phase = e.downcast_ref::<Phase>().map_or("a", |p| p.0);
@@ -296,19 +299,6 @@ pub fn oom_report(
         }
         None => "memory in use unknown".into(),
     };
-    let seq = cfg.data.max_seq_len;
-    let run = crate::plan::run_shape(cfg);
-    let predicted = crate::plan::estimate(model.config(), &run, (seq, batch)).peak();
-    let advice = match crate::memory::VramBudget::of(
-        model.device(),
-        cfg.train.max_vram_fraction,
-        cfg.train.gpu_mem,
-    ) {
-        Some(budget) => {
-            let fits = crate::plan::largest_batch(model.config(), &run, seq, budget.bytes());
-            format!("the planner predicts {:.2} GiB for batch {batch} x {seq}; train.batch_size = {fits} fits within {:.2} GiB (lora-ft estimate CONFIG shows the parts)", gib(predicted), gib(budget.bytes()))
-        }
-        None => format!("the planner predicts {:.2} GiB for batch {batch} x {seq}", gib(predicted)),
-    };
+    let advice = run.oom_advice(batch);
     format!("out of GPU memory at step {step}, {phase} phase: {memory}; {advice}; {}", resume_point(cfg))
 }

@@ -18,18 +18,10 @@ use crate::config::{BatchSize, Checkpointing, ComputeDtype, Config, ReportTo, Tr
 use crate::data::{BatchLoader, ChatTokenizer, PadTo, TokenizedDataset};
 use crate::distributed::{Collective, ReduceOp};
 use crate::durable;
-use crate::model::{CausalLm, LoraSpec, TrainingPolicy};
+use crate::hub::ModelFiles;
+use crate::model::CausalLm;
 use crate::optim::LrSchedule;
-
-pub fn lora_spec(cfg: &Config) -> LoraSpec {
-    LoraSpec {
-        r: cfg.lora.r,
-        alpha: cfg.lora.alpha,
-        dropout: cfg.lora.dropout,
-        target_modules: cfg.lora.target_modules.clone(),
-        rslora: cfg.lora.rslora,
-    }
-}
+use crate::plan::run::Run;
 
 pub fn compute_dtype(d: ComputeDtype) -> DType {
     match d {
@@ -73,23 +65,19 @@ fn open_device(spec: &str) -> anyhow::Result<Device> {
     }
 }
 
-/// The base model on `device` with fresh adapters, and the name PEFT should load it by.
+/// The base model on `device` with fresh adapters and the run's training policy, and the name
+/// PEFT should load it by.
 fn load_model(
     cfg: &Config,
+    run: &Run,
+    files: &ModelFiles,
     device: &Device,
-    budget: Option<crate::memory::VramBudget>,
-) -> anyhow::Result<(CausalLm, crate::hub::ModelFiles, String)> {
+) -> anyhow::Result<(CausalLm, String)> {
     let source = cfg.model.expanded_source();
-    let files = crate::hub::resolve(&source, &cfg.model.revision)?;
     // PEFT needs a base it can load: the imported folder rather than the .gguf file.
     let base_model = if source.ends_with(".gguf") { files.dir.display().to_string() } else { source };
     // before the load: a batch the planner says cannot fit is refused with settings that do
-    if let (BatchSize::Fixed(batch), Some(budget)) = (cfg.train.batch_size, budget) {
-        let m = crate::model::ModelConfig::from_file(&files.config)?;
-        let shape = (cfg.data.max_seq_len, batch);
-        crate::plan::check_fits(&m, &crate::plan::run_shape(cfg), shape, budget.bytes())
-            .map_err(anyhow::Error::msg)?;
-    }
+    run.check_fits()?;
     let dtype = compute_dtype(cfg.train.compute_dtype);
     tracing::info!(
         "loading {} ({dtype:?} on {device:?}, {:?})",
@@ -98,10 +86,7 @@ fn load_model(
     );
     // the attention of a full-length batch built and run while the weights load: its first
     // use's graph building and kernel loading come off the first step (decoder/prepare.rs)
-    let first_shape = match cfg.train.batch_size {
-        BatchSize::Fixed(n) => (cfg.data.max_seq_len, n),
-        BatchSize::Auto => (cfg.data.max_seq_len, 1),
-    };
+    let first_shape = (run.max_seq_len, run.first_batch());
     let warm_up =
         crate::model::decoder::prepare::spawn(&files.config, dtype, device, first_shape, cfg.data.packing);
     let mut model = CausalLm::load(&files.config, &files.weights, dtype, cfg.model.quantization(), device)?;
@@ -110,17 +95,10 @@ fn load_model(
         // the warm-up's buffers were transient: the budget check measures the steps' peaks
         crate::memory::reset_peak(device);
     }
-    model.add_lora(&lora_spec(cfg), cfg.train.seed)?;
-    set_host_offload(&mut model, cfg.train.host_offload)?;
-    set_mlp_tiles(&mut model, cfg.train.mlp_tiles);
-    let run = crate::plan::run_shape(cfg);
-    set_checkpointing(&mut model, cfg.train.checkpointing, run, budget.map(|b| b.bytes()));
-    if let Some(b) = budget.filter(|_| cfg.train.checkpointing == Checkpointing::Auto) {
-        let (layers, seq) = (model.layers.len(), cfg.data.max_seq_len);
-        let batch = match cfg.train.batch_size {
-            BatchSize::Fixed(n) => n,
-            BatchSize::Auto => 1,
-        };
+    model.add_lora(&run.lora, cfg.train.seed)?;
+    set_training_policy(&mut model, run)?;
+    if let Some(b) = run.budget.filter(|_| run.checkpointing == Checkpointing::Auto) {
+        let (layers, seq, batch) = (model.layers.len(), run.max_seq_len, run.first_batch());
         let plan = model.kept_layers().plan((seq, batch));
         tracing::info!(
             "checkpointing auto: at batch {batch} x {seq} {} of {layers} layers keep their activations on the \
@@ -132,63 +110,35 @@ fn load_model(
             plan.stride
         );
     }
-    Ok((model, files, base_model))
+    Ok((model, base_model))
 }
 
-/// What each step keeps for its backward (`train.checkpointing`): for `Auto`, as many of the
-/// last layers' activations as the planner predicts within `budget` bytes at the step's shape
-/// (none without a budget: on the CPU); `run` is the run's shape with `kept_layers` unset.
-pub fn set_checkpointing(
-    model: &mut CausalLm,
-    mode: Checkpointing,
-    run: crate::plan::RunShape,
-    budget: Option<u64>,
-) {
-    use crate::model::activations::KeptLayers;
-    let kept_layers = match (mode, budget) {
-        (Checkpointing::Full, _) | (Checkpointing::Auto, None) => KeptLayers::none(),
-        (Checkpointing::None, _) => KeptLayers::all(),
-        (Checkpointing::Auto, Some(budget)) => {
-            let m = model.config().clone();
-            KeptLayers::by(move |shape| crate::plan::layer_plan(&m, &run, shape, budget))
-        }
-    };
-    let policy = TrainingPolicy { kept_layers, ..model.training_policy().clone() };
-    model.set_training_policy(policy);
-}
-
-/// The gated MLP in row tiles (`train.mlp_tiles`), or over all rows at once.
-pub fn set_mlp_tiles(model: &mut CausalLm, on: bool) {
-    let mlp_tile_values = if on { crate::model::layer::MLP_TILE_VALUES } else { usize::MAX };
-    let policy = TrainingPolicy { mlp_tile_values, ..model.training_policy().clone() };
-    model.set_training_policy(policy);
-}
-
-/// Checkpoints and lm_head in host memory during steps (CUDA), or everything on the device.
-pub fn set_host_offload(model: &mut CausalLm, on: bool) -> anyhow::Result<()> {
-    let offload_checkpoints = on && model.device().is_cuda();
-    let policy = TrainingPolicy { offload_checkpoints, ..model.training_policy().clone() };
-    model.set_training_policy(policy);
-    if on && model.stream_lm_head()? {
+/// The run's policy for `model`'s training steps (`Run::training_policy`). With host offload an
+/// untied lm_head moves to page-locked host memory first: what the host has left after it is
+/// what offloaded layers may take.
+pub fn set_training_policy(model: &mut CausalLm, run: &Run) -> anyhow::Result<()> {
+    if run.run_shape.host_offload && model.stream_lm_head()? {
         tracing::info!(
             "lm_head moved to page-locked host memory: streamed for the loss at the shapes where the plan \
              has no room for it on the GPU, copied back where it has (checkpointing \"auto\")"
         );
     }
+    model.set_training_policy(run.training_policy(model.device()));
     Ok(())
 }
 
-/// The tokenized training set (logged, checked against the model) and the evaluation set.
+/// The tokenized training set (logged, checked against the model) and the evaluation set, rows
+/// cut at `max_len` tokens.
 fn load_data(
     cfg: &Config,
+    max_len: usize,
     dir: &Path,
     vocab_size: usize,
     log: bool,
 ) -> anyhow::Result<(TokenizedDataset, Option<TokenizedDataset>, u32)> {
     let tokenizer = ChatTokenizer::load(dir, cfg.model.chat_template.as_deref())?
         .with_system_message(cfg.data.system_message);
-    let (max_len, side) = (cfg.data.max_seq_len, cfg.data.truncation_side);
-    let format = cfg.data.format;
+    let (side, format) = (cfg.data.truncation_side, cfg.data.format);
     let train_set = TokenizedDataset::from_file(&cfg.data.train, format, &tokenizer, max_len, side)?;
     let s = &train_set.stats;
     if log {
@@ -238,8 +188,12 @@ pub(super) fn train(
     if cfg.train.batch_size == BatchSize::Auto && budget.is_none() {
         anyhow::bail!(auto_batch::refused_on(&device));
     }
-    let (model, files, base_model) = load_model(cfg, &device, budget)?;
-    let (train_set, eval_set, pad_id) = load_data(cfg, &files.dir, model.config().vocab_size, rank == 0)?;
+    let files = crate::hub::resolve(&cfg.model.expanded_source(), &cfg.model.revision)?;
+    // the run put together once: everything below reads it, not the config's copies of it
+    let run = Run::resolve(cfg, crate::model::ModelConfig::from_file(&files.config)?, budget);
+    let (model, base_model) = load_model(cfg, &run, &files, &device)?;
+    let vocab_size = model.config().vocab_size;
+    let (train_set, eval_set, pad_id) = load_data(cfg, run.max_seq_len, &files.dir, vocab_size, rank == 0)?;
     let run_dir = cfg.output.dir.clone();
     let start = match cfg.checkpoint.resume {
         crate::config::ResumeMode::Auto => checkpoint::newest_complete(&run_dir)?,
@@ -247,23 +201,23 @@ pub(super) fn train(
     };
     let resumed = start.as_ref().map(|(_, state)| state);
     let examples = train_set.examples.len();
-    let batch_size = agreed_batch_size(cfg, &model, examples, resumed, budget, &*collective)?;
+    let batch_size = agreed_batch_size(cfg, &run, &model, (examples, resumed), &*collective)?;
     // every rank builds the global batches (those of one process with batch_size × world_size
     // rows, so the data order is the same for any number of ranks) and trains its shard
     let global_batch = batch_size * world_size;
-    let pad_to = PadTo { multiple: cfg.data.pad_to_multiple_of, most: cfg.data.max_seq_len };
+    let pad_to = PadTo { multiple: cfg.data.pad_to_multiple_of, most: run.max_seq_len };
     let eval_loader = eval_set
         .map(|set| BatchLoader::new(Arc::new(set.examples), global_batch, pad_id, None).padded_to(pad_to));
     let loader = BatchLoader::new(Arc::new(train_set.examples), global_batch, pad_id, Some(cfg.train.seed))
         .grouped_by_length(cfg.data.group_by_length)
         .padded_to(pad_to);
-    let total = total_steps(cfg, loader.num_batches());
+    let total = total_steps(cfg, run.grad_accum, loader.num_batches());
     let ran = (rank == 0).then(|| write_run_config(cfg, batch_size)).transpose()?;
     let schedule = LrSchedule::new(cfg.train.schedule, cfg.train.lr, cfg.train.warmup_steps, total);
     let (max_grad_norm, seed) = (cfg.train.max_grad_norm, cfg.train.seed);
     let mut trainer = Trainer::new(model, &cfg.optim, cfg.train.weight_decay, schedule, max_grad_norm, seed)?
         .with_collective(collective);
-    let rows_per_step = global_batch * cfg.train.grad_accum;
+    let rows_per_step = global_batch * run.grad_accum;
     let (start, epoch, row) = match start {
         Some((dir, state)) => {
             resume(&mut trainer, &dir, &state, (total, rows_per_step))?;
@@ -274,7 +228,6 @@ pub(super) fn train(
     agree_on_start(&*trainer.collective, (start, epoch, row))?;
     stop_on_signals();
     let mut stream = BatchStream::new(loader, epoch, row);
-    let spec = lora_spec(cfg);
     let mut log = match (rank, world_size) {
         (0, 1) => MetricsLog::open(&run_dir.join("metrics.jsonl"), total, start)?,
         (0, _) => MetricsLog::open(&run_dir.join("metrics.jsonl"), total, start)?.with_log_lines(),
@@ -285,25 +238,27 @@ pub(super) fn train(
     }
     let trace = trace_dir
         .filter(|_| rank == 0)
-        .map(|dir| Trace::start(dir, &trainer.model, &spec, &base_model, eval_loader.as_ref()))
+        .map(|dir| Trace::start(dir, &trainer.model, &run.lora, &base_model, eval_loader.as_ref()))
         .transpose()?;
     let samples = super::samples::Samples::open(cfg, &files.dir, start, rank)?;
-    let run = RunContext {
+    let context = RunContext {
         samples: samples.as_ref(),
         cfg,
+        run: &run,
         eval_loader: eval_loader.as_ref(),
         start,
         total,
         batch_size,
         base_model: &base_model,
-        spec: &spec,
     };
-    train_loop(&run, &mut trainer, &mut stream, &mut log, trace)
+    train_loop(&context, &mut trainer, &mut stream, &mut log, trace)
 }
 
-fn total_steps(cfg: &Config, batches_per_epoch: usize) -> usize {
+/// Optimizer steps: `train.max_steps`, else the epochs' batches over `grad_accum` micro-batches
+/// a step.
+fn total_steps(cfg: &Config, grad_accum: usize, batches_per_epoch: usize) -> usize {
     cfg.train.max_steps.unwrap_or_else(|| {
-        ((cfg.train.epochs * batches_per_epoch as f64) / cfg.train.grad_accum as f64).ceil().max(1.0) as usize
+        ((cfg.train.epochs * batches_per_epoch as f64) / grad_accum as f64).ceil().max(1.0) as usize
     })
 }
 
@@ -359,22 +314,21 @@ pub(super) fn check_token_ids(
     Ok(())
 }
 
-/// The rows per micro-batch: the config's number; for "auto", the one of the checkpoint the run
+/// The rows per micro-batch: the run's number; for "auto", the one of the checkpoint the run
 /// resumes from (its data position counts batches of that size), else probed on the GPU.
 pub(super) fn batch_size(
     cfg: &Config,
+    run: &Run,
     model: &CausalLm,
-    examples: usize,
-    resumed: Option<&TrainerState>,
-    budget: Option<crate::memory::VramBudget>,
+    (examples, resumed): (usize, Option<&TrainerState>),
 ) -> anyhow::Result<usize> {
-    match (cfg.train.batch_size, resumed.and_then(|s| s.batch_size)) {
+    match (run.batch_size, resumed.and_then(|s| s.batch_size)) {
         (BatchSize::Fixed(batch), _) => Ok(batch),
         (BatchSize::Auto, Some(batch)) => {
             tracing::info!("batch_size = \"auto\": batch {batch}, as the checkpoint resumed from");
             Ok(batch)
         }
-        (BatchSize::Auto, None) => auto_batch::probe_batch_size(cfg, model, examples, budget),
+        (BatchSize::Auto, None) => auto_batch::probe_batch_size(cfg, run, model, examples),
     }
 }
 
@@ -382,14 +336,13 @@ pub(super) fn batch_size(
 /// the same rows per micro-batch.
 fn agreed_batch_size(
     cfg: &Config,
+    run: &Run,
     model: &CausalLm,
-    examples: usize,
-    resumed: Option<&TrainerState>,
-    budget: Option<crate::memory::VramBudget>,
+    (examples, resumed): (usize, Option<&TrainerState>),
     c: &dyn Collective,
 ) -> anyhow::Result<usize> {
-    let ours = batch_size(cfg, model, examples, resumed, budget)?;
-    if c.world_size() == 1 || cfg.train.batch_size != BatchSize::Auto {
+    let ours = batch_size(cfg, run, model, (examples, resumed))?;
+    if c.world_size() == 1 || run.batch_size != BatchSize::Auto {
         return Ok(ours);
     }
     let mut smallest = [ours as f64];

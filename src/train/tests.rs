@@ -11,6 +11,7 @@ use super::setup::{batch_size, check_token_ids};
 use super::{is_out_of_memory, oom_report, run, Phase};
 use crate::config::Config;
 use crate::model::CausalLm;
+use crate::plan::run::Run;
 use crate::quant::Quantization;
 
 #[test]
@@ -58,7 +59,8 @@ fn out_of_memory_is_reported_with_step_phase_and_advice() {
         .context(Phase("optimizer"))
         .unwrap_err();
     assert!(is_out_of_memory(&oom));
-    let text = oom_report(&oom, (7, 4), &cfg, &model);
+    let run = Run::resolve(&cfg, model.config().clone(), None);
+    let text = oom_report(&oom, (7, 4), (&run, &cfg), &model);
     assert!(text.starts_with("out of GPU memory at step 7, optimizer phase"), "{text}");
     assert!(text.contains("the planner predicts") && text.contains("batch 4 x 64"), "{text}");
     assert!(text.contains("no checkpoint was written yet"), "{text}");
@@ -94,7 +96,8 @@ fn auto_batch_size_is_refused_on_the_cpu_and_kept_from_a_checkpoint() {
     };
     assert!(err.contains("\"auto\" probes GPU memory") && err.contains("set a number"), "{err}");
     assert!(!auto.output.dir.exists());
-    let err = batch_size(&auto, &model, 100, None, None).unwrap_err().to_string();
+    let resolved = |cfg: &Config| Run::resolve(cfg, model.config().clone(), None);
+    let err = batch_size(&auto, &resolved(&auto), &model, (100, None)).unwrap_err().to_string();
     assert!(err.contains("\"auto\" probes GPU memory"), "{err}");
     let state = TrainerState {
         step: 3,
@@ -109,7 +112,7 @@ fn auto_batch_size_is_refused_on_the_cpu_and_kept_from_a_checkpoint() {
         rows_per_step: None,
         optimizer: None,
     };
-    assert_eq!(batch_size(&auto, &model, 100, Some(&state), None).unwrap(), 6);
+    assert_eq!(batch_size(&auto, &resolved(&auto), &model, (100, Some(&state))).unwrap(), 6);
     let fixed = tiny_config(&dir, "batch_size = 4", "fixed");
-    assert_eq!(batch_size(&fixed, &model, 100, Some(&state), None).unwrap(), 4);
+    assert_eq!(batch_size(&fixed, &resolved(&fixed), &model, (100, Some(&state))).unwrap(), 4);
 }

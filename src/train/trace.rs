@@ -16,8 +16,8 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::data::{Batch, BatchLoader};
-use crate::peft_adapter::save_adapter;
 use crate::model::{CausalLm, LoraSpec};
+use crate::peft_adapter::save_adapter;
 
 #[derive(Serialize)]
 struct BatchLine<'a> {
