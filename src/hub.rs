@@ -119,7 +119,7 @@ fn resolve_gguf(gguf: &Path) -> Result<ModelFiles> {
     let mtime = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
     let stamp = format!("{}:{}", meta.len(), mtime.map_or(0, |d| d.as_nanos()));
     let stem = gguf.file_stem().map_or("model".into(), |s| s.to_string_lossy());
-    let dir = crate::fixtures::cache_dir().join("imported").join(format!("{stem}-{:08x}", fnv1a32(&stamp)));
+    let dir = crate::cache::dir().join("imported").join(format!("{stem}-{:08x}", fnv1a32(&stamp)));
     let done = dir.join(".import-complete");
     if !done.exists() {
         tracing::info!("importing {} into {}", gguf.display(), dir.display());

@@ -4,8 +4,13 @@
 //! explicit backward) ← `data` (chat-templated, masked batches) → `train` (loop, `optim`) →
 //! `peft_adapter` (the adapter as PEFT writes it) → `merge` (merged model, GGUF file), `generate`
 //! (chat).
+//!
+//! `fixtures`, `testing` and `model::reference` (the tests' demo model, tolerance rule and
+//! autograd oracle) are compiled for tests only: `cargo test` turns on the `testing` feature
+//! through the crate's dev-dependency on itself.
 
 pub mod bench;
+pub mod cache;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -13,7 +18,15 @@ pub mod data;
 pub mod distributed;
 pub mod durable;
 pub mod eval;
+#[cfg(any(test, feature = "testing"))]
 pub mod fixtures;
+/// Stand-in for `fixtures` outside tests while src/config/mod.rs still reads the cache folder as
+/// `fixtures::cache_dir`; it goes once that reads `cache::dir`.
+#[cfg(not(any(test, feature = "testing")))]
+#[doc(hidden)]
+pub mod fixtures {
+    pub use crate::cache::dir as cache_dir;
+}
 pub mod generate;
 pub mod gguf;
 pub mod hub;
@@ -25,6 +38,6 @@ pub mod peft_adapter;
 pub mod plan;
 pub mod profile;
 pub mod quant;
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod train;

@@ -190,7 +190,7 @@ fn resolving_a_gguf_source_imports_once() {
     let first = lora_ft::hub::resolve(gguf.to_str().unwrap(), "main").unwrap();
     let folder = first.dir.file_name().unwrap().to_str().unwrap().to_string();
     assert!(folder.starts_with("SmolLM2-135M-Instruct.Q4_1-"), "{folder}");
-    assert_eq!(first.dir.parent().unwrap(), lora_ft::fixtures::cache_dir().join("imported"));
+    assert_eq!(first.dir.parent().unwrap(), lora_ft::cache::dir().join("imported"));
     assert_eq!(first.weights, vec![first.dir.join("model.safetensors")]);
     assert!(first.tokenizer_config.is_some() && first.generation_config.is_some());
     let stamp = std::fs::metadata(&first.weights[0]).unwrap().modified().unwrap();

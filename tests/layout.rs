@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 
 /// The top-level rooms, bottom floor first. A room may import rooms listed before it.
 const FLOORS: &[&[&str]] = &[
-    &["cuda", "profile", "durable", "fixtures", "testing"],
-    &["memory", "quant"],
+    &["cuda", "profile", "durable", "cache", "testing"],
+    &["memory", "quant", "fixtures"],
     &["config", "distributed"],
     &["model", "optim", "gguf"],
     &["data", "hub", "plan"],

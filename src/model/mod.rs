@@ -23,7 +23,7 @@ pub mod lora;
 pub mod ops;
 pub mod packing;
 /// The autograd test oracle (also used by `benches/layer_backward.rs`).
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub mod reference;
 
 pub use arch::{Architecture, ModelConfig};
