@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use lora_ft::data::{pack, Batch, Example, PadTo};
-use lora_ft::peft_adapter::load_adapter;
 use lora_ft::model::{CausalLm, TrainingPolicy};
+use lora_ft::peft_adapter::load_adapter;
 use lora_ft::quant::Quantization;
 
 fn device() -> Device {

@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
-use lora_ft::peft_adapter::load_adapter;
 use lora_ft::model::CausalLm;
+use lora_ft::peft_adapter::load_adapter;
 use lora_ft::quant::Quantization;
 use lora_ft::testing::{rel_err, FLOOR, MULTIPLE};
 

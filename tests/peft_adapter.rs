@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor, D};
-use lora_ft::peft_adapter::{load_adapter, save_adapter};
 use lora_ft::model::{CausalLm, LoraSpec};
+use lora_ft::peft_adapter::{load_adapter, save_adapter};
 use lora_ft::quant::Quantization;
 
 const BASE_NAME: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";

@@ -37,8 +37,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use candle_core::{DType, Device, Tensor};
-use lora_ft::peft_adapter::{load_adapter, save_adapter};
 use lora_ft::model::{CausalLm, LoraSpec};
+use lora_ft::peft_adapter::{load_adapter, save_adapter};
 use lora_ft::quant::Quantization;
 use lora_ft::testing::{rel_err, FLOOR, MULTIPLE};
 

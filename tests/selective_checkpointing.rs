@@ -13,9 +13,9 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use lora_ft::data::{pack, Batch, Example};
-use lora_ft::peft_adapter::load_adapter;
 use lora_ft::model::activations::{KeptLayers, LayerPlan};
 use lora_ft::model::{CausalLm, TrainingPolicy};
+use lora_ft::peft_adapter::load_adapter;
 use lora_ft::quant::Quantization;
 
 fn device() -> Device {

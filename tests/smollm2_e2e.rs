@@ -8,9 +8,9 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 use lora_ft::config::{AdafactorSection, Config, Schedule};
 use lora_ft::data::{BatchLoader, ChatTokenizer, TokenizedDataset};
-use lora_ft::peft_adapter::{load_adapter, save_adapter};
 use lora_ft::model::{CausalLm, LoraSpec, PROJECTIONS};
 use lora_ft::optim::{clip_grad_norm, Adafactor, LrSchedule};
+use lora_ft::peft_adapter::{load_adapter, save_adapter};
 use lora_ft::quant::Quantization;
 
 fn smollm2() -> (CausalLm, std::path::PathBuf) {

@@ -1,5 +1,5 @@
 //! The families the export writes, from config.json's `model_type`: each one's
-//! `general.architecture`, its tensor names (the import's `Architecture`, run backwards) and
+//! `general.architecture`, its tensor names (`format::architecture`'s, run backwards) and
 //! Gemma's norms stored as w + 1.
 
 use crate::gguf::format::architecture::Architecture;
@@ -39,7 +39,7 @@ impl Family {
     }
 
     /// The import's table of tensor names, run backwards.
-    pub(crate) fn architecture(self) -> Architecture {
+    pub(super) fn architecture(self) -> Architecture {
         match self {
             Self::Llama => Architecture::Llama,
             Self::Qwen2 => Architecture::Qwen2,
