@@ -9,7 +9,7 @@ use candle_core::{DType, Device};
 use serde::Serialize;
 
 use crate::config::{
-    AdafactorFlavor, AdafactorSection, ComputeDtype, Config, LoraSection, ModelSection, OptimSection,
+    AdafactorFlavor, AdafactorSection, ComputeDtype, Config, LoraSpec, ModelSection, OptimSection,
     QuantizationKind, TrainSection,
 };
 use crate::memory::{device_memory, pool_memory, reset_peak, GIB};
@@ -201,7 +201,7 @@ pub fn train(
         let _ = warm_up.join();
         startup.mark("attention warmed up", device)?;
     }
-    lm.add_lora(&run.lora, 0)?;
+    lm.add_lora(run.lora(), 0)?;
     startup.mark("adapters added", device)?;
     crate::train::set_training_policy(&mut lm, &run)?;
     let schedule = crate::optim::LrSchedule::new(crate::config::Schedule::Constant, 2e-4, 0, usize::MAX);
@@ -261,7 +261,7 @@ fn recipe(quantization: Quantization, dtype: DType, options: &TrainOptions) -> a
         DType::BF16 => ComputeDtype::Bf16,
         _ => ComputeDtype::F16,
     };
-    let lora = LoraSection {
+    let lora = LoraSpec {
         r: 16,
         alpha: 32.0,
         dropout: options.lora_dropout,

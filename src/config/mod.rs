@@ -10,10 +10,12 @@ use crate::quant::Quantization;
 
 mod batch_size;
 mod data_format;
+mod lora;
 mod optim;
 pub mod reference;
 pub use batch_size::BatchSize;
 pub use data_format::DataFormat;
+pub use lora::{LoraSpec, ALL_TARGET_MODULES};
 pub use optim::{AdafactorFlavor, AdafactorSection, AdamwSection, OptimName, OptimSection};
 
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +35,7 @@ pub struct Config {
     pub model: ModelSection,
     /// The LoRA adapters: rank, scale, dropout and which projections they adapt.
     #[serde(default)]
-    pub lora: LoraSection,
+    pub lora: LoraSpec,
     /// The training data: files, format, sequence length, packing.
     pub data: DataSection,
     /// The training loop: batch, steps, schedule, precision, device and memory policy.
@@ -82,23 +84,6 @@ pub enum QuantizationKind {
     Nf4,
     /// Dense weights in `train.compute_dtype`.
     None,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-// `default` lets a section name only the keys it changes; unknown keys are still errors.
-#[serde(deny_unknown_fields, default)]
-pub struct LoraSection {
-    /// The adapters' rank.
-    pub r: usize,
-    /// The adapters' scale is `alpha / r` (`alpha / sqrt(r)` with `rslora`).
-    pub alpha: f64,
-    /// Dropout on the LoRA input, as PEFT applies it; in [0, 1).
-    pub dropout: f64,
-    /// The projections that get adapters: some of `q_proj`, `k_proj`, `v_proj`, `o_proj`,
-    /// `gate_proj`, `up_proj`, `down_proj`.
-    pub target_modules: Vec<String>,
-    /// Rank-stabilized LoRA: scale by `alpha / sqrt(r)`.
-    pub rslora: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -328,21 +313,6 @@ fn default_truncation() -> TruncationSide {
     TruncationSide::Right
 }
 
-pub const ALL_TARGET_MODULES: [&str; 7] =
-    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
-
-impl Default for LoraSection {
-    fn default() -> Self {
-        Self {
-            r: 16,
-            alpha: 32.0,
-            dropout: 0.05,
-            target_modules: ALL_TARGET_MODULES.iter().map(|s| s.to_string()).collect(),
-            rslora: false,
-        }
-    }
-}
-
 impl Default for TrainSection {
     fn default() -> Self {
         Self {
@@ -476,16 +446,6 @@ impl Config {
         self.optim.validate()?;
         check(!self.output.adapter_name.is_empty(), "output.adapter_name", "must not be empty")?;
         Ok(())
-    }
-
-    /// LoRA scale: alpha / r, or alpha / sqrt(r) with rsLoRA.
-    pub fn lora_scale(&self) -> f64 {
-        let r = self.lora.r as f64;
-        if self.lora.rslora {
-            self.lora.alpha / r.sqrt()
-        } else {
-            self.lora.alpha / r
-        }
     }
 }
 

@@ -19,7 +19,7 @@ fn minimal_config_takes_defaults() {
     assert_eq!(c.train.schedule, Schedule::Cosine);
     assert_eq!(c.model.revision, "main");
     assert_eq!(c.model.quantization(), Quantization::Nf4 { double_quant: true });
-    assert_eq!(c.lora_scale(), 2.0);
+    assert_eq!(c.lora.scale(), 2.0);
 }
 
 #[test]
@@ -115,7 +115,7 @@ fn batch_size_is_written_back_as_it_is_read() {
 #[test]
 fn rslora_scale_is_alpha_over_sqrt_r() {
     let c = parse(&format!("{MINIMAL}[lora]\nr = 16\nalpha = 8\nrslora = true\n")).unwrap();
-    assert_eq!(c.lora_scale(), 2.0);
+    assert_eq!(c.lora.scale(), 2.0);
 }
 
 #[test]

@@ -110,7 +110,7 @@ fn mlp_backward_values(f: &Family, d: &Dims, run: &RunShape, t: u64) -> u64 {
     if f.post_norms {
         per_token += d.h;
     }
-    if run.lora_dropout {
+    if run.lora_dropout() {
         per_token += 3 * d.h;
         per_mlp_row += d.i;
     }
@@ -133,7 +133,7 @@ fn fused_attention_backward(f: &Family, d: &Dims, run: &RunShape, t: u64) -> u64
     if f.qk_norm {
         values += d.q + d.kv;
     }
-    if run.lora_dropout {
+    if run.lora_dropout() {
         values += d.h;
     }
     t * (run.dtype_bytes as u64 * values + CUDNN_ACCUMULATOR_BYTES * d.q)
@@ -155,8 +155,8 @@ pub(super) fn kept_layer_bytes(m: &ModelConfig, f: &Family, run: &RunShape, t: u
     if f.post_norms {
         values += 2 * d.h;
     }
-    if !run.lora_dropout {
-        values += run.target_modules.len() as u64 * run.lora_r as u64;
+    if !run.lora_dropout() {
+        values += run.lora.target_modules.len() as u64 * run.lora.r as u64;
     }
     let stats = if fused { 4 * d.heads } else { 0 };
     t * (run.dtype_bytes as u64 * values + stats)
@@ -197,7 +197,7 @@ fn composed_attention_backward(
     if f.qk_norm {
         values += d.q + d.kv;
     }
-    if run.lora_dropout {
+    if run.lora_dropout() {
         values += d.h;
     }
     let repeated = if m.num_kv_heads() < m.num_attention_heads { 2 * b } else { 0 };

@@ -43,7 +43,7 @@ fn the_config_parses_and_its_shape_fits_the_card() {
         assert_eq!(w.batch * w.grad_accum, ROWS_PER_STEP, "{name}");
         let run = Run::resolve(&cfg, model.clone(), None);
         let shape = &run.run_shape;
-        assert!(shape.lora_dropout && shape.accumulates_gradients == (w.grad_accum > 1));
+        assert!(shape.lora.dropout > 0.0 && shape.accumulates_gradients == (w.grad_accum > 1));
         let peak = estimate(&model, shape, (w.seq, w.batch)).peak();
         assert_eq!(peak, w.peak);
         assert!(peak <= VramBudget::new(gib << 30, None).bytes(), "{name} on {gib} GiB");

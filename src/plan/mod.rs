@@ -10,6 +10,9 @@
 //! gradient (`activations.rs` counts both). Peak = the frozen parts + the larger of those two
 //! moments. Checked against the peaks measured on the H100 (benches/train_*.md,
 //! benches/issue18/) in this folder's tests.
+//!
+//! `run.rs` puts a training run together once — the config, the model's config.json and the
+//! memory budget — into the `Run` that training, `estimate`, `init` and `bench` read.
 
 mod activations;
 pub mod init;
@@ -24,7 +27,7 @@ use serde::Serialize;
 
 use crate::model::activations::LayerPlan;
 use crate::model::lora::linear::{MIN_SLICE_VALUES, WHOLE_WEIGHT_TOKENS};
-use crate::model::{ModelConfig, PROJECTIONS};
+use crate::model::{LoraSpec, ModelConfig, PROJECTIONS};
 use activations::Family;
 pub use optimizer_state::OptimizerState;
 
@@ -35,8 +38,9 @@ pub struct RunShape {
     pub dtype_bytes: usize,
     /// NF4 storage of the projections (`Some(double_quant)`), or dense (`None`).
     pub nf4: Option<bool>,
-    pub lora_r: usize,
-    pub target_modules: Vec<String>,
+    /// The adapters: their rank and target modules size them, dropout on keeps each
+    /// projection's dropped input for its backward.
+    pub lora: LoraSpec,
     /// The optimizer (`optim.name`), whose state lives beside the adapters.
     pub optimizer: OptimizerState,
     /// Embedding table in host memory (an untied model on a GPU, see model/embedding.rs).
@@ -46,8 +50,6 @@ pub struct RunShape {
     /// Gradient accumulation over micro-batches: the f32 gradients live through the next
     /// micro-batch's backward.
     pub accumulates_gradients: bool,
-    /// LoRA dropout on: each projection keeps its own dropped input for its backward.
-    pub lora_dropout: bool,
     /// Checkpoints and an untied lm_head wait in host memory (`train.host_offload`).
     pub host_offload: bool,
     /// Attention on the fused kernels wherever one takes a layer (CUDA in f16/bf16: cuDNN's SDPA
@@ -78,6 +80,11 @@ pub struct RunShape {
 }
 
 impl RunShape {
+    /// LoRA dropout on: each projection keeps its own dropped input for its backward.
+    pub(crate) fn lora_dropout(&self) -> bool {
+        self.lora.dropout > 0.0
+    }
+
     /// This run with `plan`'s layers kept, offloaded and spaced, and its lm_head placement.
     pub fn planned(&self, plan: &LayerPlan) -> Self {
         Self { layers: *plan, ..self.clone() }
@@ -234,8 +241,8 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
     let base_weights =
         layers * projections + lm_head + tables_on_device * table + small_tensors(m, &f, seq) * b;
 
-    let adapted = |name: &str| run.target_modules.iter().any(|t| t == name);
-    let r = run.lora_r as u64;
+    let adapted = |name: &str| run.lora.target_modules.iter().any(|t| t == name);
+    let r = run.lora.r as u64;
     let per_layer: u64 = dims
         .iter()
         .zip(PROJECTIONS)
@@ -330,12 +337,12 @@ pub(crate) fn head_chunks(m: &ModelConfig) -> usize {
 
 /// LoRA parameters of one layer.
 fn lora_params_per_layer(m: &ModelConfig, run: &RunShape) -> u64 {
-    let adapted = |name: &str| run.target_modules.iter().any(|t| t == name);
+    let adapted = |name: &str| run.lora.target_modules.iter().any(|t| t == name);
     projection_dims(m)
         .iter()
         .zip(PROJECTIONS)
         .filter(|(_, name)| adapted(name))
-        .map(|(&(o, n), _)| run.lora_r as u64 * (o + n) as u64)
+        .map(|(&(o, n), _)| run.lora.r as u64 * (o + n) as u64)
         .sum()
 }
 

@@ -20,8 +20,6 @@ use crate::model::{LoraSpec, ModelConfig, TrainingPolicy};
 pub struct Run {
     /// The model's config.json.
     pub model: ModelConfig,
-    /// The adapters: rank, alpha, dropout, target modules, rsLoRA.
-    pub lora: LoraSpec,
     /// The longest row in tokens (`data.max_seq_len`): what rows are cut to and what the memory
     /// plan is for.
     pub max_seq_len: usize,
@@ -29,7 +27,7 @@ pub struct Run {
     pub batch_size: BatchSize,
     /// Micro-batches per optimizer step.
     pub grad_accum: usize,
-    /// What the planner predicts the run's memory from.
+    /// What the planner predicts the run's memory from, the LoRA settings among it (`lora`).
     pub run_shape: RunShape,
     /// The GPU memory the run may use; `None` off a GPU.
     pub budget: Option<VramBudget>,
@@ -41,24 +39,15 @@ impl Run {
     /// `cfg` on a model of config.json `model`, within `budget` (`VramBudget::of` the device, or
     /// a card's for planning).
     pub fn resolve(cfg: &Config, model: ModelConfig, budget: Option<VramBudget>) -> Self {
-        let lora = LoraSpec {
-            r: cfg.lora.r,
-            alpha: cfg.lora.alpha,
-            dropout: cfg.lora.dropout,
-            target_modules: cfg.lora.target_modules.clone(),
-            rslora: cfg.lora.rslora,
-        };
         let t = &cfg.train;
         let run_shape = RunShape {
             dtype_bytes: if t.compute_dtype == ComputeDtype::F32 { 4 } else { 2 },
             nf4: (cfg.model.quantization == QuantizationKind::Nf4).then_some(cfg.model.double_quant),
-            lora_r: lora.r,
-            target_modules: lora.target_modules.clone(),
+            lora: cfg.lora.clone(),
             optimizer: OptimizerState::of(cfg),
             embeddings_on_host: true,
             loss_chunk_rows: LOSS_CHUNK_ROWS,
             accumulates_gradients: t.grad_accum > 1,
-            lora_dropout: lora.dropout > 0.0,
             host_offload: t.host_offload,
             fused_attention: t.compute_dtype != ComputeDtype::F32,
             fused_loss: true,
@@ -74,7 +63,6 @@ impl Run {
         };
         Self {
             model,
-            lora,
             max_seq_len: cfg.data.max_seq_len,
             batch_size: t.batch_size,
             grad_accum: t.grad_accum,
@@ -82,6 +70,11 @@ impl Run {
             budget,
             checkpointing: t.checkpointing,
         }
+    }
+
+    /// The adapters: rank, alpha, dropout, target modules, rsLoRA (`lora` of the config).
+    pub fn lora(&self) -> &LoraSpec {
+        &self.run_shape.lora
     }
 
     /// Rows of the steps before "auto" is probed: the configured number, else 1.

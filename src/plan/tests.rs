@@ -38,13 +38,11 @@ pub(super) fn bench_run() -> RunShape {
     RunShape {
         dtype_bytes: 2,
         nf4: Some(true),
-        lora_r: 16,
-        target_modules: PROJECTIONS.iter().map(|p| p.to_string()).collect(),
+        lora: LoraSpec { r: 16, alpha: 32.0, dropout: 0.0, ..LoraSpec::default() },
         optimizer: OptimizerState::Adafactor { first_moment: false },
         embeddings_on_host: true,
         loss_chunk_rows: 1024,
         accumulates_gradients: false,
-        lora_dropout: false,
         host_offload: false,
         fused_attention: true,
         fused_loss: true,
@@ -145,7 +143,7 @@ fn offload_estimates_are_within_ten_percent_of_the_measured_peaks() {
 /// 1bba014 and 989aae8), no accumulation.
 #[test]
 fn dropout_estimates_are_within_ten_percent_of_the_measured_peaks() {
-    let run = RunShape { lora_dropout: true, ..bench_run() };
+    let run = RunShape { lora: LoraSpec { dropout: 0.05, ..bench_run().lora }, ..bench_run() };
     let measured = [
         ("mistral-7b", mistral_7b(), 1024, 4, 5.83),
         ("mistral-7b", mistral_7b(), 2048, 16, 20.27),
@@ -194,7 +192,8 @@ fn the_parts_follow_the_settings() {
     assert_eq!(offload.checkpoints, 3 * 4096 * 4096 * 2);
     assert_eq!(e.base_weights - offload.base_weights, 32000 * 4096 * 2, "lm_head streamed");
     assert_eq!(offload.gradients, 32 * values_lora(&m) * 2);
-    let fewer = RunShape { target_modules: vec!["q_proj".into(), "v_proj".into()], ..run };
+    let targets = vec!["q_proj".into(), "v_proj".into()];
+    let fewer = RunShape { lora: LoraSpec { target_modules: targets, ..run.lora.clone() }, ..run };
     assert!(estimate(&m, &fewer, (1024, 4)).lora_and_optimizer < e.lora_and_optimizer / 5);
 }
 
@@ -274,7 +273,7 @@ const READY_CONFIG_PEAKS: [(&str, ConfigPeaks); 4] = [
 
 #[test]
 fn ready_configs_are_within_the_band_of_their_measured_peaks() {
-    let run = RunShape { lora_dropout: true, ..offload_run() };
+    let run = RunShape { lora: LoraSpec { dropout: 0.05, ..offload_run().lora }, ..offload_run() };
     for (name, peaks) in READY_CONFIG_PEAKS {
         within_band(name, &bench_model(name), &capped_by_ops(name, &run), &peaks);
     }
@@ -390,7 +389,8 @@ fn long_row_estimates_are_within_the_band_of_the_measured_peaks() {
 /// `scripts/device/measure_configs.sh` on the H100 (benches/issue20/configs_*.jsonl).
 #[test]
 fn tiled_ready_config_shapes_are_within_the_band_of_their_measured_peaks() {
-    let run = RunShape { lora_dropout: true, mlp_tiles: true, ..offload_run() };
+    let lora = LoraSpec { dropout: 0.05, ..offload_run().lora };
+    let run = RunShape { lora, mlp_tiles: true, ..offload_run() };
     for (name, peak) in
         [("llama3.1-8b", 12.11), ("qwen3-8b", 12.73), ("qwen3-14b", 17.99), ("gemma2-9b", 14.53)]
     {

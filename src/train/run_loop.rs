@@ -220,7 +220,7 @@ fn save_checkpoint(
             optimizer: Some(trainer.optimizer.name()),
         };
         let opt_state = trainer.optimizer.state_tensors();
-        checkpoint::save(&cfg.output.dir, &trainer.model, &run.lora, base_model, opt_state, &state)
+        checkpoint::save(&cfg.output.dir, &trainer.model, run.lora(), base_model, opt_state, &state)
             .context(Phase("save"))
             .with_context(|| Saving(format!("checkpoint step {done}")))?;
         checkpoint::prune(&cfg.output.dir, cfg.checkpoint.keep_last)?;
@@ -234,7 +234,7 @@ fn save_results(context: &RunContext, trainer: &Trainer) -> anyhow::Result<PathB
     let RunContext { cfg, run, base_model, .. } = *context;
     let adapter_dir = cfg.output.adapters_dir.join(&cfg.output.adapter_name);
     if trainer.collective.rank() == 0 {
-        save_adapter(&trainer.model, &run.lora, base_model, &adapter_dir)
+        save_adapter(&trainer.model, run.lora(), base_model, &adapter_dir)
             .with_context(|| Saving(format!("the final adapter {}", adapter_dir.display())))?;
         // the adapter is the result: a plot that fails is only worth a warning
         match plot::plot_run(&cfg.output.dir, None) {

@@ -95,7 +95,7 @@ fn load_model(
         // the warm-up's buffers were transient: the budget check measures the steps' peaks
         crate::memory::reset_peak(device);
     }
-    model.add_lora(&run.lora, cfg.train.seed)?;
+    model.add_lora(run.lora(), cfg.train.seed)?;
     set_training_policy(&mut model, run)?;
     if let Some(b) = run.budget.filter(|_| run.checkpointing == Checkpointing::Auto) {
         let (layers, seq, batch) = (model.layers.len(), run.max_seq_len, run.first_batch());
@@ -238,7 +238,7 @@ pub(super) fn train(
     }
     let trace = trace_dir
         .filter(|_| rank == 0)
-        .map(|dir| Trace::start(dir, &trainer.model, &run.lora, &base_model, eval_loader.as_ref()))
+        .map(|dir| Trace::start(dir, &trainer.model, run.lora(), &base_model, eval_loader.as_ref()))
         .transpose()?;
     let samples = super::samples::Samples::open(cfg, &files.dir, start, rank)?;
     let context = RunContext {
