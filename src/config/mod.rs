@@ -365,7 +365,7 @@ impl ModelSection {
     /// `source` with `${LORA_FT_CACHE}` (default `~/.cache/lora-ft`) and a leading `~/`
     /// expanded, so shipped configs can point at the demo model wherever the cache is.
     pub fn expanded_source(&self) -> String {
-        let cache = crate::fixtures::cache_dir().display().to_string();
+        let cache = crate::cache::dir().display().to_string();
         let s = self.source.replace("${LORA_FT_CACHE}", &cache);
         match (s.strip_prefix("~/"), std::env::var_os("HOME")) {
             (Some(rest), Some(home)) => format!("{}/{rest}", home.to_string_lossy()),

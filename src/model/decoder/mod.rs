@@ -256,7 +256,15 @@ impl CausalLm {
             _ => &self.rope,
         };
         let scores = ScoreRule { scale: self.arch.query_scale, softcap: self.arch.attention_softcap, window };
-        LayerInput { rope, mask, offset, scores, dropout_seed, packed, mlp_tile_values: self.policy.mlp_tile_values }
+        LayerInput {
+            rope,
+            mask,
+            offset,
+            scores,
+            dropout_seed,
+            packed,
+            mlp_tile_values: self.policy.mlp_tile_values,
+        }
     }
 
     /// Eval-mode logits `[b, t, vocab]` (f32). With `caches`, continues from the cached positions.
