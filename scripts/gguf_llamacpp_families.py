@@ -247,9 +247,10 @@ def main():
     families = [os.path.basename(args.model.rstrip("/"))] if args.model else args.families.split(",")
     for fam in families:
         with tempfile.TemporaryDirectory() as tmp:
-            folder = os.path.join(tmp, fam)
             source = args.model or os.path.join("tests/fixtures", fam)
-            prepare(source, folder, real=bool(args.model))
+            folder = source if args.model else os.path.join(tmp, fam)  # a real folder is used as it is
+            if not args.model:
+                prepare(source, folder)
             fixture_adapter = args.adapter_dir or os.path.join("tests/fixtures", fam, "adapter")
             adapter = fixture_adapter if args.adapter or args.lora_gguf else None
             seqs = SEQUENCES

@@ -2,7 +2,7 @@
 // scripts/gguf_llamacpp_install.sh against the llama.h of the same release as the prebuilt
 // libllama it links (npm's node-llama-cpp packages), so the C API is used exactly as declared.
 // Settings as llama-cpp-python's defaults that the checks used: CPU, f16 K/V cache, no flash
-// attention, 2 threads, the whole input in one batch.
+// attention, the whole input in one batch.
 //
 //   gguf_llamacpp_run logits   LIBDIR MODEL.gguf LORA.gguf|- IDS.txt OUT.f32
 //     IDS.txt: one sequence of comma-separated token ids a line; each is run from an empty cache
@@ -34,8 +34,10 @@ static struct llama_context *open_context(struct llama_model *model, const char 
     cp.n_ctx = n_ctx;
     cp.n_batch = n_batch;
     cp.n_ubatch = n_batch;
-    cp.n_threads = 2;
-    cp.n_threads_batch = 2;
+    // one thread: ggml's threads spin at each barrier, which stalls whenever the cores are shared
+    // (cargo test runs the tests side by side); the logits do not depend on the thread count
+    cp.n_threads = 1;
+    cp.n_threads_batch = 1;
     cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.type_k = GGML_TYPE_F16;
     cp.type_v = GGML_TYPE_F16;
