@@ -18,11 +18,11 @@ fn python() -> String {
     std::env::var("LORA_FT_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-/// `$LORA_FT_LLAMACPP`, or `llamacpp` in the fixtures' cache: where the install script puts it.
+/// `$LORA_FT_LLAMACPP`, or `llamacpp` in lora-ft's cache folder: where the install script puts it.
 fn llamacpp_dir() -> PathBuf {
     std::env::var_os("LORA_FT_LLAMACPP")
         .map(PathBuf::from)
-        .unwrap_or_else(|| lora_ft::fixtures::cache_dir().join("llamacpp"))
+        .unwrap_or_else(|| lora_ft::cache::dir().join("llamacpp"))
 }
 
 /// Fails, saying how to install them, unless llama.cpp and the Python's modules are there.
