@@ -3,7 +3,7 @@
 # of npm's @node-llama-cpp/linux-x64 and the llama.h of the same llama.cpp release (the source
 # bundle that the node-llama-cpp package ships), then compiles scripts/gguf_llamacpp_run.c
 # against them. Both tarballs are pinned by version and sha256.
-#   $LORA_FT_CACHE (default ~/.cache/lora-ft)/llamacpp/{lib,include,bin/gguf_llamacpp_run}
+#   $LORA_FT_CACHE (default ~/.cache/lora-ft)/llamacpp/{lib,include,bin/gguf_llamacpp_run,venv}
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=3.22.1
@@ -30,6 +30,12 @@ if [ "$(cat "$DIR/version" 2>/dev/null)" != "node-llama-cpp $VERSION" ]; then
   echo "node-llama-cpp $VERSION" > "$DIR.part/version"
   rm -rf "$DIR"
   mv "$DIR.part" "$DIR"
+fi
+# the checks' Python (scripts/gguf_llamacpp_*.py): numpy and jinja2 in a venv of its own
+if ! "$DIR/venv/bin/python3" -c "import numpy, jinja2" 2>/dev/null; then
+  rm -rf "$DIR/venv"
+  python3 -m venv "$DIR/venv"
+  "$DIR/venv/bin/python3" -m pip install -q numpy==2.4.6 jinja2==3.1.6
 fi
 # the helper is compiled on every run, so that it always matches scripts/gguf_llamacpp_run.c
 lib=$(cd "$DIR/lib" && ls libllama.*so libggml.*so libggml-base.so | tr '\n' ' ')

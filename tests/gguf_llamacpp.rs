@@ -6,40 +6,64 @@
 //! `lora-ft chat` does (`scripts/gguf_llamacpp_check.py`).
 //!
 //! llama.cpp is the prebuilt CPU library of npm's node-llama-cpp, installed with a small C driver
-//! by `bash scripts/gguf_llamacpp_install.sh`; the float64 reference is the committed golden
-//! `tests/golden/gguf_llamacpp.json` (`scripts/golden/gguf_llamacpp_reference.py`). The Python is
-//! `LORA_FT_PYTHON` (default `python3`) with numpy and jinja2. `.ci/run` installs all of it; where
-//! any of it is missing the tests fail, saying how to install it: they never skip.
+//! and a Python venv holding numpy and jinja2 by `bash scripts/gguf_llamacpp_install.sh`; the
+//! float64 reference is the committed golden `tests/golden/gguf_llamacpp.json`
+//! (`scripts/golden/gguf_llamacpp_reference.py`). Where llama.cpp is missing from the cache the
+//! tests run that script themselves, once; where it cannot be installed they fail, saying why:
+//! they never skip.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
-fn python() -> String {
-    std::env::var("LORA_FT_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-/// `$LORA_FT_LLAMACPP`, or `llamacpp` in lora-ft's cache folder: where the install script puts it.
+/// `$LORA_FT_LLAMACPP`, or `llamacpp` in the cache folder: where the install script puts it.
 fn llamacpp_dir() -> PathBuf {
     std::env::var_os("LORA_FT_LLAMACPP")
         .map(PathBuf::from)
         .unwrap_or_else(|| lora_ft::cache::dir().join("llamacpp"))
 }
 
-/// Fails, saying how to install them, unless llama.cpp and the Python's modules are there.
+/// `LORA_FT_PYTHON`, else the install's venv.
+fn python() -> PathBuf {
+    std::env::var_os("LORA_FT_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| llamacpp_dir().join("venv/bin/python3"))
+}
+
+/// Installs llama.cpp and its checks' Python into the cache unless a run already did (one test
+/// process at a time, through a lock file), then fails, saying how to install them, if they are
+/// still not there.
 fn require_tools() {
+    static IN_PROCESS: Mutex<()> = Mutex::new(());
+    let _guard = IN_PROCESS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let driver = llamacpp_dir().join("bin").join("gguf_llamacpp_run");
+    let ready = || driver.is_file() && (std::env::var_os("LORA_FT_PYTHON").is_some() || python().is_file());
+    if !ready() && std::env::var_os("LORA_FT_LLAMACPP").is_none() {
+        let cache = lora_ft::cache::dir();
+        std::fs::create_dir_all(&cache).unwrap();
+        let lock = std::fs::File::create(cache.join("llamacpp.lock")).unwrap();
+        lock.lock().unwrap();
+        if !ready() {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let status =
+                Command::new("bash").arg(root.join("scripts/gguf_llamacpp_install.sh")).status().unwrap();
+            assert!(
+                status.success(),
+                "scripts/gguf_llamacpp_install.sh failed ({status}): it needs npm and cc"
+            );
+        }
+    }
     assert!(
         driver.is_file(),
-        "llama.cpp is not installed ({} is missing): run `bash scripts/gguf_llamacpp_install.sh` (.ci/run does)",
+        "llama.cpp is not installed ({} is missing): run `bash scripts/gguf_llamacpp_install.sh`",
         driver.display()
     );
     let probe = Command::new(python()).args(["-c", "import numpy, jinja2"]).output();
     assert!(
         probe.as_ref().is_ok_and(|o| o.status.success()),
-        "{} cannot import numpy and jinja2: `{} -m pip install --user numpy jinja2` (.ci/run does), \
-         or set LORA_FT_PYTHON: {:?}",
-        python(),
-        python(),
+        "{} cannot import numpy and jinja2: run `bash scripts/gguf_llamacpp_install.sh`, or set \
+         LORA_FT_PYTHON to a Python that can: {:?}",
+        python().display(),
         probe.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
     );
 }
