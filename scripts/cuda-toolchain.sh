@@ -26,8 +26,8 @@ if [ ! -e "$LIBS/nvidia/cu13/lib/libcublas.so" ]; then
 fi
 CUDNN="$ROOT/cudnn"
 if [ ! -e "$CUDNN/include/cudnn_frontend.h" ]; then
-  # Headers only, for src/model/cudnn_sdpa.cpp: cuDNN itself is loaded when the program runs
-  # (model/cudnn_sdpa.rs), so neither library is linked. 9.19 is the oldest cuDNN the build
+  # Headers only, for src/cuda/cudnn_sdpa.cpp: cuDNN itself is loaded when the program runs
+  # (src/cuda/cudnn_sdpa.rs), so neither library is linked. 9.19 is the oldest cuDNN the build
   # expects (the one PyTorch 2.11 ships); newer 9.x libraries take the same calls.
   echo "fetching the cuDNN 9.19 and cudnn-frontend 1.32 headers into $CUDNN" >&2
   WHEELS=$(mktemp -d)

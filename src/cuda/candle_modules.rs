@@ -1,7 +1,7 @@
 //! candle's kernels as machine code. candle-kernels ships its modules as PTX only, and candle-core
 //! hands that text to the driver (`cuModuleLoadData`), which compiles it at the first use of each
-//! module: 13.6 s for the eight modules a training step uses on an H100 with an empty JIT cache
-//! (`lora-ft bench kernels`; `binary` alone 6.8 s), most of a fresh machine's first step.
+//! module: with an empty JIT cache that is most of a fresh machine's first step (`lora-ft bench
+//! kernels`; timings in benches/code_notes.md).
 //!
 //! build.rs compiles the same eight `.cu` files of candle-kernels (from its source in the cargo
 //! registry) to fatbins with machine code for our architectures, as it does our own kernels. This

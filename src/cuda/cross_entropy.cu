@@ -1,7 +1,7 @@
 // Cross-entropy of rows of logits fused with its gradient: one block per row reads the row (the
 // lm_head GEMM's output in the compute dtype) three times from cache — max, sum of exp, then
 // softmax − one-hot — in f32, as transformers does after `logits.float()`. The composed version
-// (src/model/loss.rs) made five to seven f32 copies of the [rows, vocab] chunk; this writes one
+// (src/model/ops/loss.rs) made five to seven f32 copies of the [rows, vocab] chunk; this writes one
 // gradient in the compute dtype and one loss per row, so the loss is read back once per step.
 #include <stdint.h>
 
@@ -70,7 +70,7 @@ CROSS_ENTROPY(f32, float)
 CROSS_ENTROPY(f16, __half)
 CROSS_ENTROPY(bf16, __nv_bfloat16)
 
-// The same loss with lm_head streamed in vocab chunks (src/model/loss_streamed.rs): an online
+// The same loss with lm_head streamed in vocab chunks (src/model/ops/lm_head.rs): an online
 // log-sum-exp over the chunks, as FlashAttention does over keys. Per row, m is the running max
 // and s the running sum of exp(logit - m); the chunk's logits become exp(logit - m_new) in place
 // (the weights of the chunk's rows of lm_head in the gradient), and alpha = exp(m_old - m_new)

@@ -1,7 +1,7 @@
 // Causal attention forward and backward through cuDNN's fused SDPA (the "flash" engine that
 // PyTorch's SDPBackend.CUDNN_ATTENTION runs), built with cudnn-frontend's graph API. cuDNN is
 // loaded when the program runs (lft_cudnn_load), never linked: without it the project's own
-// kernels (kernels/flash_attention.cu) do the work. model/cudnn_sdpa.rs is the Rust side.
+// kernels (src/cuda/flash_attention.cu) do the work. src/cuda/cudnn_sdpa.rs is the Rust side.
 //
 // Each call names its shape, dtype, strides and score rule in a SdpaDesc; the graph built for a
 // desc is kept, so a training run builds two graphs per sequence shape and rule (forward,

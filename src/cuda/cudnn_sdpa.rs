@@ -1,7 +1,7 @@
 //! Causal attention through cuDNN's fused SDPA (`cudnn_sdpa.cpp`) where cuDNN 9 is found when
-//! the program runs; the project's kernels (`flash.rs`) everywhere else. On the H100 cuDNN's
-//! Hopper engines run the 2048-token attention of a training step ~3× faster than `flash.rs`
-//! (benches/profile_mistral-7b.md).
+//! the program runs; the project's kernels (`flash.rs`) everywhere else. cuDNN's Hopper engines
+//! run a training step's attention faster than `flash.rs` (benches/profile_mistral-7b.md; numbers
+//! in benches/code_notes.md).
 //!
 //! `LORA_FT_ATTENTION` picks: `auto` (default: cuDNN when it loads and takes the call),
 //! `cudnn` (an error when it cannot), or `flash` (the project's kernels). `LORA_FT_CUDNN` names

@@ -1,6 +1,6 @@
 // LoRA dropout on the device: element i is kept unless hash(seed, i) falls under p, so the mask
 // is a pure function of (seed, index), regenerated in the backward's recompute instead of stored,
-// and identical to the CPU path's (src/model/dropout.rs has the same SplitMix64 finaliser).
+// and identical to the CPU path's (src/model/lora/dropout.rs has the same SplitMix64 finaliser).
 #include <stdint.h>
 
 #include "dtype.cuh"

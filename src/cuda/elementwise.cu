@@ -1,7 +1,8 @@
 // Fused RMSNorm and SwiGLU, forward and backward: one pass over the rows instead of candle's
 // six to ten elementwise kernels (each a full read and write of [tokens, hidden]). The rounding
 // follows HF: RMSNorm normalises in f32, rounds to the compute dtype, then multiplies by the
-// weight. src/model/ops.rs keeps the composed versions as the CPU path and the tests' reference.
+// weight. src/model/ops/norm.rs and src/model/ops/mlp.rs keep the composed versions as the CPU
+// path and the tests' reference.
 #include <stdint.h>
 
 #include "dtype.cuh"

@@ -1,5 +1,6 @@
-//! The fused RMSNorm and SwiGLU kernels of `kernels/elementwise.cu` (CUDA only). `ops.rs` calls
-//! them for CUDA tensors and keeps the composed ops as the CPU path and the tests' reference.
+//! The fused RMSNorm and SwiGLU kernels of `src/cuda/elementwise.cu` (CUDA only).
+//! `model/ops/norm.rs` and `model/ops/mlp.rs` call them for CUDA tensors and keep the composed ops
+//! as the CPU path and the tests' reference.
 
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};

@@ -1,6 +1,6 @@
 // Embedding lookup from a table in mapped page-locked host memory: the GPU reads a step's rows
 // over PCIe itself, so the table (250-313 MiB for 7B/13B) needs no VRAM and the lookup no host
-// work. src/model/embedding.rs keeps index_select as the reference.
+// work. src/model/ops/embedding.rs keeps index_select as the reference.
 #include <stdint.h>
 
 // out[i] = table[ids[i]], rows of `row_vecs` 16-byte vectors; one block per id. An id outside the

@@ -1,4 +1,4 @@
-//! The FlashAttention-style kernels of `kernels/flash_attention.cu` (CUDA only; f16/bf16, head_dim
+//! The FlashAttention-style kernels of `src/cuda/flash_attention.cu` (CUDA only; f16/bf16, head_dim
 //! 64 or 128). Scores never reach global memory: the forward returns the context and the row
 //! log-sum-exp, and the backward recomputes the probabilities from them. `attention.rs` keeps the
 //! composed chunked version as the CPU path, the f32 path and the tests' reference.

@@ -3,7 +3,7 @@
 // Compiled with --use_fast_math like bitsandbytes, so `1.0f / absmax` is the same approximate
 // reciprocal their kernels use. Sums and products that bitsandbytes rounds separately (torch ops
 // between its kernels) use __fsub_rn/__fmul_rn/__fadd_rn so nvcc cannot fuse them into an FMA.
-// src/quant/cuda.rs launches these; src/quant/{nf4,dynamic,double}.rs are the CPU reference.
+// src/cuda/nf4.rs launches these; src/quant/{nf4,dynamic,double}.rs are the CPU reference.
 #include <stdint.h>
 
 #include "dtype.cuh"
@@ -133,8 +133,8 @@ __device__ __forceinline__ void store8(__nv_bfloat16* out, const float (&v)[8]) 
 
 // Sixteen values (eight packed bytes, one 8-byte load) per thread, stored with two 16-byte
 // (f16/bf16) or four (f32) vector stores: twice the bytes in flight per thread of eight, which
-// took a Llama-2-13B step's dequantization from ~2.6 TB/s on an H200. Sixteen values never
-// straddle a 64-value block.
+// made dequantization faster (benches/code_notes.md). Sixteen values never straddle a 64-value
+// block.
 template <typename T>
 __device__ void nf4_dequantize(const uint8_t* packed, const float* absmax, const uint8_t* codes,
                                const float* absmax2, float offset, T* out, int64_t n) {

@@ -6,7 +6,7 @@
 // and not there, so results agree with candle's within rounding (the CUDA test holds them to the
 // crate's multiple of candle's own error against f64), not bit for bit. Each thread takes N = 16 / sizeof(T) neighbouring pairs: one
 // 16-byte load of each half, of cos and of sin, and one store of each half; candle's takes one
-// pair in 2-byte loads (~1.3 TB/s on an H200 at Llama-2-13B's 512 x 8, a third of the bandwidth).
+// pair in 2-byte loads, well short of the memory bandwidth (benches/code_notes.md).
 #include <stdint.h>
 #include "dtype.cuh"
 

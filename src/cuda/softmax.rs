@@ -1,4 +1,4 @@
-//! The attention softmax kernels of `kernels/softmax.cu` as candle custom ops (CUDA only; the
+//! The attention softmax kernels of `src/cuda/softmax.cu` as candle custom ops (CUDA only; the
 //! CPU path and the tests' reference are the composed ops in `attention.rs`).
 
 use candle_core::backend::BackendStorage;

@@ -1,6 +1,6 @@
 //! The planner's count of what one step holds beyond the frozen parts: one backward layer's
 //! working set (the gated MLP's backward, or the composed attention's query chunk), and the loss
-//! with one chunk of logits. Each term names the tensors of model/layer.rs, ops/attention.rs and
+//! with one chunk of logits. Each term names the tensors of model/layer/mod.rs, ops/attention.rs and
 //! ops/loss.rs it stands for.
 
 use crate::model::arch::Architecture;

@@ -8,10 +8,10 @@ use crate::model::activations::LayerPlan;
 use crate::model::ModelConfig;
 
 /// GPU FLOPs a layer's forward runs per byte the copy engine moves to or from the host in the
-/// same time: f16 GEMMs at 680 TFLOP/s and 55 GB/s each way measured on the H200
-/// (scripts/bench/pcie_bandwidth.py), less for the layer's other kernels. An offloaded layer's
-/// copy out hides behind the forward of the `stride` layers after it. A GPU on PCIe 4 computes
-/// slower too (an RTX 4090: ~160 TFLOP/s, 25 GB/s), so the ratio errs to the safe side there.
+/// same time: the f16 GEMM rate over the copy rate each way, as measured on a PCIe 5 GPU
+/// (scripts/bench/pcie_bandwidth.py; numbers in benches/code_notes.md), less for the layer's other
+/// kernels. An offloaded layer's copy out hides behind the forward of the `stride` layers after
+/// it. A GPU on PCIe 4 computes slower too, so the ratio errs to the safe side there.
 /// `LORA_FT_OFFLOAD_FLOPS_PER_BYTE` sets another (a GPU with a faster or slower link).
 pub const OFFLOAD_FLOPS_PER_BYTE: f64 = 12_000.0;
 
@@ -37,8 +37,7 @@ fn offload_flops_per_byte() -> f64 {
 /// layers with the fewest recomputed — the offloaded layers' one in flight costs the device a
 /// layer or two of the kept ones. An lm_head that host offload would stream stays on the device
 /// where that recomputes no more layers: streaming reads the whole head over the PCIe link once
-/// a step (Llama-2-13B's 313 MiB in ~6 ms at the H200's 55 GB/s, Qwen3-14B's 1.56 GB in ~28 ms),
-/// longer than the loss's own GEMMs at short rows.
+/// a step, longer than the loss's own GEMMs at short rows (benches/code_notes.md).
 pub fn layer_plan(m: &ModelConfig, run: &RunShape, shape: (usize, usize), budget: u64) -> LayerPlan {
     let streamed_run = run.planned(&LayerPlan { lm_head_resident: false, ..run.layers });
     let streamed = plan_for(m, &streamed_run, shape, budget);
@@ -63,9 +62,8 @@ pub(super) fn plan_for(m: &ModelConfig, run: &RunShape, shape: (usize, usize), b
 /// moment leaves under the plan's peak (none where the head is not streamed), starting as many
 /// layers before the forward's end as their copy takes at `OFFLOAD_FLOPS_PER_BYTE`. The peak
 /// stays what it was: the chunks are counted in the loss's moment, which was below it by that
-/// much. Qwen3-14B at 512 x 8 streamed its 1.56 GB head over PCIe in 30.5 ms (session 9's
-/// timeline), its loss's GEMMs ~20 ms by arithmetic at the rate Llama-3.1-8B's resident head
-/// measured there; with 7 chunks ahead its loss took 26.9 ms (H100, benches/issue20/session15).
+/// much. Prefetching hides part of the head's copy behind the forward, so the loss waits on
+/// the link less (measurements in benches/code_notes.md).
 fn with_head_prefetch(m: &ModelConfig, run: &RunShape, shape: (usize, usize), plan: LayerPlan) -> LayerPlan {
     let plan = LayerPlan { lm_head_prefetch: 0, lm_head_prefetch_lead: 0, ..plan };
     if !run.streams_lm_head(m) {
@@ -95,7 +93,7 @@ fn layers_for(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize), bud
     if kept == layers {
         // every layer kept: memory left over keeps the cheap kernels' outputs too, clear of the
         // 2% by which the estimates can fall short of a measured peak (plan/tests.rs
-        // `within_band`; Gemma-2-9B at 512 x 4 on the H200 went 0.02 GiB over without it)
+        // `within_band`; a measured peak went over without it: benches/code_notes.md)
         let with = |complete| LayerPlan { complete, lm_head_resident, ..alone };
         let complete = (0..=layers).rev().find(|&c| peak(with(c)) <= budget - budget / 50).unwrap_or(0);
         return LayerPlan { complete, ..alone };

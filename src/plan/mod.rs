@@ -43,7 +43,7 @@ pub struct RunShape {
     pub lora: LoraSpec,
     /// The optimizer (`optim.name`), whose state lives beside the adapters.
     pub optimizer: OptimizerState,
-    /// Embedding table in host memory (an untied model on a GPU, see model/embedding.rs).
+    /// Embedding table in host memory (an untied model on a GPU, see model/ops/embedding.rs).
     pub embeddings_on_host: bool,
     /// Rows of logits per loss chunk.
     pub loss_chunk_rows: usize,
@@ -90,7 +90,7 @@ impl RunShape {
         Self { layers: *plan, ..self.clone() }
     }
 
-    /// Whether the loss streams lm_head from host memory (model/lm_head.rs): an untied head with
+    /// Whether the loss streams lm_head from host memory (model/ops/lm_head.rs): an untied head with
     /// host offload, unless the logits are soft-capped (the streamed loss does not cap) or the
     /// plan keeps it on the device.
     pub(crate) fn streams_lm_head(&self, m: &ModelConfig) -> bool {
@@ -315,7 +315,7 @@ fn small_tensors(m: &ModelConfig, f: &Family, seq: usize) -> u64 {
     m.num_hidden_layers as u64 * layer + h + ropes * rows * d
 }
 
-/// The streamed loss (model/lm_head.rs): two vocab chunks of lm_head besides the plan's
+/// The streamed loss (model/ops/lm_head.rs): two vocab chunks of lm_head besides the plan's
 /// prefetched ones, one chunk of logits, the f32 accumulator, and the chunk's and the gradient's
 /// `[tokens, hidden]` rows.
 fn streamed_loss_bytes(m: &ModelConfig, run: &RunShape, tokens: u64) -> u64 {

@@ -2,8 +2,8 @@
 //! stopping the run. `train.checkpointing = "auto"` plans to the budget's edge, and what the plan
 //! does not count is the memory pool's own cut: with freed memory kept for reuse (memory.rs
 //! `retain_freed_memory`), blocks cut to an earlier shape's buffers can leave a larger one no
-//! room on a card the size of the plan's (measured: Mistral-7B and Llama-2-13B at 2048 × 4 after
-//! 2048 × 2, held to a 24 GiB card on an H100, benches/issue20_checkpointing_cold_start.md). So the
+//! room on a card the size of the plan's (measured: a longer shape after a shorter one, see
+//! benches/code_notes.md and benches/issue20_checkpointing_cold_start.md). So the
 //! step runs again first with the pool trimmed, the same plan; then, if it runs out again, with
 //! one layer's activations fewer kept at its shapes from then on, until it fits or no layer is left
 //! to give up (`KeptLayers::keep_fewer`: the other shapes keep their plans). A shape is trimmed

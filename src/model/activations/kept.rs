@@ -198,8 +198,8 @@ impl KeptLayers {
     /// Marks the shapes the step since `begin_step` planned as run again with the memory pool
     /// trimmed; whether each of them had been before (none planned: `false`). A shape whose
     /// pool runs out again after a trim gives up a layer rather than be trimmed step after step
-    /// (on an H100 held to 24 GiB, Qwen3-14B's 2048 x 4 ran out in one timed step after another,
-    /// each fitting once trimmed).
+    /// (a large model at a tight budget ran out step after step, each fitting once trimmed:
+    /// benches/code_notes.md).
     pub fn trimmed_before(&self) -> bool {
         let stepping = lock(&self.stepping);
         let mut trimmed = lock(&self.trimmed);

@@ -447,7 +447,7 @@ impl CausalLm {
         // the offloaded layer the backward reaches first comes in behind the loss and the layers
         // above it; where the loss streams lm_head with chunks prefetched, after the loss, so
         // that the link carries the head's rest alone (fetching it after the loss without a
-        // prefetch measured no faster: Qwen3-14B 512 x 8 on an H200, 8,549 against 8,557 tok/s)
+        // prefetch measured no faster on a large model: benches/code_notes.md)
         let next_offloaded = |below: usize| (0..below).rev().find(|&n| kinds[n] == LayerKind::Offloaded);
         if prefetch == 0 {
             offloaded.start_backward(next_offloaded(layers))?;

@@ -1,11 +1,10 @@
 //! The first step's one-time costs, paid while the model loads: the fused attention of every
 //! score rule the model's layers use (the causal one, and a window or soft cap where the family
 //! has them) built and run once at the run's first shape on a thread of its own, as packed rows
-//! where the run packs them (cuDNN's ragged graphs have kernels of their own: ~1.8 s of a
-//! packed run's first step on a fresh H100 before this, benches/issue20/session14). On a fresh
-//! machine that is cuDNN's graph building and the driver's compiling of its kernels: ~1.5 s of
-//! the first step on an H200 (benches/issue20_checkpointing_cold_start.md), overlapped with the
-//! ~3 s of reading and quantizing the weights.
+//! where the run packs them (cuDNN's ragged graphs have kernels of their own). On a fresh
+//! machine that is cuDNN's graph building and the driver's compiling of its kernels, a large part
+//! of the first step, overlapped here with reading and quantizing the weights (timings in
+//! benches/code_notes.md).
 
 use std::path::Path;
 use std::thread::JoinHandle;
