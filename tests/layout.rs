@@ -19,10 +19,10 @@ use std::path::{Path, PathBuf};
 /// The top-level rooms, bottom floor first. A room may import rooms listed before it.
 const FLOORS: &[&[&str]] = &[
     &["cuda", "profile", "durable", "cache", "testing"],
-    &["memory", "quant", "fixtures"],
+    &["memory", "quant"],
     &["config", "distributed"],
     &["model", "optim", "gguf"],
-    &["data", "hub", "plan"],
+    &["data", "hub", "plan", "fixtures"],
     &["peft_adapter", "generate"],
     &["train", "merge", "eval"],
     &["bench"],
