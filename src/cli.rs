@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use lora_ft::quant::Quantization;
 
 #[derive(Parser)]
-#[command(name = "lora-ft", version, about = "QLoRA fine-tuning of Llama/Mistral models")]
+#[command(name = "lora-ft", version, about = "QLoRA fine-tuning of Llama, Mistral, Qwen and Gemma models")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
