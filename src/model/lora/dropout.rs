@@ -1,7 +1,7 @@
 //! LoRA dropout as a pure function of (seed, element index): element i of the input is kept unless
 //! the top 32 bits of SplitMix64(seed, i) fall under p·2³², and kept values are scaled by 1/(1-p)
 //! as `torch.nn.Dropout` does. Nothing is stored between the forward and the backward's recompute,
-//! the CUDA kernel (`kernels/dropout.cu`) draws on the device, and CPU and GPU draw the same mask.
+//! the CUDA kernel (`src/cuda/dropout.cu`) draws on the device, and CPU and GPU draw the same mask.
 
 use candle_core::{DType, Result, Tensor};
 

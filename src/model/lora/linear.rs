@@ -88,8 +88,8 @@ impl BaseWeight {
 /// counts it as workspace).
 pub const MIN_SLICE_VALUES: usize = 1 << 24;
 
-/// From this many tokens a step's GEMMs read each weight whole (measured on the H100: slicing
-/// cost 4% of a 512 × 8 step, while 512 × 8 has memory to spare against the reference).
+/// From this many tokens a step's GEMMs read each weight whole: slicing costs a few percent of a
+/// 512 × 8 step, which has memory to spare (benches/code_notes.md).
 pub const WHOLE_WEIGHT_TOKENS: usize = 4096;
 
 fn gcd(a: usize, b: usize) -> usize {

@@ -1,7 +1,7 @@
 //! Input embeddings. On a GPU an untied table stays in host memory: a step reads only its own
 //! b·t rows, and the table (250 MiB for Mistral-7B, 313 MiB for Llama-2-13B in f16) is VRAM that
 //! a small card can spend on batch. The table is copied into mapped page-locked memory, which
-//! the GPU reads over PCIe in one gather kernel (kernels/embedding.cu); where pinning fails, the
+//! the GPU reads over PCIe in one gather kernel (src/cuda/embedding.cu); where pinning fails, the
 //! rows are gathered on the host in parallel and uploaded. A table tied to lm_head lives on the
 //! device, where the loss needs it anyway.
 

@@ -4,7 +4,7 @@
 //! frozen model (313 MiB for Llama-2-13B in f16). On CUDA the trainer moves an untied lm_head to
 //! mapped page-locked host memory; the loss then streams it in, `VOCAB_CHUNK` rows at a time,
 //! each chunk copied on the copy stream while the previous one computes, with an online
-//! log-sum-exp over the chunks (kernels/cross_entropy.cu) and the gradient accumulated in f32.
+//! log-sum-exp over the chunks (src/cuda/cross_entropy.cu) and the gradient accumulated in f32.
 //! The target rows of the gradient's one-hot term are gathered straight from mapped memory.
 
 use candle_core::{Result, Tensor};

@@ -1,8 +1,8 @@
 //! The loss's gradient rows put back among all of a batch's rows: `d_rows[j]` is the gradient of
 //! row `rows[j]` (the trained rows, ascending), every other row's is zero. Trained rows come in
 //! runs (each assistant turn), so the result is the runs and the gaps between them concatenated:
-//! a copy per piece. candle's `index_add` gives one thread per column and loops over every index
-//! (Llama-2-13B at 8 × 512: 2.2 ms of a 440 ms step); it stays the path for rows in many short
+//! a copy per piece. candle's `index_add` gives one thread per column and loops over every index,
+//! slow on a large model's step (benches/code_notes.md); it stays the path for rows in many short
 //! runs.
 
 use candle_core::{Result, Tensor};
