@@ -46,7 +46,7 @@ const KNOWN_CIRCLES: &[(&str, &[&str])] = &[
     ("model::arch", &["config", "family"]),
     ("model::layer", &["(own file)", "tiles"]),
     ("model::lora", &["linear", "weights"]),
-    ("plan", &["(own file)", "activations", "keep", "report", "run"]),
+    ("plan", &["(own file)", "activations", "keep", "report"]),
     ("train", &["(own file)", "run_loop", "setup"]),
     ("train", &["metrics", "tensorboard"]),
     ("train", &["recovery", "step"]),

@@ -1,6 +1,6 @@
 //! The decoder with LoRA adapters and a hand-written, checkpointed backward. candle's autograd
-//! serves only as the test oracle (see DESIGN.md). The rooms, from the bottom floor up (each
-//! imports only the floors below it):
+//! keeps every intermediate of the step, so it serves only as the test oracle. The rooms, from
+//! the bottom floor up (each imports only the floors below it):
 //!
 //! - `arch/`: what a model is, read from its config.json into one typed [`arch::Architecture`]
 //!   (the family declarations); the layers branch on it, never on a model's name.

@@ -1,5 +1,6 @@
 //! RMSNorm with its hand-written backward. candle's fused version has no autograd, and we would
-//! not want its autograd anyway (DESIGN.md), so the backward is written beside the forward.
+//! not want its autograd anyway (it keeps every intermediate for the whole step), so the
+//! backward is written beside the forward.
 
 use candle_core::{DType, Result, Tensor, D};
 
