@@ -50,16 +50,8 @@ pub fn generate(
     stop: &[u32],
     settings: &GenerationSettings,
 ) -> anyhow::Result<Vec<u32>> {
-    let sampling = if settings.temperature <= 0.0 {
-        Sampling::ArgMax
-    } else {
-        match settings.top_p {
-            Some(p) => Sampling::TopP { p, temperature: settings.temperature },
-            None => Sampling::All { temperature: settings.temperature },
-        }
-    };
-    let mut processor = LogitsProcessor::from_sampling(settings.seed, sampling);
-    let mut caches = vec![KvCache::default(); model.layers.len()];
+    let mut processor = sampler(settings);
+    let mut caches: Vec<KvCache> = (0..model.layers.len()).map(|_| KvCache::default()).collect();
     // a reply stops at the model's last position (a prompt past it is an error)
     let max_pos = model.config().max_position_embeddings;
     anyhow::ensure!(
@@ -74,9 +66,9 @@ pub fn generate(
             break;
         }
         let ids = Tensor::new(input.as_slice(), model.device())?.unsqueeze(0)?;
-        let logits = model.forward(&ids, Some(&mut caches))?;
-        let last = logits.squeeze(0)?.get(input.len() - 1)?;
-        let next = processor.sample(&last.to_dtype(candle_core::DType::F32)?)?;
+        // the last position's logits alone: a prompt's other positions need none
+        let last = model.forward_last(&ids, Some(&mut caches))?.squeeze(0)?;
+        let next = processor.sample(&last)?;
         if stop.contains(&next) {
             break;
         }
@@ -84,6 +76,130 @@ pub fn generate(
         input = vec![next];
     }
     Ok(out)
+}
+
+/// A reply's sampler: greedy at temperature 0, else seeded sampling (top-p where set).
+fn sampler(settings: &GenerationSettings) -> LogitsProcessor {
+    let sampling = if settings.temperature <= 0.0 {
+        Sampling::ArgMax
+    } else {
+        match settings.top_p {
+            Some(p) => Sampling::TopP { p, temperature: settings.temperature },
+            None => Sampling::All { temperature: settings.temperature },
+        }
+    };
+    LogitsProcessor::from_sampling(settings.seed, sampling)
+}
+
+/// `generate` of several prompts together: each prompt's own forward first, then one step for
+/// every unfinished reply at a time (`CausalLm::forward_last_rows`), so that a step reads each
+/// weight once for all of them instead of once per reply. Each reply has its own sampler, seeded
+/// as `generate` seeds it: a reply is the one `generate` gives, up to the rounding of products
+/// over several rows.
+pub fn generate_many(
+    model: &CausalLm,
+    prompts: &[Vec<u32>],
+    stop: &[u32],
+    settings: &GenerationSettings,
+) -> anyhow::Result<Vec<Vec<u32>>> {
+    let max_pos = model.config().max_position_embeddings;
+    let mut outs: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    // the unfinished replies: prompt index, sampler, last token; their caches layer by layer
+    let mut live: Vec<(usize, LogitsProcessor, u32)> = Vec::new();
+    let mut caches: Vec<Vec<KvCache>> = (0..model.layers.len()).map(|_| Vec::new()).collect();
+    for (i, prompt) in prompts.iter().enumerate() {
+        anyhow::ensure!(
+            prompt.len() <= max_pos,
+            "prompt {i} is {} tokens, past the model's max_position_embeddings ({max_pos})",
+            prompt.len()
+        );
+        if settings.max_new_tokens == 0 {
+            continue;
+        }
+        let mut own: Vec<KvCache> = (0..model.layers.len()).map(|_| KvCache::default()).collect();
+        let ids = Tensor::new(prompt.as_slice(), model.device())?.unsqueeze(0)?;
+        let mut processor = sampler(settings);
+        let next = processor.sample(&model.forward_last(&ids, Some(&mut own))?.squeeze(0)?)?;
+        if stop.contains(&next) {
+            continue;
+        }
+        outs[i].push(next);
+        for (layer, cache) in caches.iter_mut().zip(own) {
+            layer.push(cache);
+        }
+        live.push((i, processor, next));
+    }
+    loop {
+        // a reply ends at max_new_tokens or at the model's last position
+        let done: Vec<usize> = (0..live.len())
+            .filter(|&r| {
+                let i = live[r].0;
+                outs[i].len() >= settings.max_new_tokens || prompts[i].len() + outs[i].len() >= max_pos
+            })
+            .collect();
+        for &r in done.iter().rev() {
+            live.remove(r);
+            for layer in caches.iter_mut() {
+                layer.remove(r);
+            }
+        }
+        if live.is_empty() {
+            return Ok(outs);
+        }
+        let last: Vec<u32> = live.iter().map(|(_, _, token)| *token).collect();
+        let ids = Tensor::new(last.as_slice(), model.device())?.unsqueeze(1)?;
+        let logits = model.forward_last_rows(&ids, &mut caches)?;
+        let mut stopped = Vec::new();
+        for (r, (i, processor, token)) in live.iter_mut().enumerate() {
+            let next = processor.sample(&logits.get(r)?)?;
+            if stop.contains(&next) {
+                stopped.push(r);
+            } else {
+                outs[*i].push(next);
+                *token = next;
+            }
+        }
+        for &r in stopped.iter().rev() {
+            live.remove(r);
+            for layer in caches.iter_mut() {
+                layer.remove(r);
+            }
+        }
+    }
+}
+
+/// `reply_with_tools` of several conversations together (`generate_many`), the replies in order.
+pub fn replies_with_tools(
+    model: &CausalLm,
+    tokenizer: &ChatTokenizer,
+    conversations: &[(&[Message], Option<&[Value]>)],
+    stop: &[u32],
+    settings: &GenerationSettings,
+) -> anyhow::Result<Vec<String>> {
+    let prompts = conversations
+        .iter()
+        .map(|(messages, tools)| prompt_ids(tokenizer, messages, *tools))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    generate_many(model, &prompts, stop, settings)?
+        .iter()
+        .map(|ids| decode_reply(tokenizer.tokenizer(), ids))
+        .collect()
+}
+
+/// The conversation rendered with the chat template (tools given, generation prompt on) and
+/// tokenized.
+fn prompt_ids(
+    tokenizer: &ChatTokenizer,
+    messages: &[Message],
+    tools: Option<&[Value]>,
+) -> anyhow::Result<Vec<u32>> {
+    let prompt = tokenizer.template().render_tools(messages, tools, true)?;
+    let enc = tokenizer
+        .tokenizer()
+        .encode(prompt.as_str(), false)
+        .map_err(anyhow::Error::msg)
+        .context("tokenizing")?;
+    Ok(enc.get_ids().to_vec())
 }
 
 /// Renders the conversation with the chat template (generation prompt on), generates a reply
@@ -108,13 +224,7 @@ pub fn reply_with_tools(
     stop: &[u32],
     settings: &GenerationSettings,
 ) -> anyhow::Result<String> {
-    let prompt = tokenizer.template().render_tools(messages, tools, true)?;
-    let enc = tokenizer
-        .tokenizer()
-        .encode(prompt.as_str(), false)
-        .map_err(anyhow::Error::msg)
-        .context("tokenizing")?;
-    let ids = generate(model, enc.get_ids(), stop, settings)?;
+    let ids = generate(model, &prompt_ids(tokenizer, messages, tools)?, stop, settings)?;
     decode_reply(tokenizer.tokenizer(), &ids)
 }
 
@@ -132,4 +242,43 @@ pub fn decode_reply(tokenizer: &Tokenizer, ids: &[u32]) -> anyhow::Result<String
         })
         .collect();
     tokenizer.decode(&kept, false).map_err(anyhow::Error::msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::Quantization;
+    use candle_core::{DType, Device};
+
+    /// Prompts of different lengths answered together give each the reply it gets alone: greedy
+    /// and sampled, with the tiny chat model's adapter on (its LoRA group in every projection),
+    /// replies stopped by a stop id at different steps, and more rows than the products'
+    /// dot-product path takes.
+    #[test]
+    fn replies_generated_together_equal_each_generated_alone() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-chat");
+        let (config, weights) = crate::hub::local_weights(&dir).unwrap();
+        let mut model =
+            CausalLm::load(&config, &weights, DType::F32, Quantization::None, &Device::Cpu).unwrap();
+        crate::peft_adapter::load_adapter(&mut model, &dir.join("adapter")).unwrap();
+        let prompts: Vec<Vec<u32>> = (0..19)
+            .map(|p| (0..3 + 7 * p).map(|i| ((i * 37 + p * 11) % 1000) as u32 + 3).collect())
+            .collect();
+        for temperature in [0.0, 0.8] {
+            let settings = GenerationSettings { max_new_tokens: 9, temperature, top_p: None, seed: 5 };
+            let alone: Vec<Vec<u32>> =
+                prompts.iter().map(|p| generate(&model, p, &[], &settings).unwrap()).collect();
+            // stop at the token some replies reach at different steps
+            let stop = [alone[0][4], alone[3][1]];
+            let stopped: Vec<Vec<u32>> =
+                prompts.iter().map(|p| generate(&model, p, &stop, &settings).unwrap()).collect();
+            assert_eq!(generate_many(&model, &prompts, &[], &settings).unwrap(), alone, "T = {temperature}");
+            assert_eq!(
+                generate_many(&model, &prompts, &stop, &settings).unwrap(),
+                stopped,
+                "T = {temperature}"
+            );
+            assert!(stopped.iter().any(|r| r.len() < 9) && stopped.iter().any(|r| r.len() == 9));
+        }
+    }
 }

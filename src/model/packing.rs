@@ -65,6 +65,11 @@ impl PackedRows {
         Ok(Self { spans, seq_len, positions, columns: Mutex::new(Vec::new()), token_spans: Mutex::new(None) })
     }
 
+    /// Per row, (start, length) of each dialogue, then of the padding if any: they cover the row.
+    pub fn spans(&self) -> &[Vec<(usize, usize)>] {
+        &self.spans
+    }
+
     /// `[b · t, 2]` i32: the (start, end) within its row of each token's span (end exclusive),
     /// as the flash kernels read them (varlen attention: token i sees keys start(i) ..= i).
     /// Made once per batch on `device`.

@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::data::{parse_tool_calls, read_prompts_jsonl, row_name, ChatTokenizer, Conversation, ToolCall};
 use crate::distributed::Collective;
 use crate::durable::Writing;
-use crate::generate::{reply_with_tools, stop_ids, GenerationSettings};
+use crate::generate::{replies_with_tools, stop_ids, GenerationSettings};
 use crate::model::CausalLm;
 
 pub const SAMPLES_FILE: &str = "samples.jsonl";
@@ -100,17 +100,14 @@ impl Samples {
     ) -> anyhow::Result<Vec<SampleRecord>> {
         let mut records = Vec::new();
         if let Some((prompts, tokenizer, stop)) = &self.prompts {
-            for (index, p) in prompts.iter().enumerate() {
-                let messages = tokenizer.prepare(&p.messages)?;
-                let answer = reply_with_tools(
-                    model,
-                    tokenizer,
-                    &messages,
-                    p.tools.as_deref(),
-                    stop,
-                    &self.settings,
-                )
-                .with_context(|| format!("answering data.eval_prompts prompt {index} at step {step}"))?;
+            // every prompt answered together: a decoding step reads the weights once for all
+            let prepared =
+                prompts.iter().map(|p| tokenizer.prepare(&p.messages)).collect::<Result<Vec<_>, _>>()?;
+            let asked: Vec<_> =
+                prepared.iter().zip(prompts).map(|(m, p)| (&m[..], p.tools.as_deref())).collect();
+            let answers = replies_with_tools(model, tokenizer, &asked, stop, &self.settings)
+                .with_context(|| format!("answering data.eval_prompts at step {step}"))?;
+            for (index, (messages, answer)) in prepared.iter().zip(answers).enumerate() {
                 let question = messages.iter().rev().find(|m| m.role == "user").map(|m| m.content.clone());
                 let tool_calls = parse_tool_calls(&answer);
                 records.push(SampleRecord {

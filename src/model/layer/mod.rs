@@ -10,17 +10,19 @@ use candle_core::{Result, Tensor};
 use super::arch::Activation;
 use super::lora::group::LoraGroup;
 use super::lora::linear::{DropoutSeed, LoraLinear};
-use super::ops::attention::{attention_packed, AttentionSaved, ScoreRule};
+use super::ops::attention::{attention_packed, reads_strided, AttentionSaved, ScoreRule};
 use super::ops::product_sum::ProductSum;
 use super::ops::{gated, rms_norm, Rope};
 use super::packing::PackedRows;
 use crate::profile::section;
 
 mod backward;
+mod kv_cache;
 mod norms;
 mod projections;
 mod saved;
 mod tiles;
+pub use kv_cache::KvCache;
 use projections::project_into;
 pub use tiles::{tile_rows, MLP_TILE_VALUES};
 
@@ -54,20 +56,15 @@ const GATE: usize = 4;
 const UP: usize = 5;
 const DOWN: usize = 6;
 
-/// Keys and values of the positions seen so far, for generation.
-#[derive(Debug, Default, Clone)]
-pub struct KvCache {
-    k: Option<Tensor>,
-    v: Option<Tensor>,
-}
-
-impl KvCache {
-    pub fn len(&self) -> usize {
-        self.k.as_ref().map_or(0, |k| k.dim(2).unwrap_or(0))
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+/// Where a forward's keys and values go besides its attention.
+enum Cache<'a> {
+    /// Nowhere (training, a forward without generation).
+    None,
+    /// Into the cache of the one sequence generated (or of every row, all of one length).
+    One(&'a mut KvCache),
+    /// Row r's into `caches[r]`: rows generated together, each at its own length, each row's
+    /// attention over its own positions.
+    Rows(&'a mut [KvCache]),
 }
 
 /// Per-forward context shared by all layers.
@@ -185,13 +182,25 @@ fn seed(input: &LayerInput, proj: usize) -> Option<DropoutSeed> {
 impl DecoderLayer {
     /// x `[b, t, hidden]` → `[b, t, hidden]`.
     pub fn forward(&self, x: &Tensor, input: &LayerInput, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let cache = match cache {
+            Some(c) => Cache::One(c),
+            None => Cache::None,
+        };
         let (out, _) = self.run(x, input, cache, Pass::Forward)?;
+        out.ok_or_else(|| candle_core::Error::Msg("the forward pass returns the output".into()))
+    }
+
+    /// `forward` of rows that each continue their own cache (`caches[r]`, of any length): their
+    /// projections and MLP as one batch, each row's RoPE and attention at its own positions.
+    /// `input`'s mask and offset are not read.
+    pub fn forward_rows(&self, x: &Tensor, input: &LayerInput, caches: &mut [KvCache]) -> Result<Tensor> {
+        let (out, _) = self.run(x, input, Cache::Rows(caches), Pass::Forward)?;
         out.ok_or_else(|| candle_core::Error::Msg("the forward pass returns the output".into()))
     }
 
     /// What `backward` reads, without the layer's output.
     pub fn recompute(&self, x: &Tensor, input: &LayerInput) -> Result<LayerSaved> {
-        let (_, saved) = self.run(x, input, None, Pass::Recompute)?;
+        let (_, saved) = self.run(x, input, Cache::None, Pass::Recompute)?;
         saved.ok_or_else(|| candle_core::Error::Msg("the recompute keeps the activations".into()))
     }
 
@@ -207,18 +216,18 @@ impl DecoderLayer {
     }
 
     fn forward_keeping(&self, x: &Tensor, input: &LayerInput, pass: Pass) -> Result<(Tensor, LayerSaved)> {
-        match self.run(x, input, None, pass)? {
+        match self.run(x, input, Cache::None, pass)? {
             (Some(out), Some(saved)) => Ok((out, saved)),
             _ => Err(candle_core::Error::Msg("forward_saving returns both".into())),
         }
     }
 
-    /// x `[b·t, n·d]` as `[b, n, t, d]`: on CUDA a view of the projection's memory (RoPE and the
-    /// attention kernels read it strided), on the CPU a copy (the composed attention's matmuls
-    /// take contiguous heads).
-    fn heads(&self, x: &Tensor, b: usize, t: usize, n: usize) -> Result<Tensor> {
+    /// x `[b·t, n·d]` as `[b, n, t, d]`: a view of the projection's memory where the attention
+    /// reads it strided (the CUDA kernels, the CPU's fused path; RoPE keeps the view), else a copy
+    /// (the composed attention's matmuls take contiguous heads).
+    fn heads(&self, x: &Tensor, (b, t, n): (usize, usize, usize), rule: &ScoreRule) -> Result<Tensor> {
         let view = x.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?;
-        if x.device().is_cuda() {
+        if reads_strided(x, rule) {
             return Ok(view);
         }
         view.contiguous()
@@ -228,7 +237,7 @@ impl DecoderLayer {
         &self,
         x: &Tensor,
         input: &LayerInput,
-        cache: Option<&mut KvCache>,
+        cache: Cache,
         pass: Pass,
     ) -> Result<(Option<Tensor>, Option<LayerSaved>)> {
         let (b, t, hidden) = x.dims3()?;
@@ -238,25 +247,31 @@ impl DecoderLayer {
         // each projection's [n, out] output is a temporary of its statement: dropped once its
         // heads are laid out, not kept to the end of `run`
         let group = |i| qkv.as_ref().map(|g| (g, i));
-        let rope = |x: Tensor| input.rope(&x);
         let (q, q_raw) =
             self.head_norm(self.project(Q, &n1, input, group(0))?, self.q_norm.as_ref(), pass)?;
         let (k, k_raw) =
             self.head_norm(self.project(K, &n1, input, group(1))?, self.k_norm.as_ref(), pass)?;
-        let q = rope(self.heads(&q, b, t, self.n_heads)?)?;
-        let mut k = rope(self.heads(&k, b, t, self.n_kv_heads)?)?;
-        let mut v = self.heads(&self.project(V, &n1, input, group(2))?, b, t, self.n_kv_heads)?;
-        if let Some(cache) = cache {
-            if let (Some(pk), Some(pv)) = (&cache.k, &cache.v) {
-                k = Tensor::cat(&[pk, &k], 2)?;
-                v = Tensor::cat(&[pv, &v], 2)?;
+        let rule = &input.scores;
+        let q = self.heads(&q, (b, t, self.n_heads), rule)?;
+        let k = self.heads(&k, (b, t, self.n_kv_heads), rule)?;
+        let v = self.heads(&self.project(V, &n1, input, group(2))?, (b, t, self.n_kv_heads), rule)?;
+        let (q, k, v, (context, attention_saved)) = match cache {
+            Cache::Rows(caches) => {
+                let context = self.attention_of_rows((&q, &k, &v), input, caches)?;
+                (q, k, v, (context, AttentionSaved::nothing()))
             }
-            cache.k = Some(k.clone());
-            cache.v = Some(v.clone());
-        }
-        let (context, attention_saved) = section("attention", q.device(), || {
-            attention_packed(&q, &k, &v, (input.mask, input.packed), &input.scores)
-        })?;
+            cache => {
+                let (q, k) = (input.rope(&q)?, input.rope(&k)?);
+                let (k, v) = match cache {
+                    Cache::One(cache) => cache.append(&k, &v)?,
+                    _ => (k, v),
+                };
+                let out = section("attention", q.device(), || {
+                    attention_packed(&q, &k, &v, (input.mask, input.packed), rule)
+                })?;
+                (q, k, v, out)
+            }
+        };
         let context = context.transpose(1, 2)?.reshape((b * t, self.n_heads * self.head_dim))?;
         let attn_out = self.lora_group(&[O], &context, input)?;
         let keep = pass != Pass::Forward;
@@ -317,6 +332,34 @@ impl DecoderLayer {
             LayerSaved { attn, mlp: MlpSaved { h1, n2: (!lean).then_some(n2), inner: Some(inner) } }
         });
         Ok((out, saved))
+    }
+
+    /// The context `[b, h, t, d]` of rows that each continue their own cache: row r's q and k
+    /// rotated at its cache's length, its keys and values appended there, its attention over them
+    /// (masked by position: `input`'s mask is not read).
+    fn attention_of_rows(
+        &self,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        input: &LayerInput,
+        caches: &mut [KvCache],
+    ) -> Result<Tensor> {
+        if caches.len() != q.dim(0)? {
+            candle_core::bail!("{} caches for {} rows", caches.len(), q.dim(0)?);
+        }
+        let contexts = caches
+            .iter_mut()
+            .enumerate()
+            .map(|(r, cache)| {
+                let row = |x: &Tensor| x.narrow(0, r, 1);
+                let offset = cache.len();
+                let (q, k) = (input.rope.apply(&row(q)?, offset)?, input.rope.apply(&row(k)?, offset)?);
+                let (k, v) = cache.append(&k, &row(v)?)?;
+                let rule = &input.scores;
+                section("attention", q.device(), || attention_packed(&q, &k, &v, (None, None), rule))
+                    .map(|(context, _)| context)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&contexts, 0)
     }
 
     /// residual + proj(x), or residual + norm(proj(x)) with an output norm: the sum where

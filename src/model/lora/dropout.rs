@@ -19,7 +19,9 @@ impl DropoutSeed {
 
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
-fn mix(seed: u64, i: u64) -> u64 {
+/// SplitMix64's output for element `i` of the mask drawn from `seed`.
+#[inline(always)]
+pub(crate) fn mix(seed: u64, i: u64) -> u64 {
     let mut z = seed.wrapping_add((i + 1).wrapping_mul(GOLDEN));
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -42,6 +44,10 @@ pub fn dropout(x: &Tensor, seed: DropoutSeed, p: f64) -> Result<Tensor> {
         return crate::cuda::dropout::dropout(x, seed.0, drop_below(p), keep_scale);
     }
     let below = drop_below(p);
+    if crate::model::ops::cpu::takes(&[x]) {
+        // the mask drawn and applied in one pass, threads over the elements
+        return crate::model::ops::cpu::elementwise::dropout(x, seed.0, below, keep_scale);
+    }
     let mask: Vec<f32> = (0..x.elem_count() as u64)
         .map(|i| if ((mix(seed.0, i) >> 32) as u32) < below { 0.0 } else { keep_scale })
         .collect();
@@ -76,6 +82,25 @@ mod tests {
             dropout(&x, DropoutSeed(7), 0.0).unwrap().to_vec2::<f32>().unwrap(),
             x.to_vec2::<f32>().unwrap()
         );
+    }
+
+    /// The CPU's fused pass (f32) gives the bits of the mask drawn whole and multiplied, over
+    /// more elements than one of its tasks holds.
+    #[test]
+    fn the_fused_cpu_pass_equals_the_drawn_mask() {
+        let x = Tensor::randn(0f32, 1.0, (70, 1000), &Device::Cpu).unwrap();
+        let (seed, p) = (DropoutSeed(11), 0.25);
+        let below = drop_below(p);
+        let keep = (1.0 / (1.0 - p)) as f32;
+        let mask: Vec<f32> = (0..x.elem_count() as u64)
+            .map(|i| if ((mix(seed.0, i) >> 32) as u32) < below { 0.0 } else { keep })
+            .collect();
+        let want = x.mul(&Tensor::from_vec(mask, x.shape(), &Device::Cpu).unwrap()).unwrap();
+        let got = dropout(&x, seed, p).unwrap();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+        };
+        assert_eq!(bits(&got), bits(&want));
     }
 
     /// A tile of rows masked with the skipped seed gets exactly the whole tensor's mask there.

@@ -143,27 +143,34 @@ fn softmax_grad(probs: &Tensor, dp: &Tensor, tanh: Option<&Tensor>, dtype: DType
 }
 
 /// What the backward needs beyond q, k, v: on CUDA, the forward's context and row log-sum-exp;
-/// the composed path recomputes everything and keeps nothing.
+/// on the CPU's fused path the log-sum-exp; the composed path recomputes everything and keeps
+/// nothing.
 pub struct AttentionSaved {
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     kernel: Option<KernelSaved>,
 }
 
 impl AttentionSaved {
+    /// Nothing kept: a forward no backward follows.
+    pub fn nothing() -> Self {
+        Self { kernel: None }
+    }
+
     /// The kernel's saved output and statistics (none on the composed path), for offloading.
     pub fn tensors_mut(&mut self) -> Vec<&mut Tensor> {
         match &mut self.kernel {
             Some(KernelSaved::Flash { context, lse }) => vec![context, lse],
             Some(KernelSaved::Cudnn { context, stats }) => vec![context, stats],
+            Some(KernelSaved::Cpu { lse }) => vec![lse],
             None => Vec::new(),
         }
     }
 
-    /// Which implementation ran the forward: "cudnn", "flash" or "composed".
+    /// Which implementation ran the forward: "cudnn", "flash", "cpu" or "composed".
     pub fn kernel_name(&self) -> &'static str {
         match self.kernel {
             Some(KernelSaved::Cudnn { .. }) => "cudnn",
             Some(KernelSaved::Flash { .. }) => "flash",
+            Some(KernelSaved::Cpu { .. }) => "cpu",
             None => "composed",
         }
     }
@@ -175,6 +182,27 @@ enum KernelSaved {
     Flash { context: Tensor, lse: Tensor },
     /// cudnn_sdpa.rs: the same statistic in natural-log units.
     Cudnn { context: Tensor, stats: Tensor },
+    /// cpu/attention.rs: the row log-sum-exp `[b, h, t]`, natural log.
+    Cpu { lse: Tensor },
+}
+
+/// Whether the CPU's fused attention (cpu/attention.rs) takes q, k and v of `dtype` on `device`
+/// under `rule`: f32 without a soft cap.
+fn cpu_takes(device: &Device, dtype: DType, rule: &ScoreRule) -> bool {
+    device.is_cpu() && dtype == DType::F32 && rule.softcap.is_none()
+}
+
+/// Whether the attention reads q, k and v as `[b, h, t, d]` views of the projections'
+/// `[b, t, h, d]` memory (the CUDA kernels and the CPU's fused path), so that a layer lays its
+/// heads out without a copy; the composed path's matmuls take contiguous heads.
+pub fn reads_strided(x: &Tensor, rule: &ScoreRule) -> bool {
+    x.device().is_cuda() || cpu_takes(x.device(), x.dtype(), rule)
+}
+
+/// The CPU's fused path's view of which keys each query sees: packed rows' spans, else
+/// causality, and the rule's window.
+fn cpu_visible<'a>(packed: Option<&'a PackedRows>, rule: &ScoreRule) -> super::cpu::attention::Visible<'a> {
+    super::cpu::attention::Visible { spans: packed.map(|p| p.spans()), window: rule.window }
 }
 
 /// cuDNN's attention graphs built so far in this process and the seconds that took (none without
@@ -317,6 +345,7 @@ fn kernel_backward(
         Ok((dq, dk, dv))
     };
     match kernel {
+        KernelSaved::Cpu { .. } => Ok(None),
         KernelSaved::Flash { context, lse } => flash(context, lse).map(Some),
         KernelSaved::Cudnn { context, stats } => {
             let columns = packed.map(|p| ragged_columns(p, q, k)).transpose()?;
@@ -395,11 +424,27 @@ pub fn attention_packed(
             return Ok(out);
         }
     }
+    if cpu_takes(q.device(), q.dtype(), rule) {
+        // masked by position and span as the CUDA kernels are: `mask` says the same
+        let (context, lse) = super::cpu::attention::forward(q, k, v, cpu_visible(packed, rule), rule.scale)?;
+        return Ok((context, AttentionSaved { kernel: Some(KernelSaved::Cpu { lse }) }));
+    }
+    composed_forward(q, k, v, (mask, packed), rule)
+}
+
+/// The composed forward (the reference of the fused paths): chunked scores with the mask.
+pub(crate) fn composed_forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    (mask, packed): (Option<&Tensor>, Option<&PackedRows>),
+    rule: &ScoreRule,
+) -> Result<(Tensor, AttentionSaved)> {
     let built = packed_mask(packed, mask, rule, q)?;
     let mask = mask.or(built.as_ref());
     let n_rep = q.dim(1)? / k.dim(1)?;
-    let k = repeat_kv(k, n_rep)?;
-    let v = repeat_kv(v, n_rep)?;
+    let k = repeat_kv(&k.contiguous()?, n_rep)?;
+    let v = repeat_kv(&v.contiguous()?, n_rep)?;
     let contexts = chunks(q, k.dim(2)?, rule.scale)?
         .iter()
         .map(|c| chunk_probs(c, &k, mask, rule)?.0.to_dtype(v.dtype())?.matmul(&v.narrow(2, 0, c.kv)?))
@@ -437,14 +482,27 @@ pub fn attention_backward_packed(
             return Ok(grads);
         }
     }
-    let _ = saved;
+    if let Some(KernelSaved::Cpu { lse }) = &saved.kernel {
+        let visible = cpu_visible(packed, rule);
+        return super::cpu::attention::backward((q, k, v), visible, rule.scale, lse, d_context);
+    }
+    composed_backward((q, k, v), (mask, packed), rule, d_context)
+}
+
+/// The composed backward (the reference of the fused paths), recomputing the probabilities.
+pub(crate) fn composed_backward(
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    (mask, packed): (Option<&Tensor>, Option<&PackedRows>),
+    rule: &ScoreRule,
+    d_context: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
     let built = packed_mask(packed, mask, rule, q)?;
     let mask = mask.or(built.as_ref());
     let n_rep = q.dim(1)? / k.dim(1)?;
     let scale = rule.scale;
     let dtype = q.dtype();
-    let k = repeat_kv(k, n_rep)?;
-    let v = repeat_kv(v, n_rep)?;
+    let k = repeat_kv(&k.contiguous()?, n_rep)?;
+    let v = repeat_kv(&v.contiguous()?, n_rep)?;
     let s = k.dim(2)?;
     let f32_zeros = |x: &Tensor| Tensor::zeros(x.shape(), DType::F32, x.device());
     let (mut dk, mut dv) = (f32_zeros(&k)?, f32_zeros(&v)?);

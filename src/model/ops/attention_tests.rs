@@ -63,6 +63,69 @@ fn chunked_attention_case(rule: &ScoreRule) {
     }
 }
 
+/// The CPU's fused path against autograd through the unchunked formula with the mask, in f32
+/// (the reference) and in f64 (the exact answer), forward and backward: GQA, fewer queries than
+/// keys (a KV cache), windows that cut and one that does not, blocks that straddle the spans,
+/// packed rows with their padding span, and q, k, v and d(context) as views of `[b, t, h, d]`
+/// memory, as a layer hands them over.
+#[test]
+fn cpu_fused_attention_matches_autograd() {
+    let dev = Device::Cpu;
+    let d = 16;
+    let rand = |shape: (usize, usize, usize, usize), seed: u64| {
+        let (b, n, t, d) = shape;
+        let values = crate::model::ops::test_util::randn(&[b, t, n, d], seed);
+        values.transpose(1, 2).unwrap() // a [b, n, t, d] view, as the projections lay heads out
+    };
+    // (packed rows' dialogue lengths, or none: plain causal rows; t; s)
+    type Rows<'a> = (Option<&'a [&'a [usize]]>, usize, usize);
+    let rows: [Rows; 5] = [
+        (None, 150, 150),
+        (None, 37, 200),
+        (None, 1, 90),
+        (Some(&[&[1, 7, 33, 70, 19], &[130]]), 130, 130),
+        (Some(&[&[100, 9], &[64, 64, 2]]), 130, 130),
+    ];
+    for (lens, t, s) in rows {
+        for window in [None, Some(20), Some(1000)] {
+            let rule = ScoreRule::causal(d, window);
+            let b = lens.map_or(2, |l| l.len());
+            let (h, kv) = (6, 2);
+            let (q, k, v) = (rand((b, h, t, d), 1), rand((b, kv, s, d), 2), rand((b, kv, s, d), 3));
+            let dc = rand((b, h, t, d), 4);
+            let lens: Option<Vec<Vec<usize>>> = lens.map(|l| l.iter().map(|r| r.to_vec()).collect());
+            let packed = lens.as_ref().map(|l| PackedRows::new(l, t, &dev).unwrap());
+            let mask = match &packed {
+                Some(p) => p.mask(window, &dev).unwrap(),
+                None => causal_mask(t, s, s - t, window, &dev).unwrap(),
+            };
+            let visible = (Some(&mask), packed.as_ref());
+            let (ctx, saved) = attention_packed(&q, &k, &v, visible, &rule).unwrap();
+            assert_eq!(saved.kernel_name(), "cpu");
+            let grads = attention_backward_packed((&q, &k, &v), visible, &rule, &saved, &dc).unwrap();
+            // the formula and its autograd, in f32 and in f64
+            let reference = |dtype: DType| {
+                let var =
+                    |x: &Tensor| Var::from_tensor(&x.to_dtype(dtype).unwrap().contiguous().unwrap()).unwrap();
+                let (q, k, v) = (var(&q), var(&k), var(&v));
+                let out = unchunked(q.as_tensor(), k.as_tensor(), v.as_tensor(), &mask, h / kv, &rule);
+                let dc = dc.to_dtype(dtype).unwrap().contiguous().unwrap();
+                let g = (&out * &dc).unwrap().sum_all().unwrap().backward().unwrap();
+                let grad = |x: &Var| g.get(x.as_tensor()).unwrap().clone();
+                (out, [grad(&q), grad(&k), grad(&v)])
+            };
+            let ((want, want_grads), (exact, exact_grads)) = (reference(DType::F32), reference(DType::F64));
+            let what = |name: &str| format!("{name}: t {t} s {s} {window:?} packed {}", packed.is_some());
+            assert_within_reference_error(&what("context"), &ctx, &want, &exact);
+            let ours = [&grads.0, &grads.1, &grads.2];
+            for (i, name) in ["dq", "dk", "dv"].into_iter().enumerate() {
+                assert_eq!(ours[i].dims(), want_grads[i].dims(), "{name}");
+                assert_within_reference_error(&what(name), ours[i], &want_grads[i], &exact_grads[i]);
+            }
+        }
+    }
+}
+
 #[test]
 fn sliding_window_mask_matches_hf_rule() {
     let m = causal_mask(4, 4, 0, Some(2), &Device::Cpu).unwrap().to_vec2::<f32>().unwrap();

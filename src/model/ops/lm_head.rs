@@ -26,6 +26,10 @@ impl LmHead {
     /// where the family does.
     pub fn logits(&self, h: &Tensor, softcap: Option<f64>) -> Result<Tensor> {
         let logits = match self {
+            // f32 on the CPU: lm_head read where it lies (one token's logits as dot products)
+            Self::Device(w) if super::cpu::takes(&[h, w]) => {
+                super::cpu::gemm::matmul(h, false, w, true, 1.0)?
+            }
             Self::Device(w) => h.matmul(&w.t()?)?,
             #[cfg(feature = "cuda")]
             Self::Host(w) => match w.resident() {

@@ -29,7 +29,8 @@ pub struct LossOutput {
 /// logits soft-capped to `softcap` first where the family does (Gemma 2).
 /// With `grad_scale = Some(s)` also returns the gradient of `s · loss_sum` w.r.t. hidden.
 /// Logits exist one chunk of `chunk_rows` trained rows at a time; on CUDA the fused kernel turns
-/// each chunk into per-row losses (summed once, at the end: one read-back) and its gradient.
+/// each chunk into per-row losses (summed once, at the end: one read-back) and its gradient, on
+/// the CPU (f32, no cap) the fused loop of `cpu::cross_entropy`.
 pub fn cross_entropy(
     hidden: &Tensor,
     lm_head: &Tensor,
@@ -46,6 +47,13 @@ pub fn cross_entropy(
     for chunk in rows.chunks(chunk_rows.max(1)) {
         let idx = Tensor::new(chunk, device)?;
         let tgt: Vec<u32> = chunk.iter().map(|&i| targets[i as usize] as u32).collect();
+        if logit_softcap.is_none() && super::cpu::takes(&[hidden, lm_head]) {
+            let hs = hidden.index_select(&idx, 0)?;
+            let (loss, d) = super::cpu::cross_entropy::chunk(&hs, lm_head, &tgt, grad_scale)?;
+            loss_sum += loss;
+            d_rows.extend(d);
+            continue;
+        }
         let tgt = Tensor::from_vec(tgt, chunk.len(), device)?;
         let logits = hidden.index_select(&idx, 0)?.matmul(&lm_head.t()?)?;
         let d_logits = if device.is_cuda() {

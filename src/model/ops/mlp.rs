@@ -21,6 +21,9 @@ pub fn gated(gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
         if gate.device().is_cuda() {
             return crate::cuda::elementwise::gated(gate, up, cuda_gate(act));
         }
+        if act == Activation::Silu && super::cpu::takes(&[gate, up]) {
+            return super::cpu::elementwise::silu_gated(gate, up);
+        }
         match act {
             Activation::Silu => gate.silu()? * up,
             // candle's gelu is the tanh approximation, as gelu_pytorch_tanh
@@ -37,6 +40,10 @@ pub fn gated_backward(gate: &Tensor, up: &Tensor, da: &Tensor, act: Activation) 
         #[cfg(feature = "cuda")]
         if gate.device().is_cuda() {
             return crate::cuda::elementwise::gated_backward(gate, up, da, cuda_gate(act));
+        }
+        if act == Activation::Silu && super::cpu::takes(&[gate, up, da]) {
+            let (d_gate, d_up, _) = super::cpu::elementwise::silu_gated_backward(gate, up, da, false)?;
+            return Ok((d_gate, d_up));
         }
         let (value, slope) = match act {
             Activation::Silu => {
@@ -64,7 +71,8 @@ pub fn gated_backward(gate: &Tensor, up: &Tensor, da: &Tensor, act: Activation) 
 /// `gated_backward` and the activation a = `gated(gate, up)` too, its bits: on CUDA from the
 /// backward's one pass, a written where `da` was (the caller gives `da` up: the product sum it came
 /// from holds no other reference), so the backward keeps no a beside its gradients and runs no
-/// second pass over gate and up for it; elsewhere the two ops.
+/// second pass over gate and up for it; on the CPU from the fused loop's one pass too; elsewhere
+/// the two ops.
 pub fn gated_backward_with_act(
     gate: &Tensor,
     up: &Tensor,
@@ -75,6 +83,12 @@ pub fn gated_backward_with_act(
     if gate.device().is_cuda() {
         return section("gated_act.backward", gate.device(), || {
             crate::cuda::elementwise::gated_backward_act(gate, up, da, cuda_gate(act))
+        });
+    }
+    if act == Activation::Silu && super::cpu::takes(&[gate, up, &da]) {
+        return section("gated_act.backward", gate.device(), || {
+            let (d_gate, d_up, a) = super::cpu::elementwise::silu_gated_backward(gate, up, &da, true)?;
+            Ok((d_gate, d_up, a.expect("asked for a")))
         });
     }
     let (d_gate, d_up) = gated_backward(gate, up, &da, act)?;

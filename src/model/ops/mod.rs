@@ -1,8 +1,10 @@
 //! Each op of the decoder with its forward and its hand-written backward side by side (llm.c's
 //! rule): what the forward returns is what the backward reads. The CUDA path of each calls its
-//! kernel in `crate::cuda`; the composed candle ops are the CPU path and the tests' reference.
+//! kernel in `crate::cuda`, the CPU path of the hot ones its fused loops in `cpu`; the composed
+//! candle ops are the other dtypes' path and the tests' reference.
 
 pub mod attention;
+pub mod cpu;
 pub mod embedding;
 pub mod lm_head;
 pub mod loss;

@@ -13,6 +13,9 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
         if x.device().is_cuda() {
             return crate::cuda::elementwise::rms_norm(x, weight, eps);
         }
+        if super::cpu::takes(&[x, weight]) {
+            return super::cpu::elementwise::rms_norm(x, weight, eps);
+        }
         let xf = x.to_dtype(DType::F32)?;
         let normed = xf.broadcast_mul(&inv_rms(&xf, eps)?)?.to_dtype(x.dtype())?;
         normed.broadcast_mul(weight)
@@ -32,6 +35,9 @@ pub fn rms_norm_backward(x: &Tensor, weight: &Tensor, eps: f64, dy: &Tensor) -> 
         if x.device().is_cuda() {
             return crate::cuda::elementwise::rms_norm_backward(x, weight, eps, dy, None);
         }
+        if super::cpu::takes(&[x, weight, dy]) {
+            return super::cpu::elementwise::rms_norm_backward(x, weight, eps, dy, None);
+        }
         let xf = x.to_dtype(DType::F32)?;
         let inv_rms = inv_rms(&xf, eps)?;
         let g = dy.broadcast_mul(weight)?.to_dtype(DType::F32)?;
@@ -44,7 +50,8 @@ pub fn rms_norm_backward(x: &Tensor, weight: &Tensor, eps: f64, dy: &Tensor) -> 
 
 /// residual + `rms_norm_backward(x, weight, eps, dy)`: the gradient of a pre-norm block's input,
 /// where the block is y = x + f(norm(x)) and `residual` is d(y). On CUDA one kernel reads
-/// `residual` beside x and dy instead of a second pass over both gradients (same rounding).
+/// `residual` beside x and dy instead of a second pass over both gradients (same rounding); on the
+/// CPU the fused loop adds it likewise.
 pub fn rms_norm_backward_add(
     x: &Tensor,
     weight: &Tensor,
@@ -56,6 +63,11 @@ pub fn rms_norm_backward_add(
     if x.device().is_cuda() {
         return section("norm.backward", x.device(), || {
             crate::cuda::elementwise::rms_norm_backward(x, weight, eps, dy, Some(residual))
+        });
+    }
+    if super::cpu::takes(&[x, weight, dy, residual]) {
+        return section("norm.backward", x.device(), || {
+            super::cpu::elementwise::rms_norm_backward(x, weight, eps, dy, Some(residual))
         });
     }
     residual + rms_norm_backward(x, weight, eps, dy)?

@@ -2,9 +2,16 @@
 //! x·Wᵀ + h·Bᵀ, and a layer's input gradient sums such products over the projections that read
 //! the same input (q, k, v; gate, up). On CUDA each product is accumulated onto the buffer by
 //! cuBLAS (beta = 1), so there is no `[n, out]` temporary per product and no separate add pass;
-//! on the CPU (and as the tests' reference) each product is a matmul and the sum an add.
+//! on the CPU in f32 likewise by the gemm crate (cpu/gemm.rs), operands read where they lie; in
+//! other dtypes (and as the tests' reference) each product is a matmul and the sum an add.
 
 use candle_core::{bail, Result, Tensor};
+use rayon::prelude::*;
+
+use super::cpu::{
+    self,
+    gemm::{self, Threads, View},
+};
 
 /// alpha · op(lhs) · op(rhs), row-major: op(lhs) is `[m, k]`, stored as it is or, when
 /// `lhs_transposed`, as `[k, m]` (an output gradient read for a weight's gradient); op(rhs) is
@@ -102,6 +109,8 @@ enum Sum {
     #[default]
     Empty,
     Composed(Tensor),
+    /// f32 on the CPU: the `[m, n]` sum in a buffer of its own.
+    Cpu(CpuSum),
     #[cfg(feature = "cuda")]
     Cuda(crate::cuda::gemm::CudaSum),
 }
@@ -118,6 +127,12 @@ impl ProductSum {
             Sum::Empty if p.lhs.device().is_cuda() => {
                 Sum::Cuda(crate::cuda::gemm::CudaSum::start(&p.gemm()?)?)
             }
+            Sum::Empty if cpu_takes(&p) => Sum::Cpu(CpuSum::start(&p)?),
+            Sum::Cpu(mut sum) if cpu_takes(&p) => {
+                sum.add_product(&p, 0)?;
+                Sum::Cpu(sum)
+            }
+            Sum::Cpu(sum) => Sum::Composed((sum.finish()? + p.compute()?)?),
             Sum::Empty => Sum::Composed(p.compute()?),
             Sum::Composed(sum) => Sum::Composed((sum + p.compute()?)?),
             #[cfg(feature = "cuda")]
@@ -134,6 +149,12 @@ impl ProductSum {
         self.0 = match std::mem::take(&mut self.0) {
             #[cfg(feature = "cuda")]
             Sum::Empty if t.device().is_cuda() => Sum::Cuda(crate::cuda::gemm::CudaSum::from_tensor(t)?),
+            Sum::Empty if cpu::takes(&[t]) => Sum::Cpu(CpuSum::from_tensor(t)?),
+            Sum::Cpu(mut sum) if cpu::takes(&[t]) => {
+                sum.add_tensor(t)?;
+                Sum::Cpu(sum)
+            }
+            Sum::Cpu(sum) => Sum::Composed((sum.finish()? + t)?),
             Sum::Empty => Sum::Composed(t.clone()),
             Sum::Composed(sum) => Sum::Composed((sum + t)?),
             #[cfg(feature = "cuda")]
@@ -162,6 +183,16 @@ impl ProductSum {
                 sum.add_product_to_columns(&p.gemm()?, col0)?;
                 Sum::Cuda(sum)
             }
+            Sum::Empty if cpu_takes(&p) => {
+                let mut sum = CpuSum { values: vec![0f32; m * width], rows: m, cols: width };
+                sum.add_product(&p, col0)?;
+                Sum::Cpu(sum)
+            }
+            Sum::Cpu(mut sum) if cpu_takes(&p) => {
+                sum.add_product(&p, col0)?;
+                Sum::Cpu(sum)
+            }
+            Sum::Cpu(sum) => Sum::Composed(add_to_columns(sum.finish()?, &p, col0)?),
             Sum::Empty => {
                 let zeros = Tensor::zeros((m, width), p.lhs.dtype(), p.lhs.device())?;
                 Sum::Composed(add_to_columns(zeros, &p, col0)?)
@@ -180,9 +211,85 @@ impl ProductSum {
         match self.0 {
             Sum::Empty => bail!("an empty sum of products"),
             Sum::Composed(t) => Ok(t),
+            Sum::Cpu(sum) => sum.finish(),
             #[cfg(feature = "cuda")]
             Sum::Cuda(sum) => Ok(sum.finish()),
         }
+    }
+}
+
+/// Whether the CPU's in-place sum takes the product: both operands f32 on the CPU.
+fn cpu_takes(p: &Product) -> bool {
+    cpu::takes(&[p.lhs, p.rhs])
+}
+
+/// An f32 sum of products on the CPU, each accumulated in place by the gemm crate.
+struct CpuSum {
+    values: Vec<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl CpuSum {
+    /// The sum holding `p` alone.
+    fn start(p: &Product) -> Result<Self> {
+        let (m, _, n) = p.dims()?;
+        let mut sum = Self { values: vec![0f32; m * n], rows: m, cols: n };
+        sum.product(p, 0, false)?;
+        Ok(sum)
+    }
+
+    fn from_tensor(t: &Tensor) -> Result<Self> {
+        let (rows, cols) = t.dims2()?;
+        let values = cpu::with_rows(t, |v| Ok(v.to_vec()))?;
+        Ok(Self { values, rows, cols })
+    }
+
+    /// Columns `col0..` += p.
+    fn add_product(&mut self, p: &Product, col0: usize) -> Result<()> {
+        self.product(p, col0, true)
+    }
+
+    /// Columns `col0..` of the sum set to p, or added to with `accumulate`.
+    fn product(&mut self, p: &Product, col0: usize, accumulate: bool) -> Result<()> {
+        let (m, _, n) = p.dims()?;
+        if m != self.rows || col0 + n > self.cols {
+            bail!("a [{m}, {n}] product at column {col0} of a [{}, {}] sum", self.rows, self.cols);
+        }
+        let (ra, rb) = (cpu::Read::new(p.lhs)?, cpu::Read::new(p.rhs)?);
+        let (a, b) = (View::of(&ra)?, View::of(&rb)?);
+        let a = if p.lhs_transposed { a.t() } else { a };
+        let b = if p.rhs_transposed { b.t() } else { b };
+        let dst = View::rows(col0, m, n, self.cols);
+        let operands = ((ra.buffer(), a), (rb.buffer(), b));
+        gemm::product(
+            &mut self.values,
+            dst,
+            operands.0,
+            operands.1,
+            p.alpha as f32,
+            accumulate,
+            Threads::Pool,
+        )
+    }
+
+    /// sum += t.
+    fn add_tensor(&mut self, t: &Tensor) -> Result<()> {
+        if t.dims2()? != (self.rows, self.cols) {
+            bail!("a {:?} tensor added to a [{}, {}] sum", t.dims(), self.rows, self.cols);
+        }
+        cpu::with_rows(t, |v| {
+            self.values.par_chunks_mut(1 << 15).zip(v.par_chunks(1 << 15)).for_each(|(s, v)| {
+                for (s, v) in s.iter_mut().zip(v) {
+                    *s += v;
+                }
+            });
+            Ok(())
+        })
+    }
+
+    fn finish(self) -> Result<Tensor> {
+        cpu::tensor(self.values, (self.rows, self.cols))
     }
 }
 
@@ -206,6 +313,7 @@ mod tests {
         Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
     }
 
+    #[cfg(feature = "cuda")]
     fn max_abs(t: &Tensor) -> f32 {
         t.abs().unwrap().max_all().unwrap().to_dtype(DType::F32).unwrap().to_scalar::<f32>().unwrap()
     }
@@ -235,15 +343,57 @@ mod tests {
         s.finish().unwrap().to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap()
     }
 
+    /// The CPU's in-place f32 sum against the composed one (candle's matmuls and adds) in f32,
+    /// and in f64 (the composed path there), the exact answer.
     #[test]
     fn sum_is_the_sum_of_the_matmuls() {
-        let (x, w, h, b, dh, a, res) = terms(&Device::Cpu, DType::F32);
-        let want = (((h.matmul(&b.t().unwrap()).unwrap() + &res).unwrap()
-            + x.matmul(&w.t().unwrap()).unwrap())
-        .unwrap()
-            + dh.matmul(&a).unwrap())
-        .unwrap();
-        assert_eq!(max_abs(&(sum(&Device::Cpu, DType::F32) - &want).unwrap()), 0.0);
+        let composed = |dtype: DType| {
+            let (x, w, h, b, dh, a, res) = terms(&Device::Cpu, dtype);
+            (((h.matmul(&b.t().unwrap()).unwrap() + &res).unwrap() + x.matmul(&w.t().unwrap()).unwrap())
+                .unwrap()
+                + dh.matmul(&a).unwrap())
+            .unwrap()
+        };
+        crate::testing::assert_within_reference_error(
+            "sum of products",
+            &sum(&Device::Cpu, DType::F32),
+            &composed(DType::F32),
+            &composed(DType::F64),
+        );
+    }
+
+    /// Column products and transposed, scaled, sliced operands on the CPU's in-place sum
+    /// against the composed products, in f32 and f64.
+    #[test]
+    fn cpu_sum_reads_transposed_scaled_and_sliced_operands() {
+        let (dy, h, b) = (randn(&[37, 90], 21), randn(&[37, 48], 22), randn(&[90, 16], 23));
+        let run = |dy: &Tensor, h: &Tensor, b: &Tensor| {
+            let h_i = h.narrow(1, 16, 16).unwrap();
+            let grad_b = Product::tn(dy, &h_i).scaled(0.5).eval().unwrap();
+            let out = Product::nt(&h_i, b).eval().unwrap();
+            let mut dh = ProductSum::new();
+            dh.add_product_to_columns(Product::nn(dy, b), 16, 48).unwrap();
+            dh.add_product_to_columns(Product::nn(dy, b).scaled(2.0), 0, 48).unwrap();
+            (grad_b, out, dh.finish().unwrap())
+        };
+        let composed = |dy: &Tensor, h: &Tensor, b: &Tensor| {
+            let h_i = h.narrow(1, 16, 16).unwrap();
+            let grad_b = Product::tn(dy, &h_i).scaled(0.5).compute().unwrap();
+            let out = Product::nt(&h_i, b).compute().unwrap();
+            let p = Product::nn(dy, b).compute().unwrap();
+            (grad_b, out, Tensor::cat(&[(&p * 2.0).unwrap(), p.clone(), p.zeros_like().unwrap()], 1).unwrap())
+        };
+        let f64 = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+        let ours = run(&dy, &h, &b);
+        let want = composed(&dy, &h, &b);
+        let exact = composed(&f64(&dy), &f64(&h), &f64(&b));
+        for (what, ours, want, exact) in [
+            ("scale·dyᵀ·h_i", &ours.0, &want.0, &exact.0),
+            ("h_i·bᵀ", &ours.1, &want.1, &exact.1),
+            ("dh columns", &ours.2, &want.2, &exact.2),
+        ] {
+            crate::testing::assert_within_reference_error(what, ours, want, exact);
+        }
     }
 
     #[test]
