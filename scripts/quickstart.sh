@@ -5,8 +5,11 @@
 # store's tools: the tuned model looks the order up instead of inventing its status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+echo "quickstart: building the release binary first. A first build takes about 25 minutes on a"
+echo "2-core machine (later ones recompile only what changed); the run after it, about 3 minutes."
 bash scripts/fetch-demo-model.sh
 cargo build --release --quiet
+started=$SECONDS
 BIN=./target/release/lora-ft
 CACHE="${LORA_FT_CACHE:-$HOME/.cache/lora-ft}"
 MODEL="$CACHE/smollm2-hf"
@@ -23,3 +26,5 @@ $BIN chat --model "$MODEL" "${TOOLS[@]}" --system "$SYSTEM" --prompt "$PROMPT" -
 echo
 echo "=== with adapters/quickstart"
 $BIN chat --model "$MODEL" --adapter adapters/quickstart "${TOOLS[@]}" --system "$SYSTEM" --prompt "$PROMPT" --max-new-tokens 80 --quantization none
+echo
+echo "quickstart: $((SECONDS - started)) s after the build (data check, training, the two chats)"

@@ -10,7 +10,7 @@ export PYTHONPATH=/tmp/site
 # CUDA 13 libraries, cuDNN's for the cuDNN attention path (src/cuda/cudnn_sdpa.rs), NCCL's for
 # several ranks (distributed/nccl.rs)
 export LD_LIBRARY_PATH=$(python3 -c "import nvidia,os;print(':'.join(os.path.join(nvidia.__path__[0],d,'lib') for d in ('cu13','cudnn','nccl')))")
-# the GPU machine has cuDNN: the attention test must find it and use it (src/model/ops/attention.rs)
+# the GPU machine has cuDNN: the attention test must find it and use it (src/model/ops/attention/tests.rs)
 export LORA_FT_TEST_NEEDS_CUDNN=1
 # NVLink multicast stays off (KINDS.md: it can take the shared host's GPUs out of service); the
 # machine sets these already, and the ranks lora-ft starts inherit them

@@ -3,7 +3,7 @@
 // tile per warp, on the tensor cores (mma.sync m16n8k16, f32 accumulators). The forward keeps the
 // row log-sum-exp so that the backward recomputes P exactly. The backward is one kernel per block
 // of keys that loops over the query heads of its kv head (dK and dV stay in registers, dQ is added
-// into an f32 buffer with atomics); see `flash_backward`. src/model/ops/attention.rs keeps the
+// into an f32 buffer with atomics); see `flash_backward`. src/model/ops/attention/composed.rs keeps the
 // composed version as the reference.
 //
 // Tiles reach shared memory by cp.async, two stages deep (the next tile's copy overlaps the

@@ -2,7 +2,7 @@
 // the causal / sliding-window mask is computed from indices instead of read from a tensor, the
 // softmax is taken in f32 and written once in the compute dtype, and the backward
 // dS = P ⊙ (dP − rowsum(P ⊙ dP)) is one pass. They replace six to eight full passes over the
-// scores with candle's elementwise kernels (src/model/ops/attention.rs keeps that composed version as
+// scores with candle's elementwise kernels (src/model/ops/attention/composed.rs keeps that composed version as
 // the reference and the CPU path).
 #include <stdint.h>
 

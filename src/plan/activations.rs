@@ -1,6 +1,6 @@
 //! The planner's count of what one step holds beyond the frozen parts: one backward layer's
 //! working set (the gated MLP's backward, or the composed attention's query chunk), and the loss
-//! with one chunk of logits. Each term names the tensors of model/layer/mod.rs, ops/attention.rs and
+//! with one chunk of logits. Each term names the tensors of model/layer/mod.rs, ops/attention/ and
 //! ops/loss.rs it stands for.
 
 use crate::model::arch::Architecture;
@@ -68,7 +68,7 @@ impl Dims {
     }
 }
 
-/// Whether a layer's attention runs on a fused kernel (ops/attention.rs `kernel_forward`): cuDNN
+/// Whether a layer's attention runs on a fused kernel (ops/attention/cuda.rs `kernel_forward`): cuDNN
 /// for head_dim a multiple of 8 up to 256 (windows and soft caps included), the flash kernels for
 /// head_dim 64 or 128 without a soft cap where cuDNN is absent; the composed path otherwise, and
 /// everywhere without `run.fused_attention`. The same for every layer: windows do not decide it.

@@ -1,8 +1,9 @@
 //! LoRA dropout as a pure function of (seed, element index): element i of the input is kept unless
 //! the top 32 bits of SplitMix64(seed, i) fall under p·2³², and kept values are scaled by 1/(1-p)
-//! as `torch.nn.Dropout` does. Nothing is stored between the forward and the backward's recompute,
-//! the CUDA kernel (`src/cuda/dropout.cu`) draws on the device, and CPU and GPU draw the same mask.
+//! as `torch.nn.Dropout` does (the draw: `model::ops::dropout_mask`). Nothing is stored between the
+//! forward and the backward's recompute, and CPU and GPU draw the same mask.
 
+use crate::model::ops::dropout_mask::{drop_below, dropped, GOLDEN};
 use candle_core::{DType, Result, Tensor};
 
 /// The seed of one dropout mask.
@@ -15,22 +16,6 @@ impl DropoutSeed {
     pub fn skip(self, values: usize) -> Self {
         DropoutSeed(self.0.wrapping_add((values as u64).wrapping_mul(GOLDEN)))
     }
-}
-
-const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
-
-/// SplitMix64's output for element `i` of the mask drawn from `seed`.
-#[inline(always)]
-pub(crate) fn mix(seed: u64, i: u64) -> u64 {
-    let mut z = seed.wrapping_add((i + 1).wrapping_mul(GOLDEN));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Elements with a hash under this are dropped.
-fn drop_below(p: f64) -> u32 {
-    (p * 4_294_967_296.0).min(u32::MAX as f64) as u32
 }
 
 /// x with dropout rate `p` applied (same shape and dtype). `p = 0` returns x.
@@ -49,7 +34,7 @@ pub fn dropout(x: &Tensor, seed: DropoutSeed, p: f64) -> Result<Tensor> {
         return crate::model::ops::cpu::elementwise::dropout(x, seed.0, below, keep_scale);
     }
     let mask: Vec<f32> = (0..x.elem_count() as u64)
-        .map(|i| if ((mix(seed.0, i) >> 32) as u32) < below { 0.0 } else { keep_scale })
+        .map(|i| if dropped(seed.0, i, below) { 0.0 } else { keep_scale })
         .collect();
     let mask = Tensor::from_vec(mask, x.shape(), x.device())?;
     let dtype = x.dtype();
@@ -92,9 +77,8 @@ mod tests {
         let (seed, p) = (DropoutSeed(11), 0.25);
         let below = drop_below(p);
         let keep = (1.0 / (1.0 - p)) as f32;
-        let mask: Vec<f32> = (0..x.elem_count() as u64)
-            .map(|i| if ((mix(seed.0, i) >> 32) as u32) < below { 0.0 } else { keep })
-            .collect();
+        let mask: Vec<f32> =
+            (0..x.elem_count() as u64).map(|i| if dropped(seed.0, i, below) { 0.0 } else { keep }).collect();
         let want = x.mul(&Tensor::from_vec(mask, x.shape(), &Device::Cpu).unwrap()).unwrap();
         let got = dropout(&x, seed, p).unwrap();
         let bits = |t: &Tensor| -> Vec<u32> {

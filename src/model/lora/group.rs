@@ -37,7 +37,7 @@ impl LoraGroup {
         }
         let dev = x.device();
         let (a, scaled_b) = section("lora.weights", dev, || weights::compute_dtype(&adapters, x.dtype()))?;
-        let h = section("lora.x_a", dev, || x.matmul(&a.t()?))?;
+        let h = section("lora.x_a", dev, || Product::nt(x, &a).eval())?;
         let scales = adapters.iter().map(|l| l.scale).collect();
         let ranks = adapters.iter().map(|l| l.rank()).collect();
         Ok(Some(Self { a, scaled_b, scales, ranks, h }))

@@ -169,7 +169,7 @@ impl LoraLinear {
         if let Some(lora) = &self.lora {
             let xd = self.dropped_input(x, dropout)?;
             let (a, b) = section("lora.weights", dev, || lora.weights(x.dtype()))?;
-            let h = section("lora.x_a", dev, || xd.matmul(&a.t()?))?;
+            let h = section("lora.x_a", dev, || Product::nt(&xd, &a).eval())?;
             section("lora.h_b", dev, || out.add_product(Product::nt(&h, &b)))?;
         }
         self.base_forward_into(x, out)
@@ -303,13 +303,15 @@ impl LoraLinear {
         let (a, b) = lora.weights(x.dtype())?;
         // the forward's mask, drawn again from its seed
         let xd = self.dropped_input(x, dropout)?;
-        let h = xd.matmul(&a.t()?)?; // [n, r]
-        let grad_b = (dy.t()?.matmul(&h)? * lora.scale)?; // [out, r]
-        let dh = dy.matmul(&b)?; // [n, r], b already scaled
-        let grad_a = dh.t()?.matmul(&xd)?; // [r, in]
+        // each product one GEMM on operands read where they lie (the scale folded into grad_B's)
+        let h = Product::nt(&xd, &a).eval()?; // [n, r]
+        let grad_b = Product::tn(dy, &h).scaled(lora.scale).eval()?; // [out, r]
+        let dh = Product::nn(dy, &b).eval()?; // [n, r], b already scaled
+        let grad_a = Product::tn(&dh, &xd).eval()?; // [r, in]
         if dropout.is_some() && lora.dropout > 0.0 {
             // the mask applies to the low-rank part alone: materialize it
-            dx.add_tensor(&self.dropped_input(&dh.matmul(&a)?, dropout)?)?; // same mask
+            dx.add_tensor(&self.dropped_input(&Product::nn(&dh, &a).eval()?, dropout)?)?;
+        // same mask
         } else {
             dx.add_product(Product::nn(&dh, &a))?;
         }

@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod cpu;
+pub mod dropout_mask;
 pub mod embedding;
 pub mod lm_head;
 pub mod loss;

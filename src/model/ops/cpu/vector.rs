@@ -6,7 +6,7 @@
 
 use std::sync::OnceLock;
 
-use crate::model::lora::dropout::mix;
+use crate::model::ops::dropout_mask::dropped;
 
 /// Partial sums a reduction keeps: the widest vector of f32 (AVX-512).
 const LANES: usize = 16;
@@ -261,11 +261,10 @@ kernels! {
     }
 
     /// y_i = x_i · m_i, m_i = 0 where the top 32 bits of element (first + i)'s draw from `seed`
-    /// fall under `below`, else `keep_scale` (LoRA dropout's mask, lora/dropout.rs).
+    /// fall under `below`, else `keep_scale` (LoRA dropout's mask, ops/dropout_mask.rs).
     pub fn dropout(xs: &[f32], ys: &mut [f32], seed: u64, first: u64, below: u32, keep_scale: f32) {
         for (i, (y, &x)) in ys.iter_mut().zip(xs).enumerate() {
-            let dropped = ((mix(seed, first + i as u64) >> 32) as u32) < below;
-            *y = x * if dropped { 0.0 } else { keep_scale };
+            *y = x * if dropped(seed, first + i as u64, below) { 0.0 } else { keep_scale };
         }
     }
 

@@ -1,8 +1,8 @@
-//! The attention op (ops/attention.rs) against autograd, and its CUDA kernels against the CPU.
+//! The attention op against autograd, and its CUDA kernels against the CPU.
 
 use super::*;
 use crate::testing::assert_within_reference_error;
-use candle_core::Var;
+use candle_core::{Var, D};
 
 #[cfg(feature = "cuda")]
 fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
