@@ -1,9 +1,9 @@
 //! `train.report_to = ["tensorboard"]` end to end: a run of the tiny random Llama
 //! (`common::tiny_smollm2_dir`) on the CPU writes `<output.dir>/tb/events.out.tfevents.*`, and a
 //! run resumed from an earlier checkpoint adds a file beside the first. The files are read with
-//! this crate's reader (every CRC checked; the values of every step against metrics.jsonl) and,
-//! where `python3 -c "import tensorboard"` works, with TensorBoard's own EventAccumulator
-//! (`scripts/tensorboard_check.py`); the test prints which checks ran.
+//! this crate's reader (every CRC checked; the values of every step against metrics.jsonl) and
+//! with TensorBoard's own EventAccumulator (`scripts/tensorboard_check.py`), from a venv the test
+//! installs once (`scripts/tensorboard_install.sh`) where `LORA_FT_TENSORBOARD_PYTHON` names none.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -152,22 +152,44 @@ fn a_run_and_its_resumed_run_write_event_files_tensorboard_reads() {
         "the event files read back with this crate's reader: every CRC, and the values of metrics.jsonl"
     );
 
-    let python = Command::new("python3").args(["-c", "import tensorboard"]).output();
-    if python.is_ok_and(|o| o.status.success()) {
-        let out = Command::new("python3")
-            .args(["scripts/tensorboard_check.py", run.to_str().unwrap()])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "scripts/tensorboard_check.py: {text}");
-        eprintln!("TensorBoard's EventAccumulator read them too: {text}");
-    } else {
-        // CI installs TensorBoard (.ci/run): there its reader must run, never be skipped
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set but python3 cannot import tensorboard (.ci/run installs it)"
-        );
-        eprintln!("no python3 with tensorboard here: TensorBoard's own reader was not run");
-    }
+    let python = tensorboard_python();
+    let out =
+        Command::new(&python).args(["scripts/tensorboard_check.py", run.to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "scripts/tensorboard_check.py: {text}");
+    eprintln!("TensorBoard's EventAccumulator read them too: {text}");
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// `LORA_FT_TENSORBOARD_PYTHON`, else the venv of `scripts/tensorboard_install.sh` in the cache
+/// folder, installed here (one test process at a time, through a lock file) where it is missing.
+fn tensorboard_python() -> PathBuf {
+    if let Some(python) = std::env::var_os("LORA_FT_TENSORBOARD_PYTHON") {
+        return PathBuf::from(python);
+    }
+    let cache = lora_ft::cache::dir();
+    let python = cache.join("tensorboard/venv/bin/python3");
+    let imports = || {
+        Command::new(&python).args(["-c", "import tensorboard"]).output().is_ok_and(|o| o.status.success())
+    };
+    if !imports() {
+        std::fs::create_dir_all(&cache).unwrap();
+        let lock = std::fs::File::create(cache.join("tensorboard.lock")).unwrap();
+        lock.lock().unwrap();
+        if !imports() {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let status =
+                Command::new("bash").arg(root.join("scripts/tensorboard_install.sh")).status().unwrap();
+            assert!(
+                status.success(),
+                "scripts/tensorboard_install.sh failed ({status}): it needs python3 -m venv and PyPI"
+            );
+        }
+    }
+    assert!(
+        imports(),
+        "{} cannot import tensorboard: run `bash scripts/tensorboard_install.sh`",
+        python.display()
+    );
+    python
 }
