@@ -41,7 +41,7 @@ fn main() {
         scores: ScoreRule::causal(hidden / heads, None),
         dropout_seed: None,
         packed: None,
-        mlp_tile_values: lora_ft::model::layer::MLP_TILE_VALUES,
+        mlp_tile_values: lora_ft::model::layer::tiles::MLP_TILE_VALUES,
     };
 
     let hand = time(

@@ -26,28 +26,6 @@ pub enum Mode {
     Flash = 2,
 }
 
-/// How scores are made and masked: s = scale · q·kᵀ, cap · tanh(s / cap) with a soft cap, then
-/// causal and, with a window w, key j visible from row i only when i − j < w.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Rule {
-    pub scale: f64,
-    pub softcap: Option<f64>,
-    pub window: Option<usize>,
-}
-
-/// Packed rows (`data.packing`) as cuDNN reads them: `sequences` spans laid back to back in the
-/// `[b, t, heads, d]` memory of q, k and v, each at most `longest` tokens; `q_offsets` and
-/// `kv_offsets` (`[sequences + 1]` i32) where each starts, in elements of q and of k/v;
-/// `seq_lens` (`[sequences]` i32) their lengths. Spans of length 0 may pad `sequences` to a
-/// bucket, so that few graphs are built.
-pub struct Ragged<'a> {
-    pub sequences: usize,
-    pub longest: usize,
-    pub q_offsets: &'a Tensor,
-    pub kv_offsets: &'a Tensor,
-    pub seq_lens: &'a Tensor,
-}
-
 impl Rule {
     /// The kind of graph the rule needs (with packed rows or not), as a bit of `REFUSED_KINDS`.
     fn kind(&self, ragged: bool) -> u8 {
@@ -196,6 +174,10 @@ pub fn backward(
     }
 }
 
+#[path = "cudnn_sdpa_rule.rs"]
+mod rule;
+pub use rule::{Ragged, Rule};
+
 #[cfg(lora_ft_cudnn)]
 #[path = "cudnn_sdpa_ffi.rs"]
 mod ffi;
@@ -205,7 +187,7 @@ mod ffi;
 mod ffi {
     use candle_core::{Result, Tensor};
 
-    use super::{Ragged, Rule};
+    use super::rule::{Ragged, Rule};
 
     pub type Outcome<T> = Result<std::result::Result<T, String>>;
 

@@ -11,7 +11,7 @@ use candle_core::cuda_backend::CudaDType;
 use candle_core::{bail, DType, Result, Tensor, WithDType};
 use half::{bf16, f16};
 
-use super::{Ragged, Rule};
+use super::rule::{Ragged, Rule};
 use crate::cuda::{cuda_device, view, wrap};
 
 #[repr(C)]

@@ -1,7 +1,7 @@
 // A layer's LoRA weights in the compute dtype, for one forward: every adapter's f32 `lora_a`
 // and `lora_b` (times its scale) cast in one launch, instead of a concatenation, a scale and a
 // cast per adapter (~23 launches of ~2.5 us each per layer, each mostly launch latency).
-// src/model/lora/weights.rs keeps the composed casts as the CPU path and the tests' reference:
+// src/model/lora/adapter.rs keeps the composed casts as the CPU path and the tests' reference:
 // each value is v * scale in f32, rounded once to the output dtype, as candle's affine + cast.
 #include <stdint.h>
 

@@ -1,6 +1,6 @@
 //! The one-launch cast of `lora_weights.cu`: f32 tensors, each times its scale, into new tensors
 //! of the compute dtype, every part of an output one after the other along dim 0 (so the q, k
-//! and v adapters' A become one `[Σr, in]` tensor). `model::lora::weights` calls it for CUDA and
+//! and v adapters' A become one `[Σr, in]` tensor). `model::lora::adapter` calls it for CUDA and
 //! keeps the composed casts as the CPU path and the tests' reference.
 
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};

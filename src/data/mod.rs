@@ -15,6 +15,7 @@
 mod batch;
 mod check;
 mod dataset;
+mod example;
 mod formats;
 mod jinja_compat;
 mod masking;
@@ -26,7 +27,8 @@ mod tools;
 
 pub use batch::{Batch, BatchLoader, EpochBatches, PadTo};
 pub use check::{data_check, data_tokenize};
-pub use dataset::{DatasetStats, Example, TokenizedDataset};
+pub use dataset::{DatasetStats, TokenizedDataset};
+pub use example::Example;
 pub use formats::{is_parquet, read_conversations, row_name};
 pub use masking::ChatTokenizer;
 pub use messages::{read_messages_jsonl, read_prompts_jsonl, Conversation, LineError, Message};

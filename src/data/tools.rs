@@ -11,11 +11,8 @@
 use std::path::Path;
 
 use anyhow::Context;
-use minijinja::value::ValueKind;
 use minijinja::Value;
 use serde_json::Value as Json;
-
-use super::Message;
 
 /// A `--tools` file: a JSON list of tool schemas, checked as a row's `tools` are.
 pub fn read_tools_file(path: &Path) -> anyhow::Result<Vec<Value>> {
@@ -157,76 +154,6 @@ pub(super) fn map_with(map: &Value, key: &str, value: Value) -> Result<Value, St
         pairs.push((k, v));
     }
     Ok(pairs.into_iter().collect())
-}
-
-/// Every `tool` message answers a call of the assistant turn just before it (or before the tool
-/// messages answering that turn's other calls), and names one of its ids if it names one.
-pub(super) fn check_tool_turns(messages: &[Message]) -> Result<(), String> {
-    // The assistant turn whose calls are being answered, and how many results it has had.
-    let mut open: Option<(usize, usize)> = None;
-    for (i, m) in messages.iter().enumerate() {
-        if let Some(calls) = &m.tool_calls {
-            debug_assert!(!calls.is_empty());
-            open = Some((i, 0));
-            continue;
-        }
-        if m.role != "tool" {
-            open = None;
-            continue;
-        }
-        let Some((turn, answered)) = open.as_mut() else {
-            return Err(format!(
-                r#"messages[{i}]: a "tool" message must follow an assistant message with "tool_calls" (the result answers a call)"#
-            ));
-        };
-        let calls = messages[*turn].tool_calls.as_deref().unwrap_or_default();
-        *answered += 1;
-        if *answered > calls.len() {
-            return Err(format!(
-                "messages[{i}]: more tool results than the {} tool call(s) of messages[{turn}]",
-                calls.len()
-            ));
-        }
-        let ids: Vec<String> = calls.iter().filter_map(call_id).collect();
-        if let Some(id) = &m.tool_call_id {
-            if !ids.is_empty() && !ids.contains(id) {
-                return Err(format!(
-                    r#"messages[{i}]: "tool_call_id" {id:?} is not the id of a call of messages[{turn}] ({})"#,
-                    ids.iter().map(|id| format!("{id:?}")).collect::<Vec<_>>().join(", ")
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Every call names one of the row's tools; a row with calls and no `tools` is refused (the
-/// model would be trained to call functions it was never shown).
-pub(super) fn check_call_names(messages: &[Message], tools: Option<&[Value]>) -> Result<(), String> {
-    let name_of =
-        |v: &Value| v.get_attr("function").and_then(|f| f.get_attr("name")).ok().map(|n| n.to_string());
-    let names: Vec<String> = tools.unwrap_or_default().iter().filter_map(name_of).collect();
-    for (i, m) in messages.iter().enumerate() {
-        for (j, call) in m.tool_calls.iter().flatten().enumerate() {
-            let name = name_of(call).unwrap_or_default();
-            if tools.is_none() {
-                return Err(format!(
-                    r#"messages[{i}].tool_calls[{j}]: the row has no "tools": a row with tool calls needs "tools", the schemas of the functions it calls (here {name:?})"#
-                ));
-            }
-            if !names.contains(&name) {
-                return Err(format!(
-                    "messages[{i}].tool_calls[{j}].function.name: {name:?} is not one of the row's tools ({})",
-                    names.join(", ")
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn call_id(call: &Value) -> Option<String> {
-    call.get_attr("id").ok().filter(|v| v.kind() == ValueKind::String).map(|v| v.to_string())
 }
 
 /// "a string", "an object", ... for error messages.

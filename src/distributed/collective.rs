@@ -9,9 +9,9 @@ use std::ops::Range;
 use anyhow::Context;
 use candle_core::{DType, Tensor};
 
+use super::error::DistributedError;
 use super::liveness::Group;
 use super::wire::{bytes_f32, bytes_f64, f32_bytes, f64_bytes};
-use super::DistributedError;
 
 /// Gradients travel in buckets of about this many bytes, as DistributedDataParallel's default:
 /// few enough calls that their latency does not count, small enough that the copy into a bucket

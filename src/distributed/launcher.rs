@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::EXIT_PEER_FAILED;
+use super::error::EXIT_PEER_FAILED;
 
 /// Exit status of a rank stopped by SIGINT/SIGTERM after checkpointing (128 + SIGINT).
 pub const EXIT_STOPPED: i32 = 130;

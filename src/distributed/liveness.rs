@@ -14,22 +14,9 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use super::error::{DistributedError, Failure};
 use super::rendezvous::Timing;
 use super::wire::{read_frame, write_frame, FailedMsg, Frame};
-use super::DistributedError;
-
-/// Which rank failed and what happened to it, as every rank reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
-    pub rank: usize,
-    pub what: String,
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "rank {} {}", self.rank, self.what)
-    }
-}
 
 type Hook = Box<dyn Fn(&Failure) + Send>;
 
@@ -270,7 +257,7 @@ fn lost_peer(e: &io::Error, timeout: Duration) -> String {
     match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
             "sent nothing for {} s (the process is frozen, or its machine or the network is down)",
-            super::seconds(timeout)
+            super::durations::seconds(timeout)
         ),
         io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => {
             "exited without a word (killed, or crashed; its own output says which)".into()
@@ -316,7 +303,7 @@ pub fn exit_after(grace: Duration, prefix: String) -> impl Fn(&Failure) + Send +
                 eprintln!("{prefix}error: stopping: {failure}");
             }
             // SAFETY: ends the process; nothing after it runs.
-            unsafe { libc::_exit(super::EXIT_PEER_FAILED) }
+            unsafe { libc::_exit(super::error::EXIT_PEER_FAILED) }
         });
     }
 }

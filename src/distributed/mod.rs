@@ -18,12 +18,15 @@
 //! tokens of the global batch, so the summed gradients are the one-process gradients.
 
 pub mod collective;
+mod durations;
+mod error;
 pub mod launcher;
 pub mod liveness;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 pub mod rendezvous;
 mod wire;
+mod world;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -33,92 +36,9 @@ use anyhow::Context;
 use candle_core::Device;
 
 pub use collective::{all_reduce_grads, Collective, ReduceOp, Solo, TcpCollective, BUCKET_BYTES};
-pub use liveness::Failure;
-
-/// Exit status of a rank that stopped because another rank failed (the launcher looks past it
-/// for the rank that failed first).
-pub const EXIT_PEER_FAILED: i32 = 3;
-
-#[derive(Debug, thiserror::Error)]
-pub enum DistributedError {
-    #[error("{name}={value:?}: {expected}")]
-    BadVariable { name: &'static str, value: String, expected: String },
-    #[error("WORLD_SIZE={world_size} is set but {name} is not (launchers set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)")]
-    MissingVariable { name: &'static str, world_size: usize },
-    #[error("rank 0 cannot listen on {addr}: {source}; set MASTER_PORT to a free port")]
-    Listen { addr: String, source: std::io::Error },
-    #[error(
-        "could not reach rank 0 at MASTER_ADDR:MASTER_PORT = {addr} within {waited_s} s: {source}; \
-         is rank 0 running, and are MASTER_ADDR and MASTER_PORT the same on every rank?"
-    )]
-    Unreachable { addr: String, waited_s: u64, source: std::io::Error },
-    #[error("rendezvous at {addr}: {message}")]
-    Rendezvous { addr: String, message: String },
-    /// Another rank failed or went away: this rank stops too.
-    #[error("stopping: {0}")]
-    PeerFailed(Failure),
-    #[error("talking to rank {peer}: {message}")]
-    Protocol { peer: usize, message: String },
-}
-
-/// This process's place in a run, from the launcher's variables.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorldInfo {
-    pub rank: usize,
-    pub world_size: usize,
-    /// The GPU of this rank on its machine (`cuda:LOCAL_RANK`).
-    pub local_rank: usize,
-    /// `MASTER_ADDR:MASTER_PORT`, where rank 0 listens.
-    pub master: String,
-}
-
-impl WorldInfo {
-    /// From RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; `None` when WORLD_SIZE is
-    /// unset or 1 (one process: nothing to agree with).
-    pub fn from_env() -> Result<Option<Self>, DistributedError> {
-        Self::from_vars(|name| std::env::var(name).ok())
-    }
-
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, DistributedError> {
-        let Some(world_size) = var("WORLD_SIZE") else { return Ok(None) };
-        let world_size = parse_var("WORLD_SIZE", &world_size, "a number of ranks, at least 1")?;
-        if world_size == 0 {
-            return Err(bad("WORLD_SIZE", "0", "a number of ranks, at least 1"));
-        }
-        if world_size == 1 {
-            return Ok(None);
-        }
-        let required =
-            |name: &'static str| var(name).ok_or(DistributedError::MissingVariable { name, world_size });
-        let rank_text = required("RANK")?;
-        let rank = parse_var("RANK", &rank_text, "this process's rank")?;
-        if rank >= world_size {
-            let expected = format!("a rank below WORLD_SIZE={world_size} (ranks count from 0)");
-            return Err(DistributedError::BadVariable { name: "RANK", value: rank_text, expected });
-        }
-        let local_rank = match var("LOCAL_RANK") {
-            Some(v) => parse_var("LOCAL_RANK", &v, "the GPU index of this rank on its machine")?,
-            None => rank,
-        };
-        let addr = required("MASTER_ADDR")?;
-        let port_text = required("MASTER_PORT")?;
-        let port: u16 = match port_text.parse() {
-            Ok(p) if p > 0 => p,
-            _ => return Err(bad("MASTER_PORT", &port_text, "a TCP port, 1-65535")),
-        };
-        // an IPv6 address needs brackets before the port
-        let host = if addr.contains(':') && !addr.starts_with('[') { format!("[{addr}]") } else { addr };
-        Ok(Some(Self { rank, world_size, local_rank, master: format!("{host}:{port}") }))
-    }
-}
-
-fn parse_var(name: &'static str, value: &str, expected: &str) -> Result<usize, DistributedError> {
-    value.trim().parse().map_err(|_| bad(name, value, expected))
-}
-
-fn bad(name: &'static str, value: &str, expected: &str) -> DistributedError {
-    DistributedError::BadVariable { name, value: value.to_string(), expected: expected.to_string() }
-}
+pub use durations::{env_seconds, seconds};
+pub use error::{DistributedError, Failure, EXIT_PEER_FAILED};
+pub use world::WorldInfo;
 
 /// The rows of a global micro-batch of `rows` rows that `rank` trains: contiguous, and as even as
 /// the count allows (a full batch of `batch_size × world_size` rows gives each rank
@@ -201,21 +121,6 @@ fn gpu_collective(
     let message = "a GPU run needs a build with --features cuda";
     group.fail_self(&format!("failed: {message}"));
     anyhow::bail!(message)
-}
-
-/// A duration as people write it: "0.5", "10", "300".
-pub fn seconds(d: Duration) -> String {
-    let s = (d.as_secs_f64() * 10.0).round() / 10.0;
-    format!("{s}")
-}
-
-/// A duration in seconds from an environment variable, or `default`.
-pub fn env_seconds(name: &str, default: Duration) -> Duration {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| *s > 0.0 && s.is_finite())
-        .map_or(default, Duration::from_secs_f64)
 }
 
 #[cfg(test)]

@@ -18,8 +18,8 @@ use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
 use candle_core::{CudaDevice, Device, Tensor};
 
 use super::collective::{Collective, ReduceOp};
+use super::error::DistributedError;
 use super::liveness::Group;
-use super::DistributedError;
 
 type NcclResult = c_int;
 type RawComm = *mut c_void;

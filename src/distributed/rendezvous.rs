@@ -8,8 +8,10 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use super::durations::{env_seconds, seconds};
+use super::error::DistributedError;
 use super::wire::{read_frame, write_frame, Frame, Hello, Welcome, MAGIC};
-use super::{env_seconds, DistributedError, WorldInfo};
+use super::world::WorldInfo;
 
 /// How long ranks wait for each other.
 #[derive(Debug, Clone, Copy)]
@@ -132,7 +134,7 @@ fn serve(
                 "rank(s) {} of WORLD_SIZE={} did not join within {} s",
                 missing.join(", "),
                 spec.world.world_size,
-                super::seconds(spec.timing.rendezvous)
+                seconds(spec.timing.rendezvous)
             );
             return Err(refuse(spec, joined.into_values().collect(), message));
         }

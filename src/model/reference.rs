@@ -8,7 +8,8 @@ use rand::{Rng, SeedableRng};
 use super::arch::Activation;
 use super::decoder::CausalLm;
 use super::layer::DecoderLayer;
-use super::lora::linear::{BaseWeight, LoraAdapter, LoraLinear};
+use super::lora::linear::{BaseWeight, LoraLinear};
+use super::lora::LoraAdapter;
 use super::ops::attention::{causal_mask, repeat_kv, ScoreRule};
 use super::ops::Rope;
 use super::PROJECTIONS;
@@ -238,7 +239,7 @@ mod tests {
             scores: *rule,
             dropout_seed: None,
             packed: None,
-            mlp_tile_values: crate::model::layer::MLP_TILE_VALUES,
+            mlp_tile_values: crate::model::layer::tiles::MLP_TILE_VALUES,
         };
 
         let (out, saved) = layer.forward_saving(&x, &input).unwrap();
@@ -364,7 +365,7 @@ mod tests {
             scores,
             dropout_seed: Some(11),
             packed: None,
-            mlp_tile_values: crate::model::layer::MLP_TILE_VALUES,
+            mlp_tile_values: crate::model::layer::tiles::MLP_TILE_VALUES,
         };
         let eval = LayerInput { dropout_seed: None, ..input };
         let a = layer.forward(&x, &input, None).unwrap();

@@ -4,7 +4,7 @@
 //! ops/loss.rs it stands for.
 
 use crate::model::arch::Architecture;
-use crate::model::layer::{tile_rows, MLP_TILE_VALUES};
+use crate::model::layer::tiles::{tile_rows, MLP_TILE_VALUES};
 use crate::model::ops::attention::QUERY_CHUNK;
 use crate::model::ModelConfig;
 

@@ -11,7 +11,7 @@ use crate::config::{BatchSize, Checkpointing, ComputeDtype, Config, Quantization
 use crate::memory::{VramBudget, GIB};
 use crate::model::activations::{KeptLayers, LayerPlan};
 use crate::model::decoder::LOSS_CHUNK_ROWS;
-use crate::model::layer::MLP_TILE_VALUES;
+use crate::model::layer::tiles::MLP_TILE_VALUES;
 use crate::model::{LoraSpec, ModelConfig, TrainingPolicy};
 
 /// A training run as its parts read it, resolved once from the config, the model's config.json

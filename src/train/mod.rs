@@ -14,9 +14,12 @@
 
 pub mod auto_batch;
 pub mod checkpoint;
+mod injected_oom;
 pub mod loss_scale;
 pub mod metrics;
+mod outcome;
 pub mod plot;
+pub mod records;
 mod recovery;
 mod run_loop;
 pub mod samples;
@@ -27,54 +30,18 @@ pub mod tensorboard;
 mod tests;
 pub mod trace;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::{Config, TrainSection};
 use crate::distributed::{Solo, WorldInfo};
 use crate::durable;
-use metrics::EvalRecord;
 
 pub use crate::memory::{is_out_of_memory, Phase};
+pub use outcome::{resume_point, Stopped, TrainSummary};
 pub use run_loop::{evaluate, oom_report};
 pub use setup::{compute_dtype, parse_device, select_device, set_training_policy};
 pub use step::{batch_tensor, rank_batch, target_tokens, BatchStream, StepResult, Trainer};
-
-pub struct TrainSummary {
-    pub steps: usize,
-    pub first_loss: f64,
-    pub last_loss: f64,
-    /// Before the first step.
-    pub first_eval: Option<EvalRecord>,
-    pub last_eval: Option<EvalRecord>,
-    pub adapter_dir: PathBuf,
-    pub tokens_per_s: f64,
-}
-
-/// The run stopped on SIGINT/SIGTERM after writing a checkpoint of the step in progress.
-#[derive(Debug, thiserror::Error)]
-#[error("stopped by a signal at step {step} of {total}; checkpoint {}", checkpoint.display())]
-pub struct Stopped {
-    pub step: usize,
-    pub total: usize,
-    pub checkpoint: PathBuf,
-}
-
-/// The newest complete checkpoint, for a message about a run that stopped.
-pub fn resume_point(cfg: &Config) -> String {
-    let resumes = match cfg.checkpoint.resume {
-        crate::config::ResumeMode::Auto => "the same command resumes from it",
-        crate::config::ResumeMode::Never => "checkpoint.resume = \"auto\" resumes from it",
-    };
-    match checkpoint::newest_complete(&cfg.output.dir) {
-        Ok(Some((dir, state))) => format!(
-            "the newest complete checkpoint, step {} ({}), is intact: {resumes}",
-            state.step,
-            dir.display()
-        ),
-        _ => "no checkpoint was written yet".into(),
-    }
-}
 
 /// This rank stopping because another rank failed: the failure, whatever the rank was doing.
 pub fn peer_failure(e: &anyhow::Error) -> Option<&crate::distributed::DistributedError> {

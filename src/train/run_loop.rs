@@ -7,12 +7,13 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::checkpoint::{self, TrainerState};
-use super::metrics::{EvalRecord, MetricsLog, StepRecord};
+use super::metrics::MetricsLog;
+use super::outcome::{resume_point, Stopped, TrainSummary};
 use super::plot;
+use super::records::{EvalRecord, StepRecord};
 use super::samples::Samples;
 use super::step::{batch_tensor, rank_batch, BatchStream, StepResult, Trainer, STOP_REQUESTED};
 use super::trace::Trace;
-use super::{resume_point, Stopped, TrainSummary};
 use crate::config::Config;
 use crate::data::{Batch, BatchLoader};
 use crate::distributed::{Collective, ReduceOp};

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use anyhow::Context;
 use candle_core::{DType, Device};
 
+use super::auto_batch;
 use super::checkpoint::{self, TrainerState};
 use super::metrics::MetricsLog;
+use super::outcome::TrainSummary;
 use super::run_loop::{stop_on_signals, train_loop, RunContext};
 use super::step::{BatchStream, Trainer};
 use super::tensorboard::TensorBoard;
 use super::trace::Trace;
-use super::{auto_batch, TrainSummary};
 use crate::config::{BatchSize, Checkpointing, ComputeDtype, Config, ReportTo, TrainSection};
 use crate::data::{BatchLoader, ChatTokenizer, PadTo, TokenizedDataset};
 use crate::distributed::{Collective, ReduceOp};

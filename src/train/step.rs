@@ -206,7 +206,7 @@ impl Trainer {
             // each rank draws its own dropout masks (rank 0's are those of one process)
             let seed = self.seed ^ ((step as u64) << 20) ^ m as u64 ^ (rank << 52);
             let last = m + 1 == micro_batches.len();
-            let out = super::recovery::injected_oom(step + 1, last)
+            let out = super::injected_oom::injected_oom(step + 1, last)
                 .and_then(|()| {
                     self.model.forward_backward_packed(
                         &ids,

@@ -14,7 +14,8 @@
 
 use serde_json::{Map, Value};
 
-use super::{optional_str, required_str, Message};
+use super::fields::{optional_str, required_str};
+use crate::data::Message;
 
 pub(super) fn parse(row: &Map<String, Value>) -> Result<Vec<Message>, String> {
     let instruction = required_str(row, "instruction")?;

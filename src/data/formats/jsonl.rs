@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde_json::Value;
 
-use super::RowParser;
+use super::row::RowParser;
 use crate::data::{Conversation, LineError};
 
 pub(super) fn read(path: &Path, rows: &mut RowParser) -> anyhow::Result<Vec<Conversation>> {

@@ -15,17 +15,18 @@
 //! (Parquet: `file:row_group:row`, both from 0 as pyarrow counts them) and what is wrong with it.
 
 mod alpaca;
+mod fields;
 mod jsonl;
 mod parquet;
 mod prompt_completion;
+mod row;
 mod sharegpt;
 
 use std::path::Path;
 
-use serde_json::{Map, Value};
-
-use super::{Conversation, Message};
+use super::Conversation;
 use crate::config::DataFormat;
+use row::RowParser;
 
 /// Reads every conversation of `path` in `format`; the file kind comes from the extension.
 pub fn read_conversations(path: &Path, format: DataFormat) -> anyhow::Result<Vec<Conversation>> {
@@ -48,94 +49,6 @@ pub fn row_name(path: &Path, line: usize) -> String {
         format!("{}:row {}", path.display(), line.saturating_sub(1))
     } else {
         format!("{}:{line}", path.display())
-    }
-}
-
-/// A conversation of plain turns (no tools).
-fn conversation(messages: Vec<Message>, line: usize) -> Result<Conversation, String> {
-    if !messages.iter().any(|m| m.role == "assistant") {
-        return Err("conversation has no assistant turn to train on".into());
-    }
-    Ok(Conversation { messages, tools: None, line })
-}
-
-/// Turns rows into conversations; `auto` settles on a format at the first row.
-struct RowParser {
-    format: DataFormat,
-}
-
-impl RowParser {
-    /// `row` parsed from `text`, its JSON with the keys in file (or schema) order, which is what
-    /// the `messages` reader reads: templates print tool arguments in that order.
-    fn parse(&mut self, row: &Value, text: &str, line: usize) -> Result<Conversation, String> {
-        if self.format == DataFormat::Auto {
-            self.format = detect(row)?;
-        }
-        match self.format {
-            DataFormat::Messages => Conversation::parse(text, line),
-            DataFormat::ShareGpt => conversation(sharegpt::parse(object(row, "a ShareGPT row")?)?, line),
-            DataFormat::Alpaca => conversation(alpaca::parse(object(row, "an alpaca row")?)?, line),
-            DataFormat::PromptCompletion => {
-                prompt_completion::parse(object(row, "a prompt/completion row")?, line)
-            }
-            DataFormat::Auto => unreachable!("settled above"),
-        }
-    }
-}
-
-/// The format of `format = "auto"`, from the keys of the first row.
-fn detect(row: &Value) -> Result<DataFormat, String> {
-    let has = |key: &str| row.get(key).is_some_and(|v| !v.is_null());
-    let found: Vec<(DataFormat, &str)> = [
-        (DataFormat::Messages, has("messages"), r#""messages""#),
-        (DataFormat::ShareGpt, has("conversations"), r#""conversations""#),
-        (DataFormat::Alpaca, has("instruction") && has("output"), r#""instruction" and "output""#),
-        (DataFormat::PromptCompletion, has("prompt") && has("completion"), r#""prompt" and "completion""#),
-    ]
-    .into_iter()
-    .filter_map(|(format, present, keys)| present.then_some((format, keys)))
-    .collect();
-    match found.as_slice() {
-        [(format, _)] => Ok(*format),
-        [] => Err(r#"format = "auto" found none of "messages" (messages), "conversations" (sharegpt), "instruction" and "output" (alpaca), "prompt" and "completion" (prompt_completion) in the first row"#.into()),
-        many => {
-            let keys: Vec<&str> = many.iter().map(|(_, k)| *k).collect();
-            Err(format!(r#"format = "auto" cannot tell the format: the first row has {}; set data.format"#, keys.join(" and also ")))
-        }
-    }
-}
-
-fn object<'a>(row: &'a Value, what: &str) -> Result<&'a Map<String, Value>, String> {
-    row.as_object().ok_or_else(|| format!("expected {what}: a JSON object"))
-}
-
-/// An optional string field: absent, null or "" are all `None`.
-fn optional_str<'a>(row: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, String> {
-    match row.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.is_empty() => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(format!("{key:?} must be a string, not {}", type_name(other))),
-    }
-}
-
-/// A required string field (may be empty).
-fn required_str<'a>(row: &'a Map<String, Value>, key: &str) -> Result<&'a str, String> {
-    match row.get(key) {
-        None | Some(Value::Null) => Err(format!("missing {key:?}")),
-        Some(Value::String(s)) => Ok(s),
-        Some(other) => Err(format!("{key:?} must be a string, not {}", type_name(other))),
-    }
-}
-
-fn type_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

@@ -14,7 +14,7 @@ use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::{Field, Row};
 use serde_json::Value;
 
-use super::RowParser;
+use super::row::RowParser;
 use crate::data::Conversation;
 
 pub(super) fn read(path: &Path, rows: &mut RowParser) -> anyhow::Result<Vec<Conversation>> {

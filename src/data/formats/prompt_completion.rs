@@ -9,7 +9,8 @@
 
 use serde_json::{json, Map, Value};
 
-use super::{conversation, type_name, Conversation, Message};
+use super::fields::{conversation, type_name};
+use crate::data::{Conversation, Message};
 
 pub(super) fn parse(row: &Map<String, Value>, line: usize) -> Result<Conversation, String> {
     let field = |key: &str| match row.get(key) {

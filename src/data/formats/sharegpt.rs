@@ -8,7 +8,8 @@
 
 use serde_json::{Map, Value};
 
-use super::{optional_str, type_name, Message};
+use super::fields::{optional_str, type_name};
+use crate::data::Message;
 
 const TOOL_FROMS: [&str; 4] = ["tool", "function_call", "observation", "function"];
 

@@ -1,6 +1,9 @@
 use serde_json::json;
 
+use super::row::detect;
 use super::*;
+use crate::data::Message;
+use serde_json::Value;
 
 fn parse(format: DataFormat, row: Value) -> Result<Vec<Message>, String> {
     RowParser { format }.parse(&row, &row.to_string(), 1).map(|c| c.messages)

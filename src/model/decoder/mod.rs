@@ -23,7 +23,7 @@ use super::activations::layer_offload::OffloadedLayers;
 use super::activations::{KeptLayers, LayerKind};
 use super::arch::{Architecture, ModelConfig};
 use super::layer::{DecoderLayer, LayerInput, LayerSaved};
-use super::lora::linear::LoraAdapter;
+use super::lora::LoraAdapter;
 use super::lora::{module_path, LoraSpec, PROJECTIONS};
 use super::ops::attention::{causal_mask, ScoreRule};
 use super::ops::embedding::Embedding;

@@ -5,7 +5,7 @@
 use candle_core::Device;
 
 use super::super::activations::KeptLayers;
-use super::super::layer::MLP_TILE_VALUES;
+use super::super::layer::tiles::MLP_TILE_VALUES;
 
 /// What a training step of the model keeps and where: the policy of the run, set as a whole.
 #[derive(Debug, Clone)]

@@ -21,10 +21,9 @@ mod kv_cache;
 mod norms;
 mod projections;
 mod saved;
-mod tiles;
+pub mod tiles;
 pub use kv_cache::KvCache;
 use projections::project_into;
-pub use tiles::{tile_rows, MLP_TILE_VALUES};
 
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {

@@ -8,8 +8,8 @@
 
 use candle_core::{Result, Tensor};
 
+use super::adapter;
 use super::linear::{LoraGrad, LoraLinear};
-use super::weights;
 use crate::model::ops::product_sum::{Product, ProductSum};
 use crate::profile::section;
 
@@ -36,7 +36,7 @@ impl LoraGroup {
             return Ok(None);
         }
         let dev = x.device();
-        let (a, scaled_b) = section("lora.weights", dev, || weights::compute_dtype(&adapters, x.dtype()))?;
+        let (a, scaled_b) = section("lora.weights", dev, || adapter::compute_dtype(&adapters, x.dtype()))?;
         let h = section("lora.x_a", dev, || Product::nt(x, &a).eval())?;
         let scales = adapters.iter().map(|l| l.scale).collect();
         let ranks = adapters.iter().map(|l| l.rank()).collect();

@@ -3,9 +3,9 @@
 //! frozen weight's gradient.
 
 use crate::profile::section;
-use candle_core::{DType, Device, Result, Tensor, Var};
-use rand::Rng;
+use candle_core::{DType, Device, Result, Tensor};
 
+use super::adapter::LoraAdapter;
 use super::dropout::dropout;
 pub use super::dropout::DropoutSeed;
 use crate::model::ops::product_sum::{Product, ProductSum};
@@ -97,46 +97,6 @@ fn gcd(a: usize, b: usize) -> usize {
         a
     } else {
         gcd(b, a % b)
-    }
-}
-
-/// The trained part: `lora_a` `[r, in]`, `lora_b` `[out, r]` (PEFT's shapes), in f32.
-#[derive(Debug, Clone)]
-pub struct LoraAdapter {
-    pub lora_a: Var,
-    pub lora_b: Var,
-    pub scale: f64,
-    pub dropout: f64,
-}
-
-impl LoraAdapter {
-    /// PEFT's init: A ~ kaiming_uniform(a=√5) = U(-1/√in, 1/√in), B = 0, so training starts at
-    /// exactly the base model.
-    pub fn init(
-        r: usize,
-        (out_dim, in_dim): (usize, usize),
-        scale: f64,
-        dropout: f64,
-        rng: &mut impl Rng,
-        device: &Device,
-    ) -> Result<Self> {
-        let bound = 1.0 / (in_dim as f32).sqrt();
-        let a: Vec<f32> = (0..r * in_dim).map(|_| rng.random_range(-bound..bound)).collect();
-        let lora_a = Var::from_tensor(&Tensor::from_vec(a, (r, in_dim), device)?)?;
-        let lora_b = Var::zeros((out_dim, r), DType::F32, device)?;
-        Ok(Self { lora_a, lora_b, scale, dropout })
-    }
-
-    pub fn rank(&self) -> usize {
-        self.lora_a.dim(0).unwrap_or(0)
-    }
-
-    /// A and scale·B in the compute dtype, detached: the training path has its own backward, and
-    /// a tracked `Var` would make candle keep every intermediate of the forward alive. The scale
-    /// goes on the small B rather than on the `[n, out]` product.
-    fn weights(&self, dtype: DType) -> Result<(Tensor, Tensor)> {
-        let (a, mut scaled_b) = super::weights::compute_dtype(&[self], dtype)?;
-        Ok((a, scaled_b.remove(0)))
     }
 }
 
@@ -440,7 +400,7 @@ mod tests {
             scores: ScoreRule::causal(8, None),
             dropout_seed: None,
             packed: None,
-            mlp_tile_values: crate::model::layer::MLP_TILE_VALUES,
+            mlp_tile_values: crate::model::layer::tiles::MLP_TILE_VALUES,
         };
         let (out_q, saved_q) = nf4.forward_saving(&x, &input)?;
         let (out_d, saved_d) = dense.forward_saving(&x, &input)?;

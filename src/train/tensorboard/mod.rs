@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::metrics::{EvalRecord, StepRecord};
+use super::records::{EvalRecord, StepRecord};
 use crate::config::Config;
 use crate::durable::Writing;
 use event::What;

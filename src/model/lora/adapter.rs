@@ -1,12 +1,52 @@
-//! The LoRA weights of projections in the compute dtype, for one forward and its backward:
-//! [A₁; …; Aₙ] `[Σr, in]` and each scale_i·B_i `[out_i, r_i]`. The trained f32 tensors are
-//! detached: the training path has its own backward, and a tracked `Var` would make candle keep
-//! every intermediate of the forward alive. On CUDA one launch casts them all
-//! (`cuda::lora_weights`); elsewhere, and as its reference, a concatenation, a scale and a cast.
+//! The trained part of a LoRA projection, `lora_a` and `lora_b` in f32, and the adapters' weights
+//! in the compute dtype for one forward and its backward: [A₁; …; Aₙ] `[Σr, in]` and each
+//! scale_i·B_i `[out_i, r_i]`. The trained tensors are detached: the training path has its own
+//! backward, and a tracked `Var` would make candle keep every intermediate of the forward alive.
+//! On CUDA one launch casts them all (`cuda::lora_weights`); elsewhere, and as its reference, a
+//! concatenation, a scale and a cast.
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor, Var};
+use rand::Rng;
 
-use super::linear::LoraAdapter;
+/// The trained part: `lora_a` `[r, in]`, `lora_b` `[out, r]` (PEFT's shapes), in f32.
+#[derive(Debug, Clone)]
+pub struct LoraAdapter {
+    pub lora_a: Var,
+    pub lora_b: Var,
+    pub scale: f64,
+    pub dropout: f64,
+}
+
+impl LoraAdapter {
+    /// PEFT's init: A ~ kaiming_uniform(a=√5) = U(-1/√in, 1/√in), B = 0, so training starts at
+    /// exactly the base model.
+    pub fn init(
+        r: usize,
+        (out_dim, in_dim): (usize, usize),
+        scale: f64,
+        dropout: f64,
+        rng: &mut impl Rng,
+        device: &Device,
+    ) -> Result<Self> {
+        let bound = 1.0 / (in_dim as f32).sqrt();
+        let a: Vec<f32> = (0..r * in_dim).map(|_| rng.random_range(-bound..bound)).collect();
+        let lora_a = Var::from_tensor(&Tensor::from_vec(a, (r, in_dim), device)?)?;
+        let lora_b = Var::zeros((out_dim, r), DType::F32, device)?;
+        Ok(Self { lora_a, lora_b, scale, dropout })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.lora_a.dim(0).unwrap_or(0)
+    }
+
+    /// A and scale·B in the compute dtype, detached: the training path has its own backward, and
+    /// a tracked `Var` would make candle keep every intermediate of the forward alive. The scale
+    /// goes on the small B rather than on the `[n, out]` product.
+    pub(super) fn weights(&self, dtype: DType) -> Result<(Tensor, Tensor)> {
+        let (a, mut scaled_b) = compute_dtype(&[self], dtype)?;
+        Ok((a, scaled_b.remove(0)))
+    }
+}
 
 /// `(a, scaled_b)`: the adapters' A stacked along dim 0, and each scale·B, in `dtype`.
 pub fn compute_dtype(adapters: &[&LoraAdapter], dtype: DType) -> Result<(Tensor, Vec<Tensor>)> {
