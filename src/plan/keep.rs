@@ -4,8 +4,8 @@
 //! allow (model/activations/kept.rs places them, layer_offload.rs moves them).
 
 use super::{estimate, RunShape};
+use crate::arch::ModelConfig;
 use crate::model::activations::LayerPlan;
-use crate::model::ModelConfig;
 
 /// GPU FLOPs a layer's forward runs per byte the copy engine moves to or from the host in the
 /// same time: the f16 GEMM rate over the copy rate each way, as measured on a PCIe 5 GPU

@@ -25,10 +25,11 @@ pub mod run;
 
 use serde::Serialize;
 
+use crate::arch::ModelConfig;
 use crate::model::activations::LayerPlan;
 use crate::model::lora::linear::{MIN_SLICE_VALUES, WHOLE_WEIGHT_TOKENS};
-use crate::model::{LoraSpec, ModelConfig, PROJECTIONS};
-use activations::Family;
+use crate::model::{LoraSpec, PROJECTIONS};
+use activations::ArchExtras;
 pub use optimizer_state::OptimizerState;
 
 /// What a run trains on, as far as memory goes.
@@ -97,7 +98,7 @@ impl RunShape {
         self.host_offload
             && !self.layers.lm_head_resident
             && !m.tied_embeddings()
-            && !Family::of(m).logit_softcap
+            && !ArchExtras::of(m).logit_softcap
     }
 }
 
@@ -228,7 +229,7 @@ fn stored_weight_bytes(n: u64, run: &RunShape) -> u64 {
 
 /// Predicts the parts of the peak for `batch` rows of `seq` tokens per step.
 pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -> Estimate {
-    let f = Family::of(m);
+    let f = ArchExtras::of(m);
     let tokens = seq * batch;
     let (layers, h, i) = (m.num_hidden_layers as u64, m.hidden_size as u64, m.intermediate_size as u64);
     let (b, t) = (run.dtype_bytes as u64, tokens as u64);
@@ -300,7 +301,7 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
 /// Values of the frozen tensors beside the projections: every norm (Gemma's four a layer, the
 /// q/k norms), q/k/v biases, and the RoPE tables as far as `seq` fills them (rope.rs: a power of
 /// two from 256, at most max_position_embeddings; Gemma 3 has a second for its local layers).
-fn small_tensors(m: &ModelConfig, f: &Family, seq: usize) -> u64 {
+fn small_tensors(m: &ModelConfig, f: &ArchExtras, seq: usize) -> u64 {
     let (h, d) = (m.hidden_size as u64, m.head_dim() as u64);
     let (q, kv) = (m.num_attention_heads as u64 * d, m.num_kv_heads() as u64 * d);
     let mut layer = if f.post_norms { 4 * h } else { 2 * h };

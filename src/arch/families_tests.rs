@@ -1,6 +1,8 @@
-//! The family declarations read from config.json (arch/family.rs).
+//! The family declarations (arch/families/) read from config.json.
 
-use super::*;
+use super::FAMILIES;
+use crate::arch::config::ModelConfig;
+use crate::arch::description::{Activation, Architecture, RopeScaling, RopeSpec};
 
 fn config(json: serde_json::Value) -> ModelConfig {
     serde_json::from_value(json).unwrap()
@@ -186,7 +188,7 @@ fn refusals_name_the_key_the_value_and_what_is_supported() {
     let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
     assert!(err.contains("Phi3ForCausalLM"), "{err}");
     for f in FAMILIES {
-        assert!(err.contains(f.architecture), "{err} lists {}", f.architecture);
+        assert!(err.contains(f.class), "{err} lists {}", f.class);
     }
     for key in ["rope_scaling", "rope_parameters"] {
         let mut json = base();
