@@ -1,6 +1,6 @@
 //! The family declarations (arch/families/) read from config.json.
 
-use super::FAMILIES;
+use super::{by_class, by_gguf_name, by_model_type, FAMILIES};
 use crate::arch::config::ModelConfig;
 use crate::arch::description::{Activation, Architecture, RopeScaling, RopeSpec};
 
@@ -202,4 +202,21 @@ fn refusals_name_the_key_the_value_and_what_is_supported() {
     json["hidden_activation"] = "relu".into();
     let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
     assert!(err.contains("hidden_activation") && err.contains("relu"), "{err}");
+}
+
+/// Each declaration is found by each of its names, and no two declarations share one; Mistral's
+/// files written as "llama" are Mistral's by their `general.name`.
+#[test]
+fn each_family_is_found_by_its_names() {
+    for f in FAMILIES {
+        assert_eq!(by_class(f.class).unwrap().class, f.class);
+        for t in f.model_types {
+            assert_eq!(by_model_type(t).unwrap().class, f.class, "{t}");
+        }
+        assert_eq!(by_gguf_name(f.gguf.name, "").unwrap().class, f.class, "{}", f.gguf.name);
+    }
+    let mistral = by_gguf_name("llama", "mistral 7b instruct v0.3").unwrap();
+    assert_eq!(mistral.class, "MistralForCausalLM");
+    assert_eq!(by_gguf_name("llama", "llama 3.2 1b").unwrap().class, "LlamaForCausalLM");
+    assert!(by_gguf_name("phi3", "").is_none() && by_model_type("gemma").is_none());
 }

@@ -29,7 +29,7 @@ impl HfModel {
             serde_json::from_str(&text).with_context(|| format!("{}: not JSON", config_file.display()))?;
         let model_type = config["model_type"].as_str().unwrap_or_default().to_string();
         let Some(family) = by_model_type(&model_type) else {
-            let types: Vec<String> = FAMILIES.iter().map(|f| f.model_types.join("/")).collect();
+            let types: Vec<String> = FAMILIES.iter().map(|f| model_types(f.model_types)).collect();
             bail!(
                 "{}: model_type {model_type:?}; export-gguf writes {}",
                 config_file.display(),
@@ -133,6 +133,15 @@ impl HfModel {
                 format!("{}: `{key}` is {value}, expected a number", self.config_file.display())
             }),
         }
+    }
+}
+
+/// A family's `model_type`s as the refusal lists them: `gemma3(_text)` for a name and its
+/// longer form, else joined by slashes.
+fn model_types(types: &[&str]) -> String {
+    match types {
+        [long, short] if long.starts_with(short) => format!("{short}({})", &long[short.len()..]),
+        _ => types.join("/"),
     }
 }
 
