@@ -84,7 +84,7 @@ pub fn config_json(source: &str, revision: &str) -> Result<PathBuf> {
 
 /// A model's config.json, read for planning, and its chat template where one is at hand.
 pub struct PlanningSource {
-    pub config: crate::model::ModelConfig,
+    pub config: crate::arch::ModelConfig,
     /// `chat_template` of the tokenizer_config.json beside config.json (a local folder, a cached
     /// Hub snapshot, a GGUF file's metadata); `None` where there is none.
     pub chat_template: Option<String>,
@@ -99,11 +99,11 @@ pub fn planning_source(source: &str, revision: &str) -> Result<PlanningSource> {
     };
     if source.ends_with(".gguf") {
         let (config, tokenizer_config) = crate::gguf::read_configs(Path::new(source))?;
-        let config = crate::model::ModelConfig::from_value(config, source)?;
+        let config = crate::arch::ModelConfig::from_value(config, source)?;
         return Ok(PlanningSource { config, chat_template: template(&tokenizer_config) });
     }
     let path = config_json(source, revision)?;
-    let config = crate::model::ModelConfig::from_file(&path)?;
+    let config = crate::arch::ModelConfig::from_file(&path)?;
     let beside = path.with_file_name("tokenizer_config.json");
     let chat_template = std::fs::read_to_string(&beside)
         .ok()

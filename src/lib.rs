@@ -9,6 +9,7 @@
 //! autograd oracle) are compiled for tests only: `cargo test` turns on the `testing` feature
 //! through the crate's dev-dependency on itself.
 
+pub mod arch;
 pub mod bench;
 pub mod cache;
 pub mod config;

@@ -17,7 +17,7 @@ use crate::cli::{parse_gib, parse_size};
 pub fn estimate(config: &Path, gpu_mem: &str, attention: &str, host_mem: Option<&str>) -> anyhow::Result<()> {
     let cfg = Config::from_file(config)?;
     let config_json = lora_ft::hub::config_json(&cfg.model.expanded_source(), &cfg.model.revision)?;
-    let model = lora_ft::model::ModelConfig::from_file(&config_json)?;
+    let model = lora_ft::arch::ModelConfig::from_file(&config_json)?;
     let budget = lora_ft::memory::VramBudget::new(parse_gib(gpu_mem)?, cfg.train.max_vram_fraction);
     let mut run = Run::resolve(&cfg, model, Some(budget));
     run.run_shape.fused_attention &= attention == "fused";

@@ -93,7 +93,7 @@ fn check_case(case: &str, with_adapter: bool) {
         chat_template: None,
     };
     let files = eval::resolve(&m).unwrap();
-    let vocab = lora_ft::model::ModelConfig::from_file(&files.config).unwrap().vocab_size;
+    let vocab = lora_ft::arch::ModelConfig::from_file(&files.config).unwrap().vocab_size;
     let tokenizer = ChatTokenizer::from_dir(&files.dir).unwrap();
     let data = repo(golden["data"].as_str().unwrap());
     let settings = settings(&golden);

@@ -9,7 +9,7 @@
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::Device;
-use lora_ft::model::arch::{Architecture, ModelConfig};
+use lora_ft::arch::{Architecture, ModelConfig};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 
@@ -171,11 +171,8 @@ fn gemma3_matches_transformers() {
     // and the model reads it as Gemma 3: the global layer's RoPE scaled, the local ones' not
     let arch = model_architecture(&imported);
     assert!(arch.qk_norm && arch.tied_embeddings);
-    assert_eq!(arch.rope_of(5).scaling, lora_ft::model::arch::RopeScaling::Linear { factor: 8.0 });
-    assert_eq!(
-        (arch.rope_of(0).theta, &arch.rope_of(0).scaling),
-        (1e4, &lora_ft::model::arch::RopeScaling::None)
-    );
+    assert_eq!(arch.rope_of(5).scaling, lora_ft::arch::RopeScaling::Linear { factor: 8.0 });
+    assert_eq!((arch.rope_of(0).theta, &arch.rope_of(0).scaling), (1e4, &lora_ft::arch::RopeScaling::None));
 }
 
 fn write_gguf(name: &str, metadata: &[(&str, Value)]) -> PathBuf {

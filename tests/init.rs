@@ -8,9 +8,9 @@ use common::Scratch;
 use std::path::Path;
 use std::process::{Command, Output};
 
+use lora_ft::arch::ModelConfig;
 use lora_ft::config::{BatchSize, Config};
 use lora_ft::memory::VramBudget;
-use lora_ft::model::ModelConfig;
 
 fn scratch(name: &str) -> Scratch {
     Scratch::new(&format!("init-{name}"))

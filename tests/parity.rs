@@ -232,8 +232,8 @@ fn rope_frequencies_match_transformers() {
         let Some(want) = case["config"].get("rope_inv_freq_float64") else { continue };
         let want: Vec<f64> = want.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
         let config = Path::new("tests/fixtures").join(name).join("config.json");
-        let arch = lora_ft::model::Architecture::from_config(
-            &lora_ft::model::ModelConfig::from_file(&config).unwrap(),
+        let arch = lora_ft::arch::Architecture::from_config(
+            &lora_ft::arch::ModelConfig::from_file(&config).unwrap(),
         )
         .unwrap();
         let (got, scaling) = lora_ft::model::ops::rope::frequencies(arch.head_dim, &arch.rope);

@@ -13,7 +13,7 @@
 //! per token at the row's length: 4·heads·head_dim per key a query sees, causal, each layer's
 //! window applied.
 
-use crate::model::{Architecture, ModelConfig};
+use crate::arch::{Architecture, ModelConfig};
 
 /// The dense f16/bf16 tensor-core peak of an H100 SXM and an H200, without sparsity.
 pub const PEAK_FLOPS: f64 = 989e12;

@@ -187,7 +187,7 @@ pub fn train(
     let (config, weights) = model_files(model)?;
     let cfg = recipe(quantization, dtype, options)?;
     let budget = crate::memory::VramBudget::of(device, cfg.train.max_vram_fraction, cfg.train.gpu_mem);
-    let run = crate::plan::run::Run::resolve(&cfg, crate::model::ModelConfig::from_file(&config)?, budget);
+    let run = crate::plan::run::Run::resolve(&cfg, crate::arch::ModelConfig::from_file(&config)?, budget);
     let mut startup = Startup::default();
     // the first shape's attention built and run while the weights load (decoder/prepare.rs)
     let warm_up = shapes

@@ -272,7 +272,7 @@ pub fn run(
     device: &Device,
 ) -> anyhow::Result<EvalReport> {
     let files = resolve(m)?;
-    let config = crate::model::ModelConfig::from_file(&files.config)?;
+    let config = crate::arch::ModelConfig::from_file(&files.config)?;
     let tokenizer =
         ChatTokenizer::load(&files.dir, m.chat_template)?.with_system_message(settings.system_message);
     let rows = tokenize_file(data, &tokenizer, settings, config.vocab_size)?;

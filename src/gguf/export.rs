@@ -3,7 +3,6 @@
 //! file holds is `GgufModel`'s; `merge/to_gguf.rs` (`lora-ft export-gguf`) folds the adapter in
 //! and streams the tensors through `format::writer`.
 
-mod family;
 mod file_type;
 mod hf_model;
 mod hparams;
@@ -13,6 +12,5 @@ mod q4km;
 mod vocab;
 mod vocab_spm;
 
-pub use family::Family;
 pub use file_type::FileType;
 pub use model::{GgufModel, Planned};

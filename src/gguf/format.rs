@@ -1,9 +1,8 @@
 //! The GGUF format as llama.cpp writes and reads it, for both directions: the container (typed
-//! metadata, the streamed writer, each tensor type's bytes) and its standardized names
-//! (architectures, tensor names and the Q/K row order, Llama 3's `rope_freqs`, token types and
-//! pre-tokenizers).
+//! metadata, the streamed writer, each tensor type's bytes) and its standardized names (tensor
+//! names and the Q/K row order, Llama 3's `rope_freqs`, token types and pre-tokenizers). What
+//! tells the families apart in a file is their declarations' (`crate::arch::families`).
 
-pub(super) mod architecture;
 pub mod kquants;
 pub(super) mod metadata;
 pub(super) mod qk_permutation;

@@ -13,10 +13,11 @@ mod tokenizer;
 mod tokenizer_files;
 mod weights;
 
-use super::format::architecture::Architecture;
 use super::format::metadata::Metadata;
 use super::format::rope_freqs::ROPE_FREQS;
-use anyhow::{Context, Result};
+use crate::arch::families::{by_gguf_name, listed, FAMILIES};
+use crate::arch::family::Family;
+use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::Content;
 use hparams::ModelShape;
 use serde_json::{json, Value as Json};
@@ -42,18 +43,18 @@ pub fn import_gguf(gguf: &Path, out_dir: &Path) -> Result<ImportSummary> {
     if content.tensor_infos.is_empty() && content.metadata.contains_key("tokenizer.ggml.tokens") {
         return import_vocabulary(&meta, out_dir);
     }
-    let Header { arch, shape, tokenizer, config } = header(gguf, &mut file, &content)?;
+    let Header { family, shape, tokenizer, config } = header(gguf, &mut file, &content)?;
 
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("creating output folder {}", out_dir.display()))?;
     let heads = weights::Heads { attention: shape.heads, key_value: shape.kv_heads };
-    let written = weights::write_safetensors(gguf, &mut file, &content, arch, heads, out_dir)?;
+    let written = weights::write_safetensors(gguf, &mut file, &content, family, heads, out_dir)?;
     write_json(&out_dir.join("config.json"), &config)?;
     write_json(&out_dir.join("generation_config.json"), &generation_config(&config))?;
     write_json(&out_dir.join("tokenizer.json"), &tokenizer.tokenizer)?;
     write_json(&out_dir.join("tokenizer_config.json"), &tokenizer.tokenizer_config)?;
     Ok(ImportSummary {
-        architecture: arch.class_name().to_string(),
+        architecture: family.class.to_string(),
         tensors: written.tensors,
         parameters: written.parameters,
         vocab_size: tokenizer.vocab_size,
@@ -80,7 +81,7 @@ fn open(gguf: &Path) -> Result<(std::fs::File, Content)> {
 
 /// What a model file's metadata says: its architecture and sizes, tokenizer and config.json.
 struct Header {
-    arch: Architecture,
+    family: &'static Family,
     shape: ModelShape,
     tokenizer: tokenizer_files::TokenizerFiles,
     config: Json,
@@ -88,15 +89,15 @@ struct Header {
 
 fn header(gguf: &Path, file: &mut std::fs::File, content: &Content) -> Result<Header> {
     let meta = Metadata { file: gguf, map: &content.metadata };
-    let (arch, prefix) = Architecture::read(&meta)?;
-    let shape = ModelShape::read(&meta, arch, &prefix)?;
+    let (family, prefix) = read_family(&meta)?;
+    let shape = ModelShape::read(&meta, family, &prefix)?;
     let tokenizer = tokenizer::convert(&meta, shape.context_length)?;
     let rope_freqs = match content.tensor_infos.contains_key(ROPE_FREQS) {
         true => Some(weights::read_f32(gguf, file, content, ROPE_FREQS)?),
         false => None,
     };
     let inputs = hparams::Inputs {
-        arch,
+        family,
         prefix: &prefix,
         shape: &shape,
         has_output: content.tensor_infos.contains_key("output.weight"),
@@ -104,7 +105,21 @@ fn header(gguf: &Path, file: &mut std::fs::File, content: &Content) -> Result<He
         rope_freqs,
     };
     let config = hparams::model_config(&meta, &inputs)?;
-    Ok(Header { arch, shape, tokenizer, config })
+    Ok(Header { family, shape, tokenizer, config })
+}
+
+/// The family a file holds (`general.architecture`, and `general.name` where a declaration claims
+/// files of another architecture by it, as Mistral's "llama" files), and the prefix of the
+/// model's own keys: the architecture as the file states it.
+fn read_family(meta: &Metadata) -> Result<(&'static Family, String)> {
+    let key = "general.architecture";
+    let name = meta.opt_string("general.name")?.unwrap_or_default().to_lowercase();
+    let arch = meta.string(key)?;
+    let Some(family) = by_gguf_name(arch, &name) else {
+        let names: Vec<String> = FAMILIES.iter().map(|f| format!("{:?}", f.gguf.name)).collect();
+        bail!("{}: GGUF key `{key}` is {arch:?}; lora-ft imports {}", meta.file.display(), listed(&names));
+    };
+    Ok((family, arch.to_string()))
 }
 
 /// A vocabulary-only file (llama.cpp's `models/ggml-vocab-*.gguf`, written by

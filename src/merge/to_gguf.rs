@@ -185,7 +185,7 @@ pub fn export_adapter_gguf(
     anyhow::ensure!(!tensors.is_empty(), "{}: the adapter has no LoRA weights", adapter_dir.display());
     let alpha = (deltas.scale * rank as f64) as f32;
     let metadata: Vec<(String, Value)> = vec![
-        ("general.architecture".into(), Value::String(model.family().arch_name().into())),
+        ("general.architecture".into(), Value::String(model.family().gguf.written_as.into())),
         ("general.type".into(), Value::String("adapter".into())),
         ("general.name".into(), Value::String(model_name(&adapter_dir.display().to_string()))),
         ("adapter.type".into(), Value::String("lora".into())),

@@ -2,8 +2,6 @@
 //! keeps every intermediate of the step, so it serves only as the test oracle. The rooms, from
 //! the bottom floor up (each imports only the floors below it):
 //!
-//! - `arch/`: what a model is, read from its config.json into one typed [`arch::Architecture`]
-//!   (the family declarations); the layers branch on it, never on a model's name.
 //! - `activations/`: where a step's activations wait: the per-layer checkpoints, on the device or
 //!   offloaded to page-locked host memory on a copy stream.
 //! - `ops/`: each op's forward and backward side by side: norm, rope, mlp (SwiGLU), attention,
@@ -13,10 +11,11 @@
 //! - `layer.rs`: one decoder layer (attention half, MLP half), forward, recompute, backward.
 //! - `decoder.rs`: the causal LM: embeddings → layers → norm → lm_head, checkpointed.
 //!
-//! The CUDA kernels these rooms call live one floor below all of them, in `crate::cuda`.
+//! What a model is (its config.json, the typed `Architecture` the layers branch on, never on a
+//! model's name, and the family declarations) is the room below, `crate::arch`; the CUDA kernels
+//! these rooms call live one floor below all of them, in `crate::cuda`.
 
 pub mod activations;
-pub mod arch;
 pub mod decoder;
 pub mod layer;
 pub mod lora;
@@ -26,7 +25,6 @@ pub mod packing;
 #[cfg(any(test, feature = "testing"))]
 pub mod reference;
 
-pub use arch::{Architecture, ModelConfig};
 pub use decoder::{CausalLm, TrainOutput, TrainingPolicy};
 pub use layer::KvCache;
 pub use lora::{module_path, LoraSpec, PROJECTIONS};

@@ -5,7 +5,6 @@
 use candle_core::{Result, Tensor, Var, D};
 use rand::{Rng, SeedableRng};
 
-use super::arch::Activation;
 use super::decoder::CausalLm;
 use super::layer::DecoderLayer;
 use super::lora::linear::{BaseWeight, LoraLinear};
@@ -13,6 +12,7 @@ use super::lora::LoraAdapter;
 use super::ops::attention::{causal_mask, repeat_kv, ScoreRule};
 use super::ops::Rope;
 use super::PROJECTIONS;
+use crate::arch::Activation;
 
 fn linear(x: &Tensor, l: &LoraLinear) -> Result<Tensor> {
     let y = x.matmul(&l.base.dense()?.t()?)?;

@@ -3,17 +3,17 @@
 //! with one chunk of logits. Each term names the tensors of model/layer/mod.rs, ops/attention/ and
 //! ops/loss.rs it stands for.
 
-use crate::model::arch::Architecture;
+use crate::arch::{Architecture, ModelConfig};
 use crate::model::layer::tiles::{tile_rows, MLP_TILE_VALUES};
 use crate::model::ops::attention::QUERY_CHUNK;
-use crate::model::ModelConfig;
 
 use super::RunShape;
 
-/// What the planner reads of a model's family (arch/family.rs): the extra tensors its layers keep
-/// for the backward, its soft caps and its second RoPE table.
+/// What the planner reads of a model's `Architecture` (src/arch/description.rs): the differences
+/// from the Llama layer that change its memory — the extra tensors its layers keep for the
+/// backward, its soft caps and its second RoPE table.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Family {
+pub(super) struct ArchExtras {
     /// q and k normed per head (Qwen3, Gemma 3): the layer keeps them before the norm.
     pub qk_norm: bool,
     /// Norms after the attention and MLP outputs (Gemma): the layer keeps o's and down's output.
@@ -25,9 +25,9 @@ pub(super) struct Family {
     pub local_rope: bool,
 }
 
-impl Family {
-    /// `m`'s family, or the plain Llama decoder where config.json names none the model reads
-    /// (`ModelConfig::from_file` refuses those before the planner sees them).
+impl ArchExtras {
+    /// `m`'s extras, or the plain Llama decoder's (none) where config.json names no family the
+    /// model reads (`ModelConfig::from_file` refuses those before the planner sees them).
     pub fn of(m: &ModelConfig) -> Self {
         match Architecture::from_config(m) {
             Ok(a) => Self {
@@ -72,7 +72,7 @@ impl Dims {
 /// for head_dim a multiple of 8 up to 256 (windows and soft caps included), the flash kernels for
 /// head_dim 64 or 128 without a soft cap where cuDNN is absent; the composed path otherwise, and
 /// everywhere without `run.fused_attention`. The same for every layer: windows do not decide it.
-pub(super) fn fused(f: &Family, d: &Dims, run: &RunShape) -> bool {
+pub(super) fn fused(f: &ArchExtras, d: &Dims, run: &RunShape) -> bool {
     let cudnn = d.head_dim.is_multiple_of(8) && d.head_dim <= 256;
     let flash = matches!(d.head_dim, 64 | 128) && !f.attention_softcap;
     run.fused_attention && (cudnn || flash)
@@ -81,7 +81,12 @@ pub(super) fn fused(f: &Family, d: &Dims, run: &RunShape) -> bool {
 /// One backward layer's largest working set (bytes), at `batch` rows of `seq` tokens: the gated
 /// MLP's backward, or where the layers run the composed attention, its query chunk's backward if
 /// larger.
-pub(super) fn layer_peak(m: &ModelConfig, f: &Family, run: &RunShape, (seq, batch): (usize, usize)) -> u64 {
+pub(super) fn layer_peak(
+    m: &ModelConfig,
+    f: &ArchExtras,
+    run: &RunShape,
+    (seq, batch): (usize, usize),
+) -> u64 {
     let d = Dims::of(m);
     let (b, t) = (run.dtype_bytes as u64, (seq * batch) as u64);
     let mlp = b * mlp_backward_values(f, &d, run, t);
@@ -101,7 +106,7 @@ pub(super) fn layer_peak(m: &ModelConfig, f: &Family, run: &RunShape, (seq, batc
 /// each group's dropped input (3h + i, fitted to the H100 peaks of the ready configs' shapes
 /// with dropout 0.05). In row tiles (layer/tiles.rs) the MLP's pass is one tile, and gate, up
 /// and down are dequantized for the whole pass (two more than the one in `workspace`).
-fn mlp_backward_values(f: &Family, d: &Dims, run: &RunShape, t: u64) -> u64 {
+fn mlp_backward_values(f: &ArchExtras, d: &Dims, run: &RunShape, t: u64) -> u64 {
     let mut per_token = 7 * d.h + 2 * d.q + 2 * d.kv;
     let mut per_mlp_row = 5 * d.i;
     if f.qk_norm {
@@ -128,7 +133,7 @@ fn mlp_backward_values(f: &Family, d: &Dims, run: &RunShape, t: u64) -> u64 {
 /// query value (dQ, and dK and dV for every query head before the sum to the kv heads): fitted to
 /// the H100 peaks at 100,000 tokens (benches/long_rows/), where this, not the tiled MLP, is the
 /// layer's peak.
-fn fused_attention_backward(f: &Family, d: &Dims, run: &RunShape, t: u64) -> u64 {
+fn fused_attention_backward(f: &ArchExtras, d: &Dims, run: &RunShape, t: u64) -> u64 {
     let mut values = 3 * d.h + 4 * d.q + 4 * d.kv;
     if f.qk_norm {
         values += d.q + d.kv;
@@ -145,7 +150,7 @@ fn fused_attention_backward(f: &Family, d: &Dims, run: &RunShape, t: u64) -> u64
 /// and up per MLP row (untiled: every row); with q/k norms q and k before them; with output
 /// norms o's and down's outputs; the LoRA groups' x·Aᵀ (r per projection, grouped without
 /// dropout). n1, n2 and act are left out: the backward recomputes them.
-pub(super) fn kept_layer_bytes(m: &ModelConfig, f: &Family, run: &RunShape, t: u64) -> u64 {
+pub(super) fn kept_layer_bytes(m: &ModelConfig, f: &ArchExtras, run: &RunShape, t: u64) -> u64 {
     let d = Dims::of(m);
     let fused = fused(f, &d, run);
     let mut values = 2 * d.h + 2 * d.q + 2 * d.kv + 2 * d.i;
@@ -187,7 +192,7 @@ pub(super) fn mlp_tile_rows(d: &Dims, run: &RunShape, t: u64) -> Option<u64> {
 /// (softcap.rs `softcap_backward`).
 fn composed_attention_backward(
     m: &ModelConfig,
-    f: &Family,
+    f: &ArchExtras,
     d: &Dims,
     run: &RunShape,
     (seq, batch): (usize, usize),
@@ -219,7 +224,7 @@ fn softcap_chain_bytes(b: u64) -> u64 {
 /// the fused kernel caps in its registers — with the last layer's output, its normed copy and the
 /// gradient rows of the chunks before; or at the end, the gradient scattered into a zeroed
 /// `[tokens, hidden]` (three more such rows).
-pub(super) fn dense_loss_bytes(m: &ModelConfig, f: &Family, run: &RunShape, tokens: usize) -> u64 {
+pub(super) fn dense_loss_bytes(m: &ModelConfig, f: &ArchExtras, run: &RunShape, tokens: usize) -> u64 {
     let b = run.dtype_bytes as u64;
     let logits = tokens.min(run.loss_chunk_rows) as u64 * m.vocab_size as u64;
     let composed_cap = f.logit_softcap && !run.fused_loss;

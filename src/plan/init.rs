@@ -8,9 +8,9 @@ use anyhow::{bail, Context};
 
 use super::run::Run;
 use super::{estimate, RunShape};
+use crate::arch::{Architecture, ModelConfig};
 use crate::config::Config;
 use crate::memory::{VramBudget, GIB};
-use crate::model::{Architecture, ModelConfig};
 
 /// Rows per optimizer step (batch × grad_accum), as the ready configs train.
 pub const ROWS_PER_STEP: usize = 16;
@@ -175,7 +175,7 @@ fn render(
     (seq, batch, accum): (usize, usize, usize),
     prediction: Option<(u64, Option<u64>, VramBudget)>,
 ) -> String {
-    let gemma = arch.family.starts_with("Gemma");
+    let training = &arch.declaration().training;
     let card = req.gpu_mem as f64 / GIB;
     let mut out = format!(
         "# {} on one {card:.0} GB GPU. Build with `cargo build --release --features cuda`.\n\
@@ -187,7 +187,7 @@ fn render(
         req.command,
         arch.family,
         req.model.parameter_count() as f64 / 1e9,
-        if gemma { "bf16" } else { "f16" },
+        training.compute_dtype,
     );
     if let Some((peak, composed, budget)) = prediction {
         out += &format!(
@@ -232,10 +232,9 @@ fn render(
         out += "system_message = \"fold\"   # the chat template refuses a system role: its text goes before the first user turn\n";
     }
     out += &format!("\n[train]\nbatch_size = {batch}\ngrad_accum = {accum}   # {ROWS_PER_STEP} rows per optimizer step\nepochs = 2\nlr = 2e-4\nschedule = \"cosine\"\nwarmup_steps = 10\nmax_grad_norm = 1.0\nseed = 42\n");
-    out += match gemma {
-        true => "compute_dtype = \"bf16\"   # Gemma's activations overflow f16\n",
-        false => "compute_dtype = \"f16\"\n",
-    };
+    out += &format!("compute_dtype = \"{}\"", training.compute_dtype);
+    out += &training.compute_dtype_reason.map(|why| format!("   # {why}")).unwrap_or_default();
+    out += "\n";
     out += "eval_every = 50\n\n[optim]\nflavor = \"hf\"   # absolute lr; \"torch\" scales each step by the parameter RMS (see README)\n\n\
             [checkpoint]\nevery = 50\nkeep_last = 3\n\n";
     out += &format!(
@@ -246,10 +245,11 @@ fn render(
     out
 }
 
-/// Whether the config folds the system message: Gemma 2's template refuses one, as does any
-/// template that says so.
+/// Whether the config folds the system message: the family's template refuses one (its
+/// declaration says so), or the template says so itself.
 fn refuses_system(arch: &Architecture, template: Option<&str>) -> bool {
-    arch.family == "Gemma2ForCausalLM" || template.is_some_and(|t| t.contains("System role not supported"))
+    arch.declaration().training.folds_system_message
+        || template.is_some_and(|t| t.contains("System role not supported"))
 }
 
 #[cfg(test)]

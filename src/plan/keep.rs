@@ -4,8 +4,8 @@
 //! allow (model/activations/kept.rs places them, layer_offload.rs moves them).
 
 use super::{estimate, RunShape};
+use crate::arch::ModelConfig;
 use crate::model::activations::LayerPlan;
-use crate::model::ModelConfig;
 
 /// GPU FLOPs a layer's forward runs per byte the copy engine moves to or from the host in the
 /// same time: the f16 GEMM rate over the copy rate each way, as measured on a PCIe 5 GPU
@@ -70,9 +70,9 @@ fn with_head_prefetch(m: &ModelConfig, run: &RunShape, shape: (usize, usize), pl
         return plan;
     }
     let planned = run.planned(&LayerPlan { lm_head_resident: false, ..plan });
-    let chunk = super::head_chunk_bytes(m, run).max(1);
-    let prefetch =
-        ((estimate(m, &planned, shape).loss_headroom() / chunk) as usize).min(super::head_chunks(m));
+    let chunk = super::estimate::head_chunk_bytes(m, run).max(1);
+    let prefetch = ((estimate(m, &planned, shape).loss_headroom() / chunk) as usize)
+        .min(super::estimate::head_chunks(m));
     if prefetch == 0 {
         return plan;
     }

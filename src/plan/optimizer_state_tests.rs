@@ -2,10 +2,11 @@
 
 use candle_core::{DType, Device, Var};
 
-use super::super::{estimate, projection_dims, RunShape};
+use super::super::estimate::projection_dims;
+use super::super::{estimate, RunShape};
 use super::OptimizerState;
+use crate::arch::ModelConfig;
 use crate::config::{AdafactorSection, AdamwSection, OptimName, OptimSection};
-use crate::model::ModelConfig;
 use crate::optim::Optimizer;
 
 /// A small model whose LoRA matrices fall on both sides of `min_8bit_size` (4096): at r = 16,

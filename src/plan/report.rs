@@ -1,7 +1,8 @@
 //! `lora-ft estimate`'s report: the parts of the predicted peak, the planner's choice of kept,
 //! offloaded and complete layers, and the largest batch per sequence length.
 
-use super::{estimate, largest_batch, layer_plan, ModelConfig, RunShape};
+use super::{estimate, largest_batch, layer_plan, RunShape};
+use crate::arch::ModelConfig;
 
 /// `lora-ft estimate`'s report: the parts of the peak at the config's batch and sequence
 /// length, then the largest batch within `budget` bytes at each sequence length. With `auto`
@@ -64,12 +65,12 @@ pub fn report(
         out += "lm_head stays on the GPU at this shape (streamed from host memory where it would cost a layer)\n";
     }
     if plan.lm_head_prefetch > 0 {
-        let chunks = super::head_chunks(m);
+        let chunks = super::estimate::head_chunks(m);
         out += &format!(
             "lm_head is streamed from host memory for the loss: its first {} of {chunks} chunks ({:.2} GiB) \
              come in during the last {} layers' forward, in the loss's room under the peak\n",
             plan.lm_head_prefetch.min(chunks),
-            gib(plan.lm_head_prefetch as u64 * super::head_chunk_bytes(m, run)),
+            gib(plan.lm_head_prefetch as u64 * super::estimate::head_chunk_bytes(m, run)),
             plan.lm_head_prefetch_lead
         );
     }

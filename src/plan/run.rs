@@ -7,12 +7,13 @@
 use candle_core::Device;
 
 use super::{check_fits, estimate, host_budget, largest_batch, layer_plan, OptimizerState, RunShape};
+use crate::arch::ModelConfig;
 use crate::config::{BatchSize, Checkpointing, ComputeDtype, Config, QuantizationKind};
 use crate::memory::{VramBudget, GIB};
 use crate::model::activations::{KeptLayers, LayerPlan};
 use crate::model::decoder::LOSS_CHUNK_ROWS;
 use crate::model::layer::tiles::MLP_TILE_VALUES;
-use crate::model::{LoraSpec, ModelConfig, TrainingPolicy};
+use crate::model::{LoraSpec, TrainingPolicy};
 
 /// A training run as its parts read it, resolved once from the config, the model's config.json
 /// and the device's memory budget.

@@ -1,5 +1,11 @@
+use super::estimate::projection_dims;
+use super::fits::longest_seq;
 use super::*;
+use crate::arch::ModelConfig;
+use crate::model::activations::LayerPlan;
+use crate::model::LoraSpec;
 
+mod families;
 mod offload;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -271,14 +277,6 @@ const READY_CONFIG_PEAKS: [(&str, ConfigPeaks); 4] = [
     ("gemma2-9b", [(4096, 8, 15.31), (4096, 16, 24.59)]),
 ];
 
-#[test]
-fn ready_configs_are_within_the_band_of_their_measured_peaks() {
-    let run = RunShape { lora: LoraSpec { dropout: 0.05, ..offload_run().lora }, ..offload_run() };
-    for (name, peaks) in READY_CONFIG_PEAKS {
-        within_band(name, &bench_model(name), &capped_by_ops(name, &run), &peaks);
-    }
-}
-
 /// Gemma 2's peaks measured before the fused loss kernel took its final-logit cap (session 10):
 /// `run` with the cap composed; other families' as they are.
 fn capped_by_ops(name: &str, run: &RunShape) -> RunShape {
@@ -299,20 +297,6 @@ fn within_band(name: &str, model: &ModelConfig, run: &RunShape, peaks: &[(usize,
             "{name} {seq}x{batch}: predicted {predicted:.2} GiB, measured {peak_gib}"
         );
     }
-}
-
-#[test]
-fn issue18_families_are_within_the_band_of_the_measured_peaks() {
-    for (name, peaks) in ISSUE18_PEAKS {
-        within_band(name, &bench_model(name), &capped_by_ops(name, &offload_run()), &peaks);
-    }
-    let composed = RunShape { fused_attention: false, fused_loss: false, ..offload_run() };
-    within_band(
-        "gemma2-9b (composed attention)",
-        &bench_model("gemma2-9b"),
-        &composed,
-        &GEMMA2_COMPOSED_PEAKS,
-    );
 }
 
 /// What the composed attention's query chunk holds, and that cuDNN takes a window that cuts: tiny

@@ -191,7 +191,7 @@ pub(super) fn train(
     }
     let files = crate::hub::resolve(&cfg.model.expanded_source(), &cfg.model.revision)?;
     // the run put together once: everything below reads it, not the config's copies of it
-    let run = Run::resolve(cfg, crate::model::ModelConfig::from_file(&files.config)?, budget);
+    let run = Run::resolve(cfg, crate::arch::ModelConfig::from_file(&files.config)?, budget);
     let (model, base_model) = load_model(cfg, &run, &files, &device)?;
     let vocab_size = model.config().vocab_size;
     let (train_set, eval_set, pad_id) = load_data(cfg, run.max_seq_len, &files.dir, vocab_size, rank == 0)?;

@@ -3,7 +3,8 @@
 //! run otherwise than transformers (RoPE scalings it lacks, sliding windows) is refused here, on
 //! reading.
 
-use super::family::Family;
+use crate::arch::families::{by_model_type, listed, FAMILIES};
+use crate::arch::family::{Converter, Family};
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::Value;
 use serde_json::Value as Json;
@@ -13,7 +14,7 @@ use std::path::{Path, PathBuf};
 pub(super) struct HfModel {
     config_file: PathBuf,
     config: Json,
-    family: Family,
+    family: &'static Family,
     heads: usize,
     kv_heads: usize,
 }
@@ -27,14 +28,15 @@ impl HfModel {
         let config: Json =
             serde_json::from_str(&text).with_context(|| format!("{}: not JSON", config_file.display()))?;
         let model_type = config["model_type"].as_str().unwrap_or_default().to_string();
-        let Some(family) = Family::of_model_type(&model_type) else {
+        let Some(family) = by_model_type(&model_type) else {
+            let types: Vec<String> = FAMILIES.iter().map(|f| model_types(f.model_types)).collect();
             bail!(
-                "{}: model_type {model_type:?}; export-gguf writes llama, mistral, qwen2, qwen3, gemma2 \
-                 and gemma3(_text)",
-                config_file.display()
+                "{}: model_type {model_type:?}; export-gguf writes {}",
+                config_file.display(),
+                listed(&types)
             );
         };
-        if family == Family::Gemma3 && !config["text_config"].is_null() {
+        if family.gguf.converter == Converter::Gemma3 && !config["text_config"].is_null() {
             bail!(
                 "{}: a multimodal Gemma 3 (`text_config`); export-gguf writes the text model \
                  (Gemma3ForCausalLM, model_type gemma3_text)",
@@ -42,7 +44,8 @@ impl HfModel {
             );
         }
         let model = Self { config_file: config_file.to_path_buf(), config, family, heads: 0, kv_heads: 0 };
-        let allowed: &[&str] = if family == Family::Llama { &["linear", "llama3"] } else { &["linear"] };
+        let allowed: &[&str] =
+            if family.gguf.converter == Converter::Llama { &["linear", "llama3"] } else { &["linear"] };
         if let Some((kind, _)) = model.rope_scaling().filter(|(kind, _)| !allowed.contains(kind)) {
             bail!(
                 "{}: RoPE scaling {kind:?} is not exported yet (export-gguf writes {} for {model_type})",
@@ -82,7 +85,7 @@ impl HfModel {
         &self.config_file
     }
 
-    pub(super) fn family(&self) -> Family {
+    pub(super) fn family(&self) -> &'static Family {
         self.family
     }
 
@@ -133,6 +136,15 @@ impl HfModel {
     }
 }
 
+/// A family's `model_type`s as the refusal lists them: `gemma3(_text)` for a name and its
+/// longer form, else joined by slashes.
+fn model_types(types: &[&str]) -> String {
+    match types {
+        [long, short] if long.starts_with(short) => format!("{short}({})", &long[short.len()..]),
+        _ => types.join("/"),
+    }
+}
+
 /// A sliding window llama.cpp would not run: its llama, qwen2 and qwen3 graphs attend to the
 /// whole context. Mistral 7B v0.1's window of 4096 in a 32768 context is dropped with a warning,
 /// as convert_hf_to_gguf.py drops it (every GGUF of that model runs so, and rows up to the window
@@ -140,8 +152,8 @@ impl HfModel {
 fn check_sliding_window(model: &HfModel) -> Result<()> {
     let config = model.config();
     let file = model.config_file().display();
-    match model.family() {
-        Family::Llama => {
+    match model.family().gguf.converter {
+        Converter::Llama => {
             let window = model.opt_uint("sliding_window")?;
             let context = model.opt_uint("max_position_embeddings")?;
             if let (Some(window), Some(context)) = (window, context) {
@@ -154,10 +166,10 @@ fn check_sliding_window(model: &HfModel) -> Result<()> {
                 }
             }
         }
-        Family::Qwen2 | Family::Qwen3 if config["use_sliding_window"] == true => {
+        Converter::Text if config["use_sliding_window"] == true => {
             bail!(
                 "{file}: `use_sliding_window` is true: llama.cpp's {} has no sliding window",
-                model.family().arch_name()
+                model.family().gguf.written_as
             )
         }
         _ => {}

@@ -1,10 +1,11 @@
 //! config.json → the model's `<arch>.*` keys, as llama.cpp's `convert_hf_to_gguf.py` writes
 //! each family's: `LlamaModel` (Llama and Mistral), `Qwen2Model`/`Qwen3Model`
-//! (`TextModel.set_gguf_parameters`), `Gemma2Model` and `Gemma3Model`; what llama.cpp cannot run
-//! as transformers does is refused, naming the config key.
+//! (`TextModel.set_gguf_parameters`), `Gemma2Model` and `Gemma3Model`, chosen by the converter
+//! each family's declaration names; what llama.cpp cannot run as transformers does is refused,
+//! naming the config key.
 
-use super::family::Family;
 use super::hf_model::HfModel;
+use crate::arch::family::Converter;
 use anyhow::{bail, Result};
 use candle_core::quantized::gguf_file::Value;
 use serde_json::Value as Json;
@@ -13,13 +14,13 @@ use serde_json::Value as Json;
 /// key of the same name replaces the earlier, as gguf-py's writer does.
 pub(super) fn arch_keys(model: &HfModel) -> Result<Vec<(String, Value)>> {
     let family = model.family();
-    let arch = family.arch_name();
+    let arch = family.gguf.written_as;
     let mut keys = Keys { arch, keys: Vec::new() };
-    match family {
-        Family::Llama => return llama_keys(model),
-        Family::Qwen2 | Family::Qwen3 => text_model_keys(model, &mut keys)?,
-        Family::Gemma2 => gemma2_keys(model, &mut keys)?,
-        Family::Gemma3 => {
+    match family.gguf.converter {
+        Converter::Llama => return llama_keys(model),
+        Converter::Text => text_model_keys(model, &mut keys)?,
+        Converter::Gemma2 => gemma2_keys(model, &mut keys)?,
+        Converter::Gemma3 => {
             text_model_keys(model, &mut keys)?;
             gemma3_keys(model, &mut keys)?;
         }
@@ -99,7 +100,7 @@ fn text_model_keys(model: &HfModel, keys: &mut Keys) -> Result<()> {
         Some(kind) => bail!(
             "{}: RoPE scaling {kind:?} is not exported yet (export-gguf writes linear for {})",
             model.config_file().display(),
-            model.family().arch_name()
+            model.family().gguf.written_as
         ),
     }
     if full["rope_type"] == "linear" || full["type"] == "linear" {
@@ -241,7 +242,7 @@ fn check_layer_types(model: &HfModel, rule: impl Fn(usize) -> bool, says: &str) 
                 "{}: `layer_types`[{layer}] is {}; llama.cpp's {} {says}",
                 model.config_file().display(),
                 if types[layer] { "sliding_attention" } else { "full_attention" },
-                model.family().arch_name()
+                model.family().gguf.written_as
             );
         }
     }
@@ -264,7 +265,7 @@ fn check_attention_scale(model: &HfModel, big_layers: u64) -> Result<()> {
             "{}: `query_pre_attn_scalar` = {scalar}, but llama.cpp's {} scales queries by \
              1/sqrt({used}) for this model (head_dim, or hidden_size / heads for the 27B layer count)",
             model.config_file().display(),
-            model.family().arch_name()
+            model.family().gguf.written_as
         );
     }
     Ok(())

@@ -4,10 +4,10 @@
 //! type, and its data (Q/K rows permuted for the llama graph, Gemma's norms w + 1) quantized as
 //! gguf-py quantizes.
 
-use super::family::Family;
 use super::file_type::FileType;
 use super::hf_model::HfModel;
 use super::{hparams, q4km, vocab};
+use crate::arch::family::{Converter, Family};
 use crate::gguf::format::qk_permutation::permute_rows;
 use crate::gguf::format::quants::quantize_rows;
 use crate::gguf::format::rope_freqs::{llama3_factor, LLAMA3_ORIGINAL_CONTEXT, ROPE_FREQS};
@@ -42,7 +42,8 @@ impl GgufModel {
         Ok(Self { hf: HfModel::read(config_file)?, file_type })
     }
 
-    pub fn family(&self) -> Family {
+    /// The declaration of the model's family.
+    pub fn family(&self) -> &'static Family {
         self.hf.family()
     }
 
@@ -76,7 +77,7 @@ impl GgufModel {
         let vocab_size = self.hf.uint("vocab_size")?;
         let string = |s: &str| Value::String(s.to_string());
         let mut keys: Vec<(String, Value)> = vec![
-            ("general.architecture".into(), string(self.hf.family().arch_name())),
+            ("general.architecture".into(), string(self.hf.family().gguf.written_as)),
             ("general.type".into(), string("model")),
             ("general.name".into(), string(name)),
         ];
@@ -96,7 +97,7 @@ impl GgufModel {
         if hf_name.ends_with(".rotary_emb.inv_freq") {
             return Ok(None);
         }
-        if hf_name == "lm_head.weight" && self.hf.family() == Family::Gemma2 {
+        if hf_name == "lm_head.weight" && self.hf.family().gguf.converter == Converter::Gemma2 {
             // Gemma2Model skips it: llama.cpp's gemma2 has no output.weight, token_embd is the head
             if self.hf.config()["tie_word_embeddings"] == false {
                 bail!(
@@ -107,8 +108,9 @@ impl GgufModel {
             }
             return Ok(None);
         }
-        let arch = self.hf.family().arch_name();
-        let Some(name) = gguf_tensor_name(self.hf.family().architecture(), hf_name) else {
+        let family = self.hf.family();
+        let arch = family.gguf.written_as;
+        let Some(name) = gguf_tensor_name(family.gguf.tensors, hf_name) else {
             bail!("tensor {hf_name} has no llama.cpp counterpart in a {arch} GGUF file");
         };
         let dtype = if shape.len() <= 1 || name.ends_with("_norm.weight") || !name.ends_with(".weight") {
@@ -121,7 +123,7 @@ impl GgufModel {
                 _ => GgmlDType::F16,
             }
         };
-        let permute = if self.hf.family() != Family::Llama {
+        let permute = if !family.gguf.permutes_qk {
             None
         } else if name.ends_with(".attn_q.weight") {
             Some(self.hf.heads())
@@ -135,7 +137,9 @@ impl GgufModel {
                 bail!("tensor {hf_name} of shape {shape:?} does not split into {groups} heads of even size");
             }
         }
-        let offset = self.hf.family().stored_offset(hf_name);
+        // Gemma's RMSNorm scales by (1 + w), and its converters write every `*norm.weight` as
+        // w + 1 (`modify_tensors`, `norm_shift`)
+        let offset = if hf_name.ends_with("norm.weight") { family.gguf.stored_norm_offset } else { 0.0 };
         Ok(Some(Planned { info: TensorInfo { name, shape: shape.to_vec(), dtype }, permute, offset }))
     }
 

@@ -5,6 +5,8 @@
 //! for both: the special token ids, the add-bos/eos flags and the chat template.
 
 use super::vocab_spm;
+use crate::arch::families::by_model_type;
+use crate::arch::family::SpacePrefix;
 use crate::gguf::format::vocab::{looks_special, split_regex, CONTROL, NORMAL, UNUSED, USER_DEFINED};
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::Value;
@@ -96,8 +98,9 @@ fn gpt2_keys(file: &Path, tokenizer: &Json, vocab_size: usize) -> Result<VocabKe
 }
 
 /// A SentencePiece vocabulary: `llama`, pre-tokenizer `default`, scores instead of merges
-/// (`_set_vocab_sentencepiece`); Gemma writes `add_space_prefix = false` (`Gemma2Model` /
-/// `Gemma3Model.set_vocab`), Llama the tokenizer config's `add_prefix_space` where it has one.
+/// (`_set_vocab_sentencepiece`); `add_space_prefix` as the family's declaration says (Gemma's
+/// false, from `Gemma2Model` / `Gemma3Model.set_vocab`; Llama's the tokenizer config's
+/// `add_prefix_space` where it has one).
 fn spm_keys(
     dir: &Path,
     tokenizer: &Json,
@@ -127,10 +130,10 @@ fn spm_keys(
         ),
     ];
     let model_type = config["model_type"].as_str().unwrap_or_default();
-    let space_prefix = match model_type {
-        "gemma2" | "gemma3" | "gemma3_text" => Some(false),
-        "llama" | "mistral" => tokenizer_config["add_prefix_space"].as_bool(),
-        _ => None,
+    let space_prefix = match by_model_type(model_type).map(|f| f.space_prefix) {
+        Some(SpacePrefix::Off) => Some(false),
+        Some(SpacePrefix::FromTokenizerConfig) => tokenizer_config["add_prefix_space"].as_bool(),
+        Some(SpacePrefix::Unwritten) | None => None,
     };
     if let Some(prefix) = space_prefix {
         keys.push(("tokenizer.ggml.add_space_prefix".to_string(), Value::Bool(prefix)));

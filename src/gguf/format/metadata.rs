@@ -1,7 +1,9 @@
 //! Typed reading of a GGUF file's metadata (the key/value pairs candle's `gguf_file::Content`
-//! reads): every error names the file and the key.
+//! reads): every error names the file and the key. It is also what a family's GGUF import rules
+//! read, through `arch::gguf_header::GgufKeys`.
 
-use anyhow::{Context, Result};
+use crate::arch::gguf_header::GgufKeys;
+use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::Value;
 use std::collections::HashMap;
 use std::path::Path;
@@ -123,5 +125,36 @@ impl Metadata<'_> {
             })
             .collect::<Result<_>>()?;
         Ok(Some(ints))
+    }
+}
+
+impl GgufKeys for Metadata<'_> {
+    fn opt_uint(&self, key: &str) -> Result<Option<u64>> {
+        Metadata::opt_uint(self, key)
+    }
+
+    fn opt_float(&self, key: &str) -> Result<Option<f64>> {
+        Metadata::opt_float(self, key)
+    }
+
+    fn layer_flags(&self, key: &str, layers: usize) -> Result<Option<Vec<bool>>> {
+        let Some(items) = self.array(key)? else { return Ok(None) };
+        if items.len() != layers {
+            bail!(
+                "{}: GGUF key `{key}` has {} entries for {layers} layers",
+                self.file.display(),
+                items.len()
+            );
+        }
+        items
+            .iter()
+            .map(|item| match item {
+                Value::Bool(b) => Ok(*b),
+                Value::U32(v) => Ok(*v != 0),
+                Value::I32(v) => Ok(*v != 0),
+                other => bail!("{}: GGUF key `{key}` holds {:?}", self.file.display(), other.value_type()),
+            })
+            .collect::<Result<_>>()
+            .map(Some)
     }
 }

@@ -1,5 +1,6 @@
 //! llama.cpp's row order of Q and K weights for the llama graph (convert_hf_to_gguf.py's
-//! `LlamaModel.permute`) and its inverse: which families it applies to is `Architecture`'s.
+//! `LlamaModel.permute`) and its inverse: which families it applies to, their declarations say
+//! (`permutes_qk`).
 
 /// Undo llama.cpp's `permute` of Q/K rows, as transformers' `_reverse_permute_weights` does:
 /// within each of `n_head` groups, HF row `(j, d)` (j < 2, d < half) is GGUF row `(d, j)`.

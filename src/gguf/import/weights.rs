@@ -1,7 +1,7 @@
 //! The weights: GGUF tensors → one f32 model.safetensors with Hugging Face names, written one
 //! tensor at a time (the dequantized model never exists whole in memory).
 
-use crate::gguf::format::architecture::Architecture;
+use crate::arch::family::Family;
 use crate::gguf::format::qk_permutation::unpermute_rows;
 use crate::gguf::format::rope_freqs::ROPE_FREQS;
 use crate::gguf::format::tensor_names::hf_tensor_name;
@@ -27,8 +27,8 @@ pub(super) struct Written {
 
 /// How many head groups a tensor's rows were permuted in (Q: all heads, K: the KV heads), for
 /// the families llama.cpp permutes.
-fn permuted_heads(arch: Architecture, gguf_name: &str, heads: Heads) -> Option<usize> {
-    if !arch.permutes_qk() {
+fn permuted_heads(family: &Family, gguf_name: &str, heads: Heads) -> Option<usize> {
+    if !family.gguf.permutes_qk {
         None
     } else if gguf_name.ends_with(".attn_q.weight") {
         Some(heads.attention)
@@ -57,11 +57,11 @@ pub(super) fn write_safetensors<R: Read + Seek>(
     file: &Path,
     reader: &mut R,
     content: &Content,
-    arch: Architecture,
+    family: &Family,
     heads: Heads,
     out_dir: &Path,
 ) -> Result<Written> {
-    let entries = plan(file, content, arch, heads)?;
+    let entries = plan(file, content, family, heads)?;
     let target = out_dir.join("model.safetensors");
     let partial = out_dir.join("model.safetensors.partial");
     // a full disk or a bad tensor leaves no half-written file behind
@@ -128,7 +128,7 @@ pub(super) fn read_f32<R: Read + Seek>(
 fn plan<'a>(
     file: &Path,
     content: &'a Content,
-    arch: Architecture,
+    family: &Family,
     heads: Heads,
 ) -> Result<BTreeMap<String, Entry<'a>>> {
     let mut entries = BTreeMap::new();
@@ -136,18 +136,18 @@ fn plan<'a>(
         if gguf_name == ROPE_FREQS {
             continue;
         }
-        let Some(hf_name) = hf_tensor_name(arch, gguf_name) else {
+        let Some(hf_name) = hf_tensor_name(family.gguf.tensors, gguf_name) else {
             bail!(
                 "{}: tensor `{gguf_name}` has no {} counterpart (MoE experts, vision towers and \
                  other architectures are not supported)",
                 file.display(),
-                arch.class_name()
+                family.class
             );
         };
         let shape = info.shape.dims().to_vec();
-        let permute = permuted_heads(arch, gguf_name, heads);
+        let permute = permuted_heads(family, gguf_name, heads);
         // transformers subtracts 1 from every Gemma tensor whose name has "norm.weight"
-        let offset = if gguf_name.contains("norm.weight") { arch.stored_norm_offset() } else { 0.0 };
+        let offset = if gguf_name.contains("norm.weight") { family.gguf.stored_norm_offset } else { 0.0 };
         if let Some(n_head) = permute {
             if shape.len() != 2 || n_head == 0 || shape[0] % (2 * n_head) != 0 {
                 bail!(

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::{safetensors::MmapedSafetensors, DType, Device, Tensor};
 
-use super::super::arch::{Architecture, ModelConfig};
 use super::super::layer::DecoderLayer;
 use super::super::lora::linear::{BaseWeight, LoraLinear};
 use super::super::lora::{module_path, PROJECTIONS};
@@ -14,6 +13,7 @@ use super::super::ops::embedding::Embedding;
 use super::super::ops::lm_head::LmHead;
 use super::super::ops::Rope;
 use super::{CausalLm, LOSS_CHUNK_ROWS};
+use crate::arch::{Architecture, ModelConfig};
 use crate::quant::{Nf4Tensor, Quantization};
 
 fn load(st: &MmapedSafetensors, name: &str, dtype: DType, device: &Device) -> anyhow::Result<Tensor> {

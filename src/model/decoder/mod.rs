@@ -21,7 +21,6 @@ use super::activations::checkpoints::Checkpoints;
 use super::activations::layer_offload::host::LayerStash;
 use super::activations::layer_offload::OffloadedLayers;
 use super::activations::{KeptLayers, LayerKind};
-use super::arch::{Architecture, ModelConfig};
 use super::layer::{DecoderLayer, LayerInput, LayerSaved};
 use super::lora::LoraAdapter;
 use super::lora::{module_path, LoraSpec, PROJECTIONS};
@@ -31,6 +30,7 @@ use super::ops::lm_head::LmHead;
 use super::ops::loss::shift_labels;
 use super::ops::{rms_norm, rms_norm_backward, Rope};
 use super::packing::PackedRows;
+use crate::arch::{Architecture, ModelConfig};
 use crate::profile::timeline;
 
 /// Rows of the cross-entropy processed at once by default (the memory planner counts them).
@@ -38,7 +38,7 @@ pub const LOSS_CHUNK_ROWS: usize = 1024;
 
 pub struct CausalLm {
     pub config: ModelConfig,
-    /// What the layers compute, read from `config` by its family (arch/family.rs).
+    /// What the layers compute, read from `config` by its family (arch/families/).
     pub arch: Architecture,
     embed_tokens: Embedding,
     pub layers: Vec<DecoderLayer>,

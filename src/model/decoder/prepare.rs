@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 
 use candle_core::{DType, Device};
 
-use crate::model::arch::{Architecture, ModelConfig};
+use crate::arch::{Architecture, ModelConfig};
 
 /// Rows × tokens at most that the warm-up runs: a longer first shape is warmed at this many
 /// tokens (the same kernels; its own graph is built at the first step), so that the warm-up never

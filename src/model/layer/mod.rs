@@ -7,13 +7,13 @@
 
 use candle_core::{Result, Tensor};
 
-use super::arch::Activation;
 use super::lora::group::LoraGroup;
 use super::lora::linear::{DropoutSeed, LoraLinear};
 use super::ops::attention::{attention_packed, reads_strided, AttentionSaved, ScoreRule};
 use super::ops::product_sum::ProductSum;
 use super::ops::{gated, rms_norm, Rope};
 use super::packing::PackedRows;
+use crate::arch::Activation;
 use crate::profile::section;
 
 mod backward;

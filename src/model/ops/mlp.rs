@@ -3,7 +3,7 @@
 
 use candle_core::{Result, Tensor};
 
-use crate::model::arch::Activation;
+use crate::arch::Activation;
 use crate::profile::section;
 
 #[cfg(feature = "cuda")]

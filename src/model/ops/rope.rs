@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use crate::model::arch::{RopeScaling, RopeSpec};
+use crate::arch::{RopeScaling, RopeSpec};
 use crate::profile::section;
 
 /// RoPE's inverse frequencies (`head_dim / 2` of them, in f64) and the factor its cos and sin are

@@ -1,6 +1,8 @@
-//! The family declarations read from config.json (arch/family.rs).
+//! The family declarations (arch/families/) read from config.json.
 
-use super::*;
+use super::{by_class, by_gguf_name, by_model_type, FAMILIES};
+use crate::arch::config::ModelConfig;
+use crate::arch::description::{Activation, Architecture, RopeScaling, RopeSpec};
 
 fn config(json: serde_json::Value) -> ModelConfig {
     serde_json::from_value(json).unwrap()
@@ -186,7 +188,7 @@ fn refusals_name_the_key_the_value_and_what_is_supported() {
     let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
     assert!(err.contains("Phi3ForCausalLM"), "{err}");
     for f in FAMILIES {
-        assert!(err.contains(f.architecture), "{err} lists {}", f.architecture);
+        assert!(err.contains(f.class), "{err} lists {}", f.class);
     }
     for key in ["rope_scaling", "rope_parameters"] {
         let mut json = base();
@@ -200,4 +202,21 @@ fn refusals_name_the_key_the_value_and_what_is_supported() {
     json["hidden_activation"] = "relu".into();
     let err = format!("{:#}", Architecture::from_config(&config(json)).unwrap_err());
     assert!(err.contains("hidden_activation") && err.contains("relu"), "{err}");
+}
+
+/// Each declaration is found by each of its names, and no two declarations share one; Mistral's
+/// files written as "llama" are Mistral's by their `general.name`.
+#[test]
+fn each_family_is_found_by_its_names() {
+    for f in FAMILIES {
+        assert_eq!(by_class(f.class).unwrap().class, f.class);
+        for t in f.model_types {
+            assert_eq!(by_model_type(t).unwrap().class, f.class, "{t}");
+        }
+        assert_eq!(by_gguf_name(f.gguf.name, "").unwrap().class, f.class, "{}", f.gguf.name);
+    }
+    let mistral = by_gguf_name("llama", "mistral 7b instruct v0.3").unwrap();
+    assert_eq!(mistral.class, "MistralForCausalLM");
+    assert_eq!(by_gguf_name("llama", "llama 3.2 1b").unwrap().class, "LlamaForCausalLM");
+    assert!(by_gguf_name("phi3", "").is_none() && by_model_type("gemma").is_none());
 }

@@ -1,15 +1,10 @@
-//! The typed description of a decoder architecture, and the family declarations that map a
-//! config.json onto it.
-//!
-//! Every decoder family lora-ft meets is the Llama decoder (pre-norm → attention with RoPE →
-//! pre-norm → gated MLP) with a handful of differences: how RoPE is scaled, biases on q/k/v,
-//! per-head norms on q and k, a head_dim that is not hidden/heads, tied embeddings, sliding
-//! windows (on every layer or on some), soft-capped logits, a (1 + w) norm, norms after the
-//! sublayers too, another activation, a scaled embedding, another query scale. [`Architecture`]
-//! names each of them once; the layers branch on it, never on a model's name. A family is one
-//! [`Family`] entry: its `architectures` name in config.json, and a function that reads that
-//! family's keys into an `Architecture` (starting from [`Architecture::llama`]) — Mistral below
-//! is Llama plus a sliding window.
+//! The typed description of a decoder, the one thing the layers branch on: every family lora-ft
+//! reads is the Llama decoder (pre-norm → attention with RoPE → pre-norm → gated MLP) with a handful
+//! of differences, each a field of [`Architecture`] — how RoPE is scaled, biases on q/k/v, per-head
+//! norms on q and k, a head_dim that is not hidden/heads, tied embeddings, sliding windows (on every
+//! layer or on some), soft-capped logits, a (1 + w) norm, norms after the sublayers too, another
+//! activation, a scaled embedding, another query scale. Each family's declaration
+//! (`families/`) starts from [`Architecture::llama`] and sets the fields that differ.
 //!
 //! [`Architecture::check_supported`] is the one place that says which of these the layers compute
 //! today; anything else is refused there by name before a weight is read. RoPE scaling of every
@@ -18,133 +13,6 @@
 use anyhow::{bail, Context};
 
 use super::config::ModelConfig;
-
-/// One family: its `architectures` name in config.json and how its keys map onto the description.
-pub struct Family {
-    pub architecture: &'static str,
-    pub describe: fn(&ModelConfig) -> anyhow::Result<Architecture>,
-}
-
-/// Every family lora-ft reads, in the order they are tried.
-pub const FAMILIES: &[Family] = &[
-    Family { architecture: "LlamaForCausalLM", describe: llama },
-    Family { architecture: "MistralForCausalLM", describe: mistral },
-    Family { architecture: "Qwen2ForCausalLM", describe: qwen2 },
-    Family { architecture: "Qwen3ForCausalLM", describe: qwen3 },
-    Family { architecture: "Gemma2ForCausalLM", describe: gemma2 },
-    Family { architecture: "Gemma3ForCausalLM", describe: gemma3 },
-];
-
-/// Llama 2 / 3.x: the base every other family is written against.
-fn llama(c: &ModelConfig) -> anyhow::Result<Architecture> {
-    Architecture::llama(c)
-}
-
-/// Mistral: Llama with a sliding window on every layer (keys more than `sliding_window - 1`
-/// positions back are masked, as HF does); v0.3 and Nemo set `sliding_window: null`.
-fn mistral(c: &ModelConfig) -> anyhow::Result<Architecture> {
-    let mut a = Architecture::llama(c)?;
-    a.windows = vec![c.sliding_window; c.num_hidden_layers];
-    Ok(a)
-}
-
-/// Qwen2 / Qwen2.5: Llama with biases on q, k and v (always, whatever `attention_bias` says),
-/// and a sliding window only with `use_sliding_window`, on the layers from `max_window_layers`
-/// on (or as `layer_types` lists them), as transformers' Qwen2Config derives it.
-fn qwen2(c: &ModelConfig) -> anyhow::Result<Architecture> {
-    let mut a = Architecture::llama(c)?;
-    a.qkv_bias = true;
-    a.windows = qwen_windows(c)?;
-    Ok(a)
-}
-
-/// Qwen3 dense: Qwen2's window rule, an explicit head_dim, RMSNorm over each head of q and k
-/// before RoPE, and biases only where `attention_bias` says.
-fn qwen3(c: &ModelConfig) -> anyhow::Result<Architecture> {
-    let mut a = Architecture::llama(c)?;
-    a.qk_norm = true;
-    a.windows = qwen_windows(c)?;
-    Ok(a)
-}
-
-/// What Gemma 2 and 3 share: (1 + w) norms, norms after each sublayer's output too, GeGLU
-/// (`hidden_activation`), embeddings times sqrt(hidden), scores scaled by
-/// 1/sqrt(query_pre_attn_scalar), `layer_types` (or every `pattern`-th layer global) for the
-/// sliding windows, and the soft caps where the config sets them (Gemma 2's do).
-fn gemma(c: &ModelConfig, pattern: usize) -> anyhow::Result<Architecture> {
-    let mut a = Architecture::llama(c)?;
-    a.norm_weight_offset = 1.0;
-    a.post_sublayer_norms = true;
-    a.embedding_scale = Some((c.hidden_size as f64).sqrt());
-    a.query_scale = 1.0 / c.query_pre_attn_scalar.unwrap_or(256.0).sqrt();
-    let kinds: Vec<bool> = match &c.layer_types {
-        Some(kinds) => {
-            if kinds.len() != c.num_hidden_layers {
-                bail!("layer_types: {} entries for {} layers", kinds.len(), c.num_hidden_layers);
-            }
-            kinds.iter().map(|k| k == "sliding_attention").collect()
-        }
-        None => (0..c.num_hidden_layers).map(|l| (l + 1) % pattern != 0).collect(),
-    };
-    a.windows = kinds.iter().map(|&sliding| c.sliding_window.filter(|_| sliding)).collect();
-    a.attention_softcap = c.attn_logit_softcapping;
-    a.final_logit_softcap = c.final_logit_softcapping;
-    Ok(a)
-}
-
-/// Gemma 2: local and global layers alternating (the first local), soft-capped attention scores
-/// and final logits.
-fn gemma2(c: &ModelConfig) -> anyhow::Result<Architecture> {
-    gemma(c, 2)
-}
-
-/// Gemma 3 (text): five local layers to one global by default, q/k norms, and a RoPE of their
-/// own on the local layers: `rope_parameters.sliding_attention` (transformers ≥ 5) or
-/// `rope_local_base_freq` unscaled; the global layers' is `full_attention` or the usual keys.
-fn gemma3(c: &ModelConfig) -> anyhow::Result<Architecture> {
-    if c.use_bidirectional_attention == Some(true) {
-        bail!("use_bidirectional_attention: true (lora-ft trains causal decoders)");
-    }
-    let mut a = gemma(c, c.sliding_window_pattern.unwrap_or(6))?;
-    a.qk_norm = true;
-    let by_kind = c.rope_parameters.as_ref().filter(|p| p.get("sliding_attention").is_some());
-    let local = match by_kind {
-        Some(p) => {
-            let local = &p["sliding_attention"];
-            let theta = local.get("rope_theta").and_then(|t| t.as_f64()).unwrap_or(10_000.0);
-            let key = "rope_parameters.sliding_attention";
-            RopeSpec { theta, scaling: scaling_of(local, key, c)?, max_positions: c.max_position_embeddings }
-        }
-        None => RopeSpec {
-            theta: c.rope_local_base_freq.unwrap_or(10_000.0),
-            scaling: RopeScaling::None,
-            max_positions: c.max_position_embeddings,
-        },
-    };
-    if let Some(p) = by_kind {
-        let global = p.get("full_attention").context("rope_parameters.full_attention is missing")?;
-        a.rope.scaling = scaling_of(global, "rope_parameters.full_attention", c)?;
-    }
-    a.local_rope = Some(local);
-    Ok(a)
-}
-
-/// The sliding windows of the Qwen families, as their configs derive `layer_types`.
-fn qwen_windows(c: &ModelConfig) -> anyhow::Result<Vec<Option<usize>>> {
-    let window = c.sliding_window.filter(|_| c.use_sliding_window);
-    Ok(match &c.layer_types {
-        Some(kinds) => {
-            if kinds.len() != c.num_hidden_layers {
-                bail!("layer_types: {} entries for {} layers", kinds.len(), c.num_hidden_layers);
-            }
-            kinds.iter().map(|k| window.filter(|_| k == "sliding_attention")).collect()
-        }
-        None => {
-            let first = c.max_window_layers.unwrap_or(28);
-            (0..c.num_hidden_layers).map(|l| window.filter(|_| l >= first)).collect()
-        }
-    })
-}
 
 /// The MLP's gate activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,21 +97,6 @@ pub struct Architecture {
 }
 
 impl Architecture {
-    /// The description of `c` by its family (`architectures[0]`; none given reads as Llama).
-    pub fn from_config(c: &ModelConfig) -> anyhow::Result<Self> {
-        let name = c.architectures.first().map(String::as_str).unwrap_or("LlamaForCausalLM");
-        let Some(family) = FAMILIES.iter().find(|f| f.architecture == name) else {
-            let known: Vec<&str> = FAMILIES.iter().map(|f| f.architecture).collect();
-            bail!("architectures: {name} (lora-ft reads {})", known.join(", "));
-        };
-        let arch = Architecture {
-            family: family.architecture,
-            ..(family.describe)(c).with_context(|| format!("reading {name}"))?
-        };
-        arch.check_supported()?;
-        Ok(arch)
-    }
-
     /// The Llama decoder with `c`'s sizes: what each family starts from.
     pub fn llama(c: &ModelConfig) -> anyhow::Result<Self> {
         let sizes = [c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size];
@@ -288,7 +141,8 @@ impl Architecture {
             qkv_bias: c.attention_bias,
             qk_norm: false,
             activation,
-            tied_embeddings: c.tied_embeddings(),
+            // the base's default; `Architecture::from_config` applies the family's
+            tied_embeddings: c.tie_word_embeddings.unwrap_or(false),
             embedding_scale: None,
             query_scale: 1.0 / (head_dim as f64).sqrt(),
             attention_softcap: None,
@@ -349,7 +203,7 @@ fn rope_scaling(c: &ModelConfig) -> anyhow::Result<RopeScaling> {
 
 /// One RoPE parameter set `p` (found at `key`), typed; `rope_type` or the older `type` names the
 /// kind.
-fn scaling_of(p: &serde_json::Value, key: &str, c: &ModelConfig) -> anyhow::Result<RopeScaling> {
+pub(crate) fn scaling_of(p: &serde_json::Value, key: &str, c: &ModelConfig) -> anyhow::Result<RopeScaling> {
     let kind = p.get("rope_type").or_else(|| p.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
     let num = |name: &str| -> anyhow::Result<f64> {
         p.get(name)
@@ -393,7 +247,3 @@ fn scaling_of(p: &serde_json::Value, key: &str, c: &ModelConfig) -> anyhow::Resu
         }
     })
 }
-
-#[cfg(test)]
-#[path = "family_tests.rs"]
-mod tests;

@@ -1,92 +1,37 @@
-//! An HF `config.json` as written (serde): the sizes the planner reads, and the keys each family
-//! declaration (`family.rs`) maps onto the typed `Architecture`.
+//! A config.json read and checked against the declared families (`families.rs`), and what follows
+//! from its family: its `Architecture` (the family's `describe`, then `check_supported`), whether
+//! its head is tied, its parameter count.
 
 use std::path::Path;
 
-use anyhow::Context;
-use serde::Deserialize;
+use anyhow::{bail, Context};
 
-#[derive(Debug, Clone, Deserialize)]
-pub struct ModelConfig {
-    #[serde(default)]
-    pub architectures: Vec<String>,
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    #[serde(default)]
-    pub num_key_value_heads: Option<usize>,
-    #[serde(default)]
-    pub head_dim: Option<usize>,
-    #[serde(default = "default_eps")]
-    pub rms_norm_eps: f64,
-    #[serde(default = "default_theta")]
-    pub rope_theta: f64,
-    #[serde(default)]
-    pub rope_scaling: Option<serde_json::Value>,
-    /// transformers ≥ 5 writes `{"rope_theta": …, "rope_type": "default"}` here.
-    #[serde(default)]
-    pub rope_parameters: Option<serde_json::Value>,
-    #[serde(default = "default_max_pos")]
-    pub max_position_embeddings: usize,
-    #[serde(default)]
-    pub sliding_window: Option<usize>,
-    /// Qwen2: the window applies only where this is true, to layers from `max_window_layers` on.
-    #[serde(default)]
-    pub use_sliding_window: bool,
-    #[serde(default)]
-    pub max_window_layers: Option<usize>,
-    /// transformers ≥ 5 may list each layer's kind ("full_attention" / "sliding_attention").
-    #[serde(default)]
-    pub layer_types: Option<Vec<String>>,
-    /// Absent: tied for Gemma (its configs leave the key out), untied otherwise; read it through
-    /// `tied_embeddings()`.
-    #[serde(default)]
-    pub tie_word_embeddings: Option<bool>,
-    #[serde(default = "default_act")]
-    pub hidden_act: String,
-    /// Gemma's name for the MLP activation (Gemma 2 configs carry both; this one wins).
-    #[serde(default)]
-    pub hidden_activation: Option<String>,
-    /// Gemma: scores are q·k / sqrt(query_pre_attn_scalar).
-    #[serde(default)]
-    pub query_pre_attn_scalar: Option<f64>,
-    /// Gemma 2: attention scores and final logits soft-capped, cap · tanh(x / cap).
-    #[serde(default)]
-    pub attn_logit_softcapping: Option<f64>,
-    #[serde(default)]
-    pub final_logit_softcapping: Option<f64>,
-    /// Gemma 3 before transformers 5: the RoPE base of the sliding-window layers, and every
-    /// how-many-th layer is global.
-    #[serde(default)]
-    pub rope_local_base_freq: Option<f64>,
-    #[serde(default)]
-    pub sliding_window_pattern: Option<usize>,
-    /// Gemma 3: attention both ways (an encoder use); refused.
-    #[serde(default)]
-    pub use_bidirectional_attention: Option<bool>,
-    #[serde(default)]
-    pub attention_bias: bool,
-    #[serde(default)]
-    pub mlp_bias: bool,
-    #[serde(default)]
-    pub bos_token_id: Option<serde_json::Value>,
-    #[serde(default)]
-    pub eos_token_id: Option<serde_json::Value>,
-}
+use super::config::ModelConfig;
+use super::description::Architecture;
+use super::families::{by_class, FAMILIES};
+use super::family::Family;
 
-fn default_eps() -> f64 {
-    1e-6
-}
-fn default_theta() -> f64 {
-    10000.0
-}
-fn default_max_pos() -> usize {
-    4096
-}
-fn default_act() -> String {
-    "silu".into()
+impl Architecture {
+    /// The description of `c` by its family (`architectures[0]`; none given reads as Llama).
+    pub fn from_config(c: &ModelConfig) -> anyhow::Result<Self> {
+        let name = c.architectures.first().map(String::as_str).unwrap_or("LlamaForCausalLM");
+        let Some(family) = by_class(name) else {
+            let known: Vec<&str> = FAMILIES.iter().map(|f| f.class).collect();
+            bail!("architectures: {name} (lora-ft reads {})", known.join(", "));
+        };
+        let arch = Architecture {
+            family: family.class,
+            tied_embeddings: c.tie_word_embeddings.unwrap_or(family.tied_by_default),
+            ..(family.describe)(c).with_context(|| format!("reading {name}"))?
+        };
+        arch.check_supported()?;
+        Ok(arch)
+    }
+
+    /// The declaration of the family it was read as.
+    pub fn declaration(&self) -> &'static Family {
+        by_class(self.family).expect("an Architecture is read as a declared family")
+    }
 }
 
 impl ModelConfig {
@@ -108,33 +53,15 @@ impl ModelConfig {
 
     /// Itself, when its family is one the layers compute.
     fn checked(self, origin: &str) -> anyhow::Result<Self> {
-        super::Architecture::from_config(&self).with_context(|| format!("{origin}: unsupported model"))?;
+        Architecture::from_config(&self).with_context(|| format!("{origin}: unsupported model"))?;
         Ok(self)
-    }
-
-    /// RoPE base frequency: `rope_parameters.rope_theta` (transformers ≥ 5; Gemma 3 keeps one
-    /// per layer kind, this is the global layers') or `rope_theta`.
-    pub fn rope_theta(&self) -> f64 {
-        self.rope_parameters
-            .as_ref()
-            .and_then(|p| p.get("full_attention").unwrap_or(p).get("rope_theta"))
-            .and_then(|t| t.as_f64())
-            .unwrap_or(self.rope_theta)
     }
 
     /// Whether lm_head is the embedding table: `tie_word_embeddings`, whose default is the
     /// family's (transformers' Gemma configs default to tied).
     pub fn tied_embeddings(&self) -> bool {
-        let gemma = self.architectures.first().is_some_and(|a| a.starts_with("Gemma"));
-        self.tie_word_embeddings.unwrap_or(gemma)
-    }
-
-    pub fn num_kv_heads(&self) -> usize {
-        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
-    }
-
-    pub fn head_dim(&self) -> usize {
-        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads)
+        let family = self.architectures.first().and_then(|a| by_class(a));
+        self.tie_word_embeddings.unwrap_or(family.is_some_and(|f| f.tied_by_default))
     }
 
     /// Parameters of the full model (embeddings, projections, norms — Gemma's four a layer, the
@@ -145,7 +72,7 @@ impl ModelConfig {
         let q = self.num_attention_heads * d;
         let kv = self.num_key_value_heads.unwrap_or(self.num_attention_heads) * d;
         let mut layer = h * q * 2 + h * kv * 2 + 3 * h * i + 2 * h;
-        if let Ok(arch) = super::Architecture::from_config(self) {
+        if let Ok(arch) = Architecture::from_config(self) {
             layer += if arch.post_sublayer_norms { 2 * h } else { 0 };
             layer += if arch.qk_norm { 2 * d } else { 0 };
             layer += if arch.qkv_bias { q + 2 * kv } else { 0 };
