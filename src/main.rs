@@ -275,10 +275,28 @@ fn train(
     if world.is_some_and(|w| w.rank != 0) {
         return Ok(());
     }
-    println!(
-        "trained {} steps: loss {:.4} → {:.4}, {:.0} tokens/s",
-        s.steps, s.first_loss, s.last_loss, s.tokens_per_s
-    );
+    match s.first_step {
+        // a finished run started again: its checkpoint holds the last step, nothing was trained
+        first if first >= s.steps => println!(
+            "nothing left to train: {} holds the checkpoint of step {} of {} (remove it, or set \
+             checkpoint.resume = \"never\", to train again from the start)",
+            cfg.output.dir.display(),
+            first,
+            s.steps
+        ),
+        0 => println!(
+            "trained {} steps: loss {:.4} → {:.4}, {:.0} tokens/s",
+            s.steps, s.first_loss, s.last_loss, s.tokens_per_s
+        ),
+        first => println!(
+            "trained steps {}–{} (resumed from the checkpoint of step {first}): loss {:.4} → {:.4}, {:.0} tokens/s",
+            first + 1,
+            s.steps,
+            s.first_loss,
+            s.last_loss,
+            s.tokens_per_s
+        ),
+    }
     if let (Some(a), Some(b)) = (&s.first_eval, &s.last_eval) {
         println!(
             "eval loss {:.4} → {:.4}, perplexity {:.2} → {:.2}",

@@ -84,5 +84,12 @@ fn a_run_killed_and_resumed_has_the_loss_curve_of_one_never_interrupted() {
     assert!((3..8).contains(&last), "a checkpoint of the step in progress, got {steps:?}");
     assert!(train(&cfg).status().unwrap().success());
     assert_eq!(losses(&stopped), a);
+
+    // the same command once more: the run is finished, so nothing is trained, and it says so
+    let again = train(&cfg).stdout(Stdio::piped()).output().unwrap();
+    assert!(again.status.success());
+    let said = String::from_utf8_lossy(&again.stdout);
+    assert!(said.contains("nothing left to train") && said.contains("step 8 of 8"), "{said}");
+    assert_eq!(losses(&stopped), a, "a finished run's log gains no step");
     std::fs::remove_dir_all(&root).ok();
 }

@@ -9,7 +9,10 @@ use crate::config::Config;
 
 /// What a finished run reports.
 pub struct TrainSummary {
+    /// The run's last step.
     pub steps: usize,
+    /// The step this invocation started from: a resumed run's checkpoint, 0 for a fresh run.
+    pub first_step: usize,
     pub first_loss: f64,
     pub last_loss: f64,
     /// Before the first step.

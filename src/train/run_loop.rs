@@ -166,7 +166,16 @@ pub(super) fn train_loop(
     trace.map(Trace::finish).transpose()?;
     let adapter_dir = save_results(context, trainer)?;
     let tokens_per_s = all_tokens as f64 / started.elapsed().as_secs_f64();
-    Ok(TrainSummary { steps: total, first_loss, last_loss, first_eval, last_eval, adapter_dir, tokens_per_s })
+    Ok(TrainSummary {
+        steps: total,
+        first_step: start,
+        first_loss,
+        last_loss,
+        first_eval,
+        last_eval,
+        adapter_dir,
+        tokens_per_s,
+    })
 }
 
 fn step_record(
