@@ -429,6 +429,7 @@ fn chat(args: &ChatArgs) -> anyhow::Result<()> {
         temperature: args.temperature,
         top_p: args.top_p,
         seed: args.seed,
+        ..Default::default()
     };
     let mut messages: Vec<Message> = args.system.iter().map(|s| Message::new("system", s)).collect();
     let answer = |messages: &[Message]| -> anyhow::Result<String> {

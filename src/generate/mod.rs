@@ -1,18 +1,27 @@
 //! Text generation for `lora-ft chat`: the model's chat template, a KV cache, greedy or sampled
-//! decoding, stopping at the end-of-turn / end-of-sequence tokens.
+//! decoding (`sampling`), stopping at the end-of-turn / end-of-sequence tokens (`stop`).
+
+pub mod sampling;
+#[cfg(test)]
+mod sampling_tests;
+pub mod stop;
+#[cfg(test)]
+mod stop_tests;
 
 use std::path::Path;
 
 use anyhow::Context;
-use candle_core::Tensor;
-use candle_transformers::generation::{LogitsProcessor, Sampling};
+use candle_core::{DType, Tensor};
 
 use minijinja::Value;
 use tokenizers::Tokenizer;
 
 use crate::data::{ChatTokenizer, Message, TOOL_CALL_TOKENS};
 use crate::model::{CausalLm, KvCache};
+use sampling::{Sampled, Sampler, SamplingParams};
+use stop::FinishReason;
 
+/// How replies are generated; `Default` is greedy with every penalty off, 256 new tokens at most.
 #[derive(Debug, Clone)]
 pub struct GenerationSettings {
     pub max_new_tokens: usize,
@@ -20,6 +29,88 @@ pub struct GenerationSettings {
     pub temperature: f64,
     pub top_p: Option<f64>,
     pub seed: u64,
+    pub top_k: Option<usize>,
+    /// 0 keeps every token.
+    pub min_p: f64,
+    /// 1 is no penalty.
+    pub repetition_penalty: f64,
+    pub presence_penalty: f64,
+    pub frequency_penalty: f64,
+    /// How many of the most likely raw log-probs each `Sampled` holds.
+    pub logprobs: Option<usize>,
+}
+
+impl Default for GenerationSettings {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 256,
+            temperature: 0.0,
+            top_p: None,
+            seed: 0,
+            top_k: None,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logprobs: None,
+        }
+    }
+}
+
+impl GenerationSettings {
+    /// The sampler's parameters (validated when a `Sampler` is made of them).
+    pub fn sampling_params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p.unwrap_or(1.0),
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            logprobs: self.logprobs,
+        }
+    }
+}
+
+/// One generated reply: its tokens (a stop id excluded), what the sampler knew of each, and
+/// why it ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    /// One per token of `tokens`, in order.
+    pub sampled: Vec<Sampled>,
+    pub finish: FinishReason,
+}
+
+impl Generation {
+    fn new() -> Self {
+        Self { tokens: Vec::new(), sampled: Vec::new(), finish: FinishReason::Length }
+    }
+
+    /// Samples the next token from `logits`; false when it is a stop id (then not kept).
+    fn step(
+        &mut self,
+        sampler: &mut Sampler,
+        logits: &[f32],
+        prompt: &[u32],
+        stop: &[u32],
+    ) -> anyhow::Result<bool> {
+        let next = sampler.sample(logits, prompt, &self.tokens)?;
+        if stop.contains(&next.token) {
+            self.finish = FinishReason::Stop;
+            return Ok(false);
+        }
+        self.tokens.push(next.token);
+        self.sampled.push(next);
+        Ok(true)
+    }
+}
+
+/// One row of logits on the host, as f32.
+fn logits_row(logits: &Tensor) -> anyhow::Result<Vec<f32>> {
+    Ok(logits.to_dtype(DType::F32)?.to_vec1::<f32>()?)
 }
 
 /// Token ids that end a reply: `eos_token_id` from config.json / generation_config.json (an
@@ -50,7 +141,17 @@ pub fn generate(
     stop: &[u32],
     settings: &GenerationSettings,
 ) -> anyhow::Result<Vec<u32>> {
-    let mut processor = sampler(settings);
+    Ok(generate_detailed(model, prompt_ids, stop, settings)?.tokens)
+}
+
+/// `generate` with each token's log-probs and the reason the reply ended.
+pub fn generate_detailed(
+    model: &CausalLm,
+    prompt_ids: &[u32],
+    stop: &[u32],
+    settings: &GenerationSettings,
+) -> anyhow::Result<Generation> {
+    let mut sampler = Sampler::new(settings.sampling_params())?;
     let mut caches: Vec<KvCache> = (0..model.layers.len()).map(|_| KvCache::default()).collect();
     // a reply stops at the model's last position (a prompt past it is an error)
     let max_pos = model.config().max_position_embeddings;
@@ -60,35 +161,20 @@ pub fn generate(
         prompt_ids.len()
     );
     let mut input = prompt_ids.to_vec();
-    let mut out = Vec::new();
+    let mut out = Generation::new();
     for _ in 0..settings.max_new_tokens {
-        if prompt_ids.len() + out.len() >= max_pos && !out.is_empty() {
+        if prompt_ids.len() + out.tokens.len() >= max_pos && !out.tokens.is_empty() {
             break;
         }
         let ids = Tensor::new(input.as_slice(), model.device())?.unsqueeze(0)?;
         // the last position's logits alone: a prompt's other positions need none
         let last = model.forward_last(&ids, Some(&mut caches))?.squeeze(0)?;
-        let next = processor.sample(&last)?;
-        if stop.contains(&next) {
+        if !out.step(&mut sampler, &logits_row(&last)?, prompt_ids, stop)? {
             break;
         }
-        out.push(next);
-        input = vec![next];
+        input = out.tokens[out.tokens.len() - 1..].to_vec();
     }
     Ok(out)
-}
-
-/// A reply's sampler: greedy at temperature 0, else seeded sampling (top-p where set).
-fn sampler(settings: &GenerationSettings) -> LogitsProcessor {
-    let sampling = if settings.temperature <= 0.0 {
-        Sampling::ArgMax
-    } else {
-        match settings.top_p {
-            Some(p) => Sampling::TopP { p, temperature: settings.temperature },
-            None => Sampling::All { temperature: settings.temperature },
-        }
-    };
-    LogitsProcessor::from_sampling(settings.seed, sampling)
 }
 
 /// `generate` of several prompts together: each prompt's own forward first, then one step for
@@ -102,10 +188,23 @@ pub fn generate_many(
     stop: &[u32],
     settings: &GenerationSettings,
 ) -> anyhow::Result<Vec<Vec<u32>>> {
+    let replies = generate_many_detailed(model, prompts, stop, settings)?;
+    Ok(replies.into_iter().map(|g| g.tokens).collect())
+}
+
+/// `generate_many` with each token's log-probs and the reason each reply ended.
+pub fn generate_many_detailed(
+    model: &CausalLm,
+    prompts: &[Vec<u32>],
+    stop: &[u32],
+    settings: &GenerationSettings,
+) -> anyhow::Result<Vec<Generation>> {
     let max_pos = model.config().max_position_embeddings;
-    let mut outs: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
-    // the unfinished replies: prompt index, sampler, last token; their caches layer by layer
-    let mut live: Vec<(usize, LogitsProcessor, u32)> = Vec::new();
+    let params = settings.sampling_params();
+    params.validate()?;
+    let mut outs: Vec<Generation> = prompts.iter().map(|_| Generation::new()).collect();
+    // the unfinished replies: prompt index and sampler; their caches layer by layer
+    let mut live: Vec<(usize, Sampler)> = Vec::new();
     let mut caches: Vec<Vec<KvCache>> = (0..model.layers.len()).map(|_| Vec::new()).collect();
     for (i, prompt) in prompts.iter().enumerate() {
         anyhow::ensure!(
@@ -118,23 +217,23 @@ pub fn generate_many(
         }
         let mut own: Vec<KvCache> = (0..model.layers.len()).map(|_| KvCache::default()).collect();
         let ids = Tensor::new(prompt.as_slice(), model.device())?.unsqueeze(0)?;
-        let mut processor = sampler(settings);
-        let next = processor.sample(&model.forward_last(&ids, Some(&mut own))?.squeeze(0)?)?;
-        if stop.contains(&next) {
+        let mut sampler = Sampler::new(params.clone())?;
+        let logits = logits_row(&model.forward_last(&ids, Some(&mut own))?.squeeze(0)?)?;
+        if !outs[i].step(&mut sampler, &logits, prompt, stop)? {
             continue;
         }
-        outs[i].push(next);
         for (layer, cache) in caches.iter_mut().zip(own) {
             layer.push(cache);
         }
-        live.push((i, processor, next));
+        live.push((i, sampler));
     }
     loop {
         // a reply ends at max_new_tokens or at the model's last position
         let done: Vec<usize> = (0..live.len())
             .filter(|&r| {
                 let i = live[r].0;
-                outs[i].len() >= settings.max_new_tokens || prompts[i].len() + outs[i].len() >= max_pos
+                let n = outs[i].tokens.len();
+                n >= settings.max_new_tokens || prompts[i].len() + n >= max_pos
             })
             .collect();
         for &r in done.iter().rev() {
@@ -146,17 +245,14 @@ pub fn generate_many(
         if live.is_empty() {
             return Ok(outs);
         }
-        let last: Vec<u32> = live.iter().map(|(_, _, token)| *token).collect();
+        // a live reply has at least its first token
+        let last: Vec<u32> = live.iter().map(|(i, _)| outs[*i].tokens.last().copied().unwrap_or(0)).collect();
         let ids = Tensor::new(last.as_slice(), model.device())?.unsqueeze(1)?;
-        let logits = model.forward_last_rows(&ids, &mut caches)?;
+        let logits = model.forward_last_rows(&ids, &mut caches)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
         let mut stopped = Vec::new();
-        for (r, (i, processor, token)) in live.iter_mut().enumerate() {
-            let next = processor.sample(&logits.get(r)?)?;
-            if stop.contains(&next) {
+        for (r, (i, sampler)) in live.iter_mut().enumerate() {
+            if !outs[*i].step(sampler, &logits[r], &prompts[*i], stop)? {
                 stopped.push(r);
-            } else {
-                outs[*i].push(next);
-                *token = next;
             }
         }
         for &r in stopped.iter().rev() {
@@ -254,18 +350,66 @@ mod tests {
     /// and sampled, with the tiny chat model's adapter on (its LoRA group in every projection),
     /// replies stopped by a stop id at different steps, and more rows than the products'
     /// dot-product path takes.
-    #[test]
-    fn replies_generated_together_equal_each_generated_alone() {
+    /// The tiny chat model with its adapter, on the CPU.
+    fn tiny_model() -> CausalLm {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-chat");
         let (config, weights) = crate::hub::local_weights(&dir).unwrap();
         let mut model =
             CausalLm::load(&config, &weights, DType::F32, Quantization::None, &Device::Cpu).unwrap();
         crate::peft_adapter::load_adapter(&mut model, &dir.join("adapter")).unwrap();
+        model
+    }
+
+    /// Each token's log-probs: at temperature 1 untruncated the sampling log-prob is the raw one,
+    /// greedy's is 0 and its token the most likely; a reply ends with `length` or at a stop id
+    /// with `stop`, alone or together with others.
+    #[test]
+    fn detailed_replies_carry_log_probs_and_finish_reasons() {
+        let model = tiny_model();
+        let prompts: Vec<Vec<u32>> = (0..3).map(|p| (3..20 + 5 * p).collect()).collect();
+        let sampled = GenerationSettings {
+            max_new_tokens: 6,
+            temperature: 1.0,
+            seed: 3,
+            logprobs: Some(3),
+            ..Default::default()
+        };
+        let g = generate_detailed(&model, &prompts[0], &[], &sampled).unwrap();
+        assert_eq!((g.tokens.len(), g.sampled.len(), g.finish), (6, 6, FinishReason::Length));
+        for (s, &t) in g.sampled.iter().zip(&g.tokens) {
+            assert_eq!(s.token, t);
+            assert!(s.raw_logprob < 0.0 && (s.raw_logprob - s.sampling_logprob).abs() < 1e-9, "{s:?}");
+            assert_eq!(s.top_logprobs.len(), 3);
+            assert!(s.top_logprobs[0].1 >= s.raw_logprob);
+        }
+        let greedy = GenerationSettings { max_new_tokens: 6, logprobs: Some(1), ..Default::default() };
+        let g = generate_detailed(&model, &prompts[1], &[], &greedy).unwrap();
+        for s in &g.sampled {
+            assert_eq!((s.sampling_logprob, s.top_logprobs[0]), (0.0, (s.token, s.raw_logprob)));
+        }
+        let stop = [g.tokens[2]];
+        let first = g.tokens.iter().position(|t| *t == stop[0]).unwrap();
+        let stopped = generate_detailed(&model, &prompts[1], &stop, &greedy).unwrap();
+        assert_eq!((stopped.tokens.as_slice(), stopped.finish), (&g.tokens[..first], FinishReason::Stop));
+        let together = generate_many_detailed(&model, &prompts, &stop, &greedy).unwrap();
+        for (p, reply) in prompts.iter().zip(&together) {
+            let alone = generate_detailed(&model, p, &stop, &greedy).unwrap();
+            assert_eq!((&reply.tokens, reply.finish), (&alone.tokens, alone.finish));
+        }
+        let bad = GenerationSettings { top_p: Some(0.0), ..Default::default() };
+        let err = generate(&model, &prompts[0], &[], &bad).unwrap_err().to_string();
+        assert!(err.contains("top_p"), "{err}");
+    }
+
+    #[test]
+    fn replies_generated_together_equal_each_generated_alone() {
+        let model = tiny_model();
         let prompts: Vec<Vec<u32>> = (0..19)
             .map(|p| (0..3 + 7 * p).map(|i| ((i * 37 + p * 11) % 1000) as u32 + 3).collect())
             .collect();
         for temperature in [0.0, 0.8] {
-            let settings = GenerationSettings { max_new_tokens: 9, temperature, top_p: None, seed: 5 };
+            let settings =
+                GenerationSettings { max_new_tokens: 9, temperature, seed: 5, ..Default::default() };
             let alone: Vec<Vec<u32>> =
                 prompts.iter().map(|p| generate(&model, p, &[], &settings).unwrap()).collect();
             // stop at the token some replies reach at different steps
