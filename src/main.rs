@@ -429,8 +429,14 @@ fn chat(args: &ChatArgs) -> anyhow::Result<()> {
         temperature: args.temperature,
         top_p: args.top_p,
         seed: args.seed,
-        ..Default::default()
+        top_k: args.top_k,
+        min_p: args.min_p,
+        repetition_penalty: args.repetition_penalty,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        logprobs: None,
     };
+    settings.sampling_params().validate()?;
     let mut messages: Vec<Message> = args.system.iter().map(|s| Message::new("system", s)).collect();
     let answer = |messages: &[Message]| -> anyhow::Result<String> {
         let text = reply_with_tools(&model, &tokenizer, messages, tools.as_deref(), &stop, &settings)?;

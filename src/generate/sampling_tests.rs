@@ -253,3 +253,19 @@ fn invalid_params_are_errors_naming_the_field() {
     }
     assert!(SamplingParams::default().validate().is_ok());
 }
+
+/// Greedy picks what candle's `LogitsProcessor` (the sampler before this one) picks, ties
+/// included, so greedy replies are unchanged.
+#[test]
+fn greedy_picks_what_candles_argmax_picks() {
+    use candle_core::{Device, Tensor};
+    use candle_transformers::generation::{LogitsProcessor, Sampling};
+    let mut candle = LogitsProcessor::from_sampling(0, Sampling::ArgMax);
+    for seed in 0..50 {
+        // rounded to a few values, so that rows hold ties
+        let logits: Vec<f32> = random_logits(64, seed, 4.0).iter().map(|v| v.round()).collect();
+        let want = candle.sample(&Tensor::new(logits.as_slice(), &Device::Cpu).unwrap()).unwrap();
+        let got = sampler(SamplingParams::greedy()).sample(&logits, &[], &[]).unwrap().token;
+        assert_eq!(got, want, "{logits:?}");
+    }
+}
