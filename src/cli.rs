@@ -7,6 +7,9 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use lora_ft::quant::Quantization;
 
+mod sampling;
+pub use sampling::SamplingArgs;
+
 #[derive(Parser)]
 #[command(name = "lora-ft", version, about = "QLoRA fine-tuning of Llama, Mistral, Qwen and Gemma models")]
 pub struct Cli {
@@ -440,30 +443,8 @@ pub struct ChatArgs {
     /// The longest reply, in tokens.
     #[arg(long, default_value_t = 256)]
     pub max_new_tokens: usize,
-    /// 0 decodes greedily.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f64,
-    /// Nucleus sampling: draw from the smallest set of tokens whose probability reaches this.
-    #[arg(long)]
-    pub top_p: Option<f64>,
-    /// Seeds the sampling.
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
-    /// Draw from the k most likely tokens only.
-    #[arg(long)]
-    pub top_k: Option<usize>,
-    /// Drop tokens less likely than this fraction of the most likely one.
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f64,
-    /// Divide positive / multiply negative logits of tokens already in the conversation (1: off).
-    #[arg(long, default_value_t = 1.0)]
-    pub repetition_penalty: f64,
-    /// Subtract this from the logit of every token the reply already holds.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub presence_penalty: f64,
-    /// Subtract this times its count in the reply from a token's logit.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub frequency_penalty: f64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// The Hub revision (branch, tag or commit) of a repo id.
     #[arg(long, default_value = "main")]
     pub revision: String,

@@ -1,6 +1,8 @@
 //! Text generation for `lora-ft chat`: the model's chat template, a KV cache, greedy or sampled
 //! decoding (`sampling`), stopping at the end-of-turn / end-of-sequence tokens (`stop`).
 
+#[cfg(test)]
+mod replies_tests;
 pub mod sampling;
 #[cfg(test)]
 mod sampling_tests;
@@ -19,7 +21,7 @@ use tokenizers::Tokenizer;
 use crate::data::{ChatTokenizer, Message, TOOL_CALL_TOKENS};
 use crate::model::{CausalLm, KvCache};
 use sampling::{Sampled, Sampler, SamplingParams};
-use stop::FinishReason;
+use stop::{cut_at_stop, FinishReason};
 
 /// How replies are generated; `Default` is greedy with every penalty off, 256 new tokens at most.
 #[derive(Debug, Clone)]
@@ -38,6 +40,9 @@ pub struct GenerationSettings {
     pub frequency_penalty: f64,
     /// How many of the most likely raw log-probs each `Sampled` holds.
     pub logprobs: Option<usize>,
+    /// A reply's text ends before the first of these it contains (`reply`, `replies_with_tools`:
+    /// they detokenize).
+    pub stop_strings: Vec<String>,
 }
 
 impl Default for GenerationSettings {
@@ -53,6 +58,7 @@ impl Default for GenerationSettings {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             logprobs: None,
+            stop_strings: Vec::new(),
         }
     }
 }
@@ -89,13 +95,15 @@ impl Generation {
         Self { tokens: Vec::new(), sampled: Vec::new(), finish: FinishReason::Length }
     }
 
-    /// Samples the next token from `logits`; false when it is a stop id (then not kept).
+    /// Samples the next token from `logits`; false when it is a stop id (then not kept) or
+    /// `ends` says the reply ends with it (a stop string, then kept).
     fn step(
         &mut self,
         sampler: &mut Sampler,
         logits: &[f32],
         prompt: &[u32],
         stop: &[u32],
+        ends: &mut dyn FnMut(&[u32]) -> anyhow::Result<bool>,
     ) -> anyhow::Result<bool> {
         let next = sampler.sample(logits, prompt, &self.tokens)?;
         if stop.contains(&next.token) {
@@ -104,6 +112,10 @@ impl Generation {
         }
         self.tokens.push(next.token);
         self.sampled.push(next);
+        if ends(&self.tokens)? {
+            self.finish = FinishReason::Stop;
+            return Ok(false);
+        }
         Ok(true)
     }
 }
@@ -151,6 +163,17 @@ pub fn generate_detailed(
     stop: &[u32],
     settings: &GenerationSettings,
 ) -> anyhow::Result<Generation> {
+    generate_until(model, prompt_ids, stop, settings, &mut |_| Ok(false))
+}
+
+/// `generate_detailed` that also ends where `ends` says, given the reply's tokens so far.
+fn generate_until(
+    model: &CausalLm,
+    prompt_ids: &[u32],
+    stop: &[u32],
+    settings: &GenerationSettings,
+    ends: &mut dyn FnMut(&[u32]) -> anyhow::Result<bool>,
+) -> anyhow::Result<Generation> {
     let mut sampler = Sampler::new(settings.sampling_params())?;
     let mut caches: Vec<KvCache> = (0..model.layers.len()).map(|_| KvCache::default()).collect();
     // a reply stops at the model's last position (a prompt past it is an error)
@@ -169,7 +192,7 @@ pub fn generate_detailed(
         let ids = Tensor::new(input.as_slice(), model.device())?.unsqueeze(0)?;
         // the last position's logits alone: a prompt's other positions need none
         let last = model.forward_last(&ids, Some(&mut caches))?.squeeze(0)?;
-        if !out.step(&mut sampler, &logits_row(&last)?, prompt_ids, stop)? {
+        if !out.step(&mut sampler, &logits_row(&last)?, prompt_ids, stop, ends)? {
             break;
         }
         input = out.tokens[out.tokens.len() - 1..].to_vec();
@@ -199,6 +222,17 @@ pub fn generate_many_detailed(
     stop: &[u32],
     settings: &GenerationSettings,
 ) -> anyhow::Result<Vec<Generation>> {
+    generate_many_until(model, prompts, stop, settings, &mut |_| Ok(false))
+}
+
+/// `generate_many_detailed` that also ends a reply where `ends` says, given its tokens so far.
+fn generate_many_until(
+    model: &CausalLm,
+    prompts: &[Vec<u32>],
+    stop: &[u32],
+    settings: &GenerationSettings,
+    ends: &mut dyn FnMut(&[u32]) -> anyhow::Result<bool>,
+) -> anyhow::Result<Vec<Generation>> {
     let max_pos = model.config().max_position_embeddings;
     let params = settings.sampling_params();
     params.validate()?;
@@ -219,7 +253,7 @@ pub fn generate_many_detailed(
         let ids = Tensor::new(prompt.as_slice(), model.device())?.unsqueeze(0)?;
         let mut sampler = Sampler::new(params.clone())?;
         let logits = logits_row(&model.forward_last(&ids, Some(&mut own))?.squeeze(0)?)?;
-        if !outs[i].step(&mut sampler, &logits, prompt, stop)? {
+        if !outs[i].step(&mut sampler, &logits, prompt, stop, ends)? {
             continue;
         }
         for (layer, cache) in caches.iter_mut().zip(own) {
@@ -251,7 +285,7 @@ pub fn generate_many_detailed(
         let logits = model.forward_last_rows(&ids, &mut caches)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
         let mut stopped = Vec::new();
         for (r, (i, sampler)) in live.iter_mut().enumerate() {
-            if !outs[*i].step(sampler, &logits[r], &prompts[*i], stop)? {
+            if !outs[*i].step(sampler, &logits[r], &prompts[*i], stop, ends)? {
                 stopped.push(r);
             }
         }
@@ -276,10 +310,26 @@ pub fn replies_with_tools(
         .iter()
         .map(|(messages, tools)| prompt_ids(tokenizer, messages, *tools))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    generate_many(model, &prompts, stop, settings)?
+    let mut ends = stop_strings_end(tokenizer.tokenizer(), &settings.stop_strings)?;
+    generate_many_until(model, &prompts, stop, settings, &mut ends)?
         .iter()
-        .map(|ids| decode_reply(tokenizer.tokenizer(), ids))
+        .map(|g| reply_text(tokenizer.tokenizer(), &g.tokens, &settings.stop_strings))
         .collect()
+}
+
+/// Whether a reply's tokens so far hold one of `stops` in their text (none: never); empty stop
+/// strings are an error.
+fn stop_strings_end<'a>(
+    tokenizer: &'a Tokenizer,
+    stops: &'a [String],
+) -> anyhow::Result<impl FnMut(&[u32]) -> anyhow::Result<bool> + 'a> {
+    stop::check_stop_strings(stops)?;
+    Ok(move |ids: &[u32]| Ok(!stops.is_empty() && cut_at_stop(&decode_reply(tokenizer, ids)?, stops).1))
+}
+
+/// The text of a reply's tokens, cut before its first stop string.
+fn reply_text(tokenizer: &Tokenizer, ids: &[u32], stops: &[String]) -> anyhow::Result<String> {
+    Ok(cut_at_stop(&decode_reply(tokenizer, ids)?, stops).0)
 }
 
 /// The conversation rendered with the chat template (tools given, generation prompt on) and
@@ -320,8 +370,9 @@ pub fn reply_with_tools(
     stop: &[u32],
     settings: &GenerationSettings,
 ) -> anyhow::Result<String> {
-    let ids = generate(model, &prompt_ids(tokenizer, messages, tools)?, stop, settings)?;
-    decode_reply(tokenizer.tokenizer(), &ids)
+    let mut ends = stop_strings_end(tokenizer.tokenizer(), &settings.stop_strings)?;
+    let reply = generate_until(model, &prompt_ids(tokenizer, messages, tools)?, stop, settings, &mut ends)?;
+    reply_text(tokenizer.tokenizer(), &reply.tokens, &settings.stop_strings)
 }
 
 /// The text of generated ids: special tokens dropped, except those that carry a tool call
@@ -338,91 +389,4 @@ pub fn decode_reply(tokenizer: &Tokenizer, ids: &[u32]) -> anyhow::Result<String
         })
         .collect();
     tokenizer.decode(&kept, false).map_err(anyhow::Error::msg)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::quant::Quantization;
-    use candle_core::{DType, Device};
-
-    /// Prompts of different lengths answered together give each the reply it gets alone: greedy
-    /// and sampled, with the tiny chat model's adapter on (its LoRA group in every projection),
-    /// replies stopped by a stop id at different steps, and more rows than the products'
-    /// dot-product path takes.
-    /// The tiny chat model with its adapter, on the CPU.
-    fn tiny_model() -> CausalLm {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-chat");
-        let (config, weights) = crate::hub::local_weights(&dir).unwrap();
-        let mut model =
-            CausalLm::load(&config, &weights, DType::F32, Quantization::None, &Device::Cpu).unwrap();
-        crate::peft_adapter::load_adapter(&mut model, &dir.join("adapter")).unwrap();
-        model
-    }
-
-    /// Each token's log-probs: at temperature 1 untruncated the sampling log-prob is the raw one,
-    /// greedy's is 0 and its token the most likely; a reply ends with `length` or at a stop id
-    /// with `stop`, alone or together with others.
-    #[test]
-    fn detailed_replies_carry_log_probs_and_finish_reasons() {
-        let model = tiny_model();
-        let prompts: Vec<Vec<u32>> = (0..3).map(|p| (3..20 + 5 * p).collect()).collect();
-        let sampled = GenerationSettings {
-            max_new_tokens: 6,
-            temperature: 1.0,
-            seed: 3,
-            logprobs: Some(3),
-            ..Default::default()
-        };
-        let g = generate_detailed(&model, &prompts[0], &[], &sampled).unwrap();
-        assert_eq!((g.tokens.len(), g.sampled.len(), g.finish), (6, 6, FinishReason::Length));
-        for (s, &t) in g.sampled.iter().zip(&g.tokens) {
-            assert_eq!(s.token, t);
-            assert!(s.raw_logprob < 0.0 && (s.raw_logprob - s.sampling_logprob).abs() < 1e-9, "{s:?}");
-            assert_eq!(s.top_logprobs.len(), 3);
-            assert!(s.top_logprobs[0].1 >= s.raw_logprob);
-        }
-        let greedy = GenerationSettings { max_new_tokens: 6, logprobs: Some(1), ..Default::default() };
-        let g = generate_detailed(&model, &prompts[1], &[], &greedy).unwrap();
-        for s in &g.sampled {
-            assert_eq!((s.sampling_logprob, s.top_logprobs[0]), (0.0, (s.token, s.raw_logprob)));
-        }
-        let stop = [g.tokens[2]];
-        let first = g.tokens.iter().position(|t| *t == stop[0]).unwrap();
-        let stopped = generate_detailed(&model, &prompts[1], &stop, &greedy).unwrap();
-        assert_eq!((stopped.tokens.as_slice(), stopped.finish), (&g.tokens[..first], FinishReason::Stop));
-        let together = generate_many_detailed(&model, &prompts, &stop, &greedy).unwrap();
-        for (p, reply) in prompts.iter().zip(&together) {
-            let alone = generate_detailed(&model, p, &stop, &greedy).unwrap();
-            assert_eq!((&reply.tokens, reply.finish), (&alone.tokens, alone.finish));
-        }
-        let bad = GenerationSettings { top_p: Some(0.0), ..Default::default() };
-        let err = generate(&model, &prompts[0], &[], &bad).unwrap_err().to_string();
-        assert!(err.contains("top_p"), "{err}");
-    }
-
-    #[test]
-    fn replies_generated_together_equal_each_generated_alone() {
-        let model = tiny_model();
-        let prompts: Vec<Vec<u32>> = (0..19)
-            .map(|p| (0..3 + 7 * p).map(|i| ((i * 37 + p * 11) % 1000) as u32 + 3).collect())
-            .collect();
-        for temperature in [0.0, 0.8] {
-            let settings =
-                GenerationSettings { max_new_tokens: 9, temperature, seed: 5, ..Default::default() };
-            let alone: Vec<Vec<u32>> =
-                prompts.iter().map(|p| generate(&model, p, &[], &settings).unwrap()).collect();
-            // stop at the token some replies reach at different steps
-            let stop = [alone[0][4], alone[3][1]];
-            let stopped: Vec<Vec<u32>> =
-                prompts.iter().map(|p| generate(&model, p, &stop, &settings).unwrap()).collect();
-            assert_eq!(generate_many(&model, &prompts, &[], &settings).unwrap(), alone, "T = {temperature}");
-            assert_eq!(
-                generate_many(&model, &prompts, &stop, &settings).unwrap(),
-                stopped,
-                "T = {temperature}"
-            );
-            assert!(stopped.iter().any(|r| r.len() < 9) && stopped.iter().any(|r| r.len() == 9));
-        }
-    }
 }

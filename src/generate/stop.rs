@@ -42,9 +42,9 @@ pub struct StopMatcher {
 }
 
 impl StopMatcher {
-    /// An error for an empty stop string (it would stop every reply before its first token).
+    /// An error for an empty stop string (`check_stop_strings`).
     pub fn new(stops: &[String]) -> anyhow::Result<Self> {
-        ensure!(stops.iter().all(|s| !s.is_empty()), "stop strings must not be empty");
+        check_stop_strings(stops)?;
         Ok(Self { stops: stops.to_vec(), text: String::new(), released: 0, stopped: false })
     }
 
@@ -101,6 +101,12 @@ impl StopMatcher {
             .find(|&i| self.stops.iter().any(|s| s.starts_with(&self.text[i..])))
             .map_or(0, |i| self.text.len() - i)
     }
+}
+
+/// An error for an empty stop string (it would end every reply before its first token).
+pub fn check_stop_strings(stops: &[String]) -> anyhow::Result<()> {
+    ensure!(stops.iter().all(|s| !s.is_empty()), "stop strings must not be empty");
+    Ok(())
 }
 
 /// The text cut before the first stop string it contains (vLLM, OpenAI: the stop string is not
