@@ -158,46 +158,57 @@ impl Sampler {
             return Ok(Distribution { tokens: vec![argmax(&x)?], probs: vec![1.0] });
         }
         x.iter_mut().for_each(|v| *v /= p.temperature);
-        let truncating = p.top_k.is_some_and(|k| k < x.len()) || p.top_p < 1.0 || p.min_p > 0.0;
         let mut tokens: Vec<u32> =
             (0..x.len() as u32).filter(|&t| x[t as usize] > f64::NEG_INFINITY).collect();
         ensure!(!tokens.is_empty(), "every token's logit is -inf after the penalties");
-        if truncating {
-            // one sort, most likely first, ties to the lowest id; top-k selects before sorting
-            let by_logit = |a: &u32, b: &u32| x[*b as usize].total_cmp(&x[*a as usize]).then(a.cmp(b));
-            if let Some(k) = p.top_k.filter(|&k| k < tokens.len()) {
-                tokens.select_nth_unstable_by(k - 1, by_logit);
-                tokens.truncate(k);
-            }
+        // most likely first, ties to the lowest id; top-k selects its k, then sorts them alone
+        let by_logit = |a: &u32, b: &u32| x[*b as usize].total_cmp(&x[*a as usize]).then(a.cmp(b));
+        if let Some(k) = p.top_k.filter(|&k| k < tokens.len()) {
+            tokens.select_nth_unstable_by(k - 1, by_logit);
+            tokens.truncate(k);
             tokens.sort_unstable_by(by_logit);
         }
         let max = tokens.iter().map(|&t| x[t as usize]).fold(f64::NEG_INFINITY, f64::max);
+        if p.top_p < 1.0 || p.min_p > 0.0 {
+            // the top-p and min-p cuts keep a prefix of the sorted tokens: sort the 256 most
+            // likely, four times more while the prefix is not found among them
+            let z: f64 = tokens.iter().map(|&t| (x[t as usize] - max).exp()).sum();
+            let mut m = tokens.len().min(256);
+            loop {
+                if m < tokens.len() {
+                    tokens.select_nth_unstable_by(m - 1, by_logit);
+                }
+                tokens[..m].sort_unstable_by(by_logit);
+                if let Some(keep) = kept_prefix(&tokens[..m], &x, max, z, p) {
+                    tokens.truncate(keep);
+                    break;
+                }
+                if m == tokens.len() {
+                    break;
+                }
+                m = tokens.len().min(m * 4);
+            }
+        }
         let mut probs: Vec<f64> = tokens.iter().map(|&t| (x[t as usize] - max).exp()).collect();
         normalize(&mut probs);
-        if p.top_p < 1.0 {
-            // keep a token while the tokens before it fall short of top_p (the first always)
-            let mut before = 0.0;
-            let keep = probs
-                .iter()
-                .take_while(|&&q| {
-                    let kept = before < p.top_p;
-                    before += q;
-                    kept
-                })
-                .count();
-            tokens.truncate(keep.max(1));
-            probs.truncate(keep.max(1));
-            normalize(&mut probs);
-        }
-        if p.min_p > 0.0 {
-            let threshold = p.min_p * probs[0];
-            let keep = probs.iter().take_while(|&&q| q >= threshold).count();
-            tokens.truncate(keep.max(1));
-            probs.truncate(keep.max(1));
-            normalize(&mut probs);
-        }
         Ok(Distribution { tokens, probs })
     }
+}
+
+/// How many of the most likely tokens (`sorted`, the most likely of all first) top-p and min-p
+/// keep, at least one; `None` when both cuts fall past `sorted`. Top-p keeps a token while the
+/// probabilities before it (normalized by `z`) fall short of `top_p`; min-p keeps the tokens at
+/// least `min_p` times as likely as the first.
+fn kept_prefix(sorted: &[u32], x: &[f64], max: f64, z: f64, p: &SamplingParams) -> Option<usize> {
+    let mut before = 0.0;
+    for (j, &t) in sorted.iter().enumerate() {
+        let e = (x[t as usize] - max).exp();
+        if j > 0 && ((p.top_p < 1.0 && before >= p.top_p) || e < p.min_p) {
+            return Some(j);
+        }
+        before += e / z;
+    }
+    (p.top_p < 1.0 && before >= p.top_p).then_some(sorted.len())
 }
 
 /// The repetition penalty over prompt and generated tokens (transformers'

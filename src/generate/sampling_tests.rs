@@ -269,3 +269,55 @@ fn greedy_picks_what_candles_argmax_picks() {
         assert_eq!(got, want, "{logits:?}");
     }
 }
+
+/// The truncations against a plain reference (every token sorted, the cuts one after the other)
+/// on a large vocabulary, where the kept tokens run past the first ones the sampler sorts.
+#[test]
+fn truncations_match_a_full_sort_on_a_large_vocabulary() {
+    let logits = random_logits(50_000, 21, 3.0);
+    let cuts = [
+        (None, 0.999, 0.0),
+        (None, 0.9, 0.0),
+        (None, 1.0, 0.02),
+        (Some(3000), 0.95, 0.01),
+        (Some(40), 0.5, 0.0),
+        (Some(700), 1.0, 0.0),
+        (None, 0.3, 0.5),
+    ];
+    for (top_k, top_p, min_p) in cuts {
+        let params = SamplingParams { temperature: 0.9, top_k, top_p, min_p, ..Default::default() };
+        let d = dist(params.clone(), &logits);
+        let (tokens, probs) = reference(&logits, &params);
+        assert!(tokens.len() > 1, "{params:?}");
+        assert_eq!(d.tokens, tokens, "{params:?}");
+        for (a, b) in d.probs.iter().zip(&probs) {
+            assert!((a - b).abs() < 1e-12, "{params:?}: {a} vs {b}");
+        }
+    }
+}
+
+/// Temperature, top-k, top-p and min-p as transformers' warpers apply them, on a full sort.
+fn reference(logits: &[f32], p: &SamplingParams) -> (Vec<u32>, Vec<f64>) {
+    let x: Vec<f64> = logits.iter().map(|&v| f64::from(v) / p.temperature).collect();
+    let mut order: Vec<u32> = (0..x.len() as u32).collect();
+    order.sort_by(|a, b| x[*b as usize].total_cmp(&x[*a as usize]).then(a.cmp(b)));
+    order.truncate(p.top_k.unwrap_or(order.len()));
+    let probs = |order: &[u32]| {
+        let top = x[order[0] as usize];
+        softmax(&order.iter().map(|&t| x[t as usize] - top).collect::<Vec<_>>())
+    };
+    if p.top_p < 1.0 {
+        let q = probs(&order);
+        let (mut before, mut keep) = (0.0, 0);
+        while keep < q.len() && (keep == 0 || before < p.top_p) {
+            before += q[keep];
+            keep += 1;
+        }
+        order.truncate(keep);
+    }
+    let q = probs(&order);
+    let keep = q.iter().take_while(|&&v| v >= p.min_p * q[0]).count().max(1);
+    order.truncate(keep);
+    let q = probs(&order);
+    (order, q)
+}
