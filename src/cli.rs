@@ -7,6 +7,9 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use lora_ft::quant::Quantization;
 
+mod sampling;
+pub use sampling::SamplingArgs;
+
 #[derive(Parser)]
 #[command(name = "lora-ft", version, about = "QLoRA fine-tuning of Llama, Mistral, Qwen and Gemma models")]
 pub struct Cli {
@@ -440,15 +443,8 @@ pub struct ChatArgs {
     /// The longest reply, in tokens.
     #[arg(long, default_value_t = 256)]
     pub max_new_tokens: usize,
-    /// 0 decodes greedily.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f64,
-    /// Nucleus sampling: draw from the smallest set of tokens whose probability reaches this.
-    #[arg(long)]
-    pub top_p: Option<f64>,
-    /// Seeds the sampling.
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// The Hub revision (branch, tag or commit) of a repo id.
     #[arg(long, default_value = "main")]
     pub revision: String,

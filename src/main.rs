@@ -14,7 +14,7 @@ use lora_ft::config::Config;
 use lora_ft::data::{ChatTokenizer, Message};
 use lora_ft::distributed::launcher::{LaunchError, LaunchPlan};
 use lora_ft::distributed::{rank_prefix, WorldInfo};
-use lora_ft::generate::{reply_with_tools, stop_ids, GenerationSettings};
+use lora_ft::generate::{reply_with_tools, stop_ids};
 use lora_ft::model::CausalLm;
 use lora_ft::train::{parse_device, select_device};
 
@@ -430,6 +430,8 @@ fn eval(args: &EvalArgs) -> anyhow::Result<()> {
 }
 
 fn chat(args: &ChatArgs) -> anyhow::Result<()> {
+    // a flag out of range is an error before the model loads
+    let settings = args.sampling.settings(args.max_new_tokens)?;
     let device = select_device()?;
     let files = lora_ft::hub::resolve(&args.model, &args.revision)?;
     let dtype = if device.is_cpu() { candle_core::DType::F32 } else { candle_core::DType::BF16 };
@@ -442,12 +444,6 @@ fn chat(args: &ChatArgs) -> anyhow::Result<()> {
     let tokenizer = ChatTokenizer::load(&files.dir, args.chat_template.as_deref())?;
     let tools = args.tools.as_deref().map(lora_ft::data::read_tools_file).transpose()?;
     let stop = stop_ids(&files.dir, &tokenizer);
-    let settings = GenerationSettings {
-        max_new_tokens: args.max_new_tokens,
-        temperature: args.temperature,
-        top_p: args.top_p,
-        seed: args.seed,
-    };
     let mut messages: Vec<Message> = args.system.iter().map(|s| Message::new("system", s)).collect();
     let answer = |messages: &[Message]| -> anyhow::Result<String> {
         let text = reply_with_tools(&model, &tokenizer, messages, tools.as_deref(), &stop, &settings)?;

@@ -90,7 +90,7 @@ fn answers(cfg: &Config, adapter: Option<&Path>) -> Vec<String> {
     }
     let tokenizer = ChatTokenizer::load(&dir, cfg.model.chat_template.as_deref()).unwrap();
     let stop = stop_ids(&dir, &tokenizer);
-    let settings = GenerationSettings { max_new_tokens: 12, temperature: 0.0, top_p: None, seed: 0 };
+    let settings = GenerationSettings { max_new_tokens: 12, ..Default::default() };
     let prompts = read_prompts_jsonl(cfg.data.eval_prompts.as_deref().unwrap()).unwrap();
     let reply = |p: &lora_ft::data::Conversation| {
         reply_with_tools(&model, &tokenizer, &p.messages, p.tools.as_deref(), &stop, &settings).unwrap()

@@ -113,7 +113,7 @@ fn generated_call(root: &Path) -> String {
     let model = eval::load_model(&m, &eval::resolve(&m).unwrap(), &Device::Cpu).unwrap();
     let tokenizer = ChatTokenizer::load(&dir, Some(&root.join("template.jinja"))).unwrap();
     let tools = lora_ft::data::read_tools_file(&root.join("tools.json")).unwrap();
-    let settings = GenerationSettings { max_new_tokens: 64, temperature: 0.0, top_p: None, seed: 0 };
+    let settings = GenerationSettings { max_new_tokens: 64, ..Default::default() };
     let messages = [Message::new("user", QUESTION)];
     let stop = stop_ids(&dir, &tokenizer);
     let text = reply_with_tools(&model, &tokenizer, &messages, Some(&tools), &stop, &settings).unwrap();

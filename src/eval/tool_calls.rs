@@ -62,7 +62,7 @@ pub fn score_dialogue(
     max_new_tokens: usize,
 ) -> anyhow::Result<Option<ToolCallScore>> {
     let Some(tools) = conversation.tools.as_deref() else { return Ok(None) };
-    let settings = GenerationSettings { max_new_tokens, temperature: 0.0, top_p: None, seed: 0 };
+    let settings = GenerationSettings { max_new_tokens, ..Default::default() };
     let messages = tokenizer.prepare(&conversation.messages)?;
     let mut score = ToolCallScore::default();
     for (i, turn) in messages.iter().enumerate().filter(|(_, m)| m.role == "assistant") {

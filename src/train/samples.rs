@@ -59,12 +59,8 @@ impl Samples {
         rank: usize,
     ) -> anyhow::Result<Option<Self>> {
         let Some(file) = &cfg.data.eval_prompts else { return Ok(None) };
-        let settings = GenerationSettings {
-            max_new_tokens: cfg.data.eval_max_new_tokens,
-            temperature: 0.0,
-            top_p: None,
-            seed: 0,
-        };
+        let settings =
+            GenerationSettings { max_new_tokens: cfg.data.eval_max_new_tokens, ..Default::default() };
         let path = cfg.output.dir.join(SAMPLES_FILE);
         if rank != 0 {
             return Ok(Some(Self { prompts: None, settings, path }));
