@@ -12,6 +12,8 @@
 //! tests run that script themselves, once; where it cannot be installed they fail, saying why:
 //! they never skip.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -38,20 +40,8 @@ fn require_tools() {
     let _guard = IN_PROCESS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let driver = llamacpp_dir().join("bin").join("gguf_llamacpp_run");
     let ready = || driver.is_file() && (std::env::var_os("LORA_FT_PYTHON").is_some() || python().is_file());
-    if !ready() && std::env::var_os("LORA_FT_LLAMACPP").is_none() {
-        let cache = lora_ft::cache::dir();
-        std::fs::create_dir_all(&cache).unwrap();
-        let lock = std::fs::File::create(cache.join("llamacpp.lock")).unwrap();
-        lock.lock().unwrap();
-        if !ready() {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let status =
-                Command::new("bash").arg(root.join("scripts/gguf_llamacpp_install.sh")).status().unwrap();
-            assert!(
-                status.success(),
-                "scripts/gguf_llamacpp_install.sh failed ({status}): it needs npm and cc"
-            );
-        }
+    if std::env::var_os("LORA_FT_LLAMACPP").is_none() {
+        common::install_once("llamacpp", "gguf_llamacpp_install.sh", "npm and cc", ready);
     }
     assert!(
         driver.is_file(),

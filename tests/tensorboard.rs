@@ -167,25 +167,11 @@ fn tensorboard_python() -> PathBuf {
     if let Some(python) = std::env::var_os("LORA_FT_TENSORBOARD_PYTHON") {
         return PathBuf::from(python);
     }
-    let cache = lora_ft::cache::dir();
-    let python = cache.join("tensorboard/venv/bin/python3");
+    let python = lora_ft::cache::dir().join("tensorboard/venv/bin/python3");
     let imports = || {
         Command::new(&python).args(["-c", "import tensorboard"]).output().is_ok_and(|o| o.status.success())
     };
-    if !imports() {
-        std::fs::create_dir_all(&cache).unwrap();
-        let lock = std::fs::File::create(cache.join("tensorboard.lock")).unwrap();
-        lock.lock().unwrap();
-        if !imports() {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let status =
-                Command::new("bash").arg(root.join("scripts/tensorboard_install.sh")).status().unwrap();
-            assert!(
-                status.success(),
-                "scripts/tensorboard_install.sh failed ({status}): it needs python3 -m venv and PyPI"
-            );
-        }
-    }
+    common::install_once("tensorboard", "tensorboard_install.sh", "python3 -m venv and PyPI", imports);
     assert!(
         imports(),
         "{} cannot import tensorboard: run `bash scripts/tensorboard_install.sh`",

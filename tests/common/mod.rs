@@ -185,3 +185,24 @@ pub fn tokenizer_folder(family: &str, vocab: &str) -> Scratch {
     }
     folder
 }
+
+/// Runs `bash scripts/<script>` unless `ready()` already holds, one test process at a time (a
+/// lock file `<name>.lock` in the cache folder; a second process waits, then finds it done), and
+/// fails saying what the script needs where it does not succeed. The tools the tests run (llama.cpp,
+/// TensorBoard) are installed this way on a fresh machine instead of the test being skipped.
+#[allow(dead_code)]
+pub fn install_once(name: &str, script: &str, needs: &str, ready: impl Fn() -> bool) {
+    if ready() {
+        return;
+    }
+    let cache = lora_ft::cache::dir();
+    std::fs::create_dir_all(&cache).unwrap();
+    let lock = std::fs::File::create(cache.join(format!("{name}.lock"))).unwrap();
+    lock.lock().unwrap();
+    if !ready() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let status =
+            std::process::Command::new("bash").arg(root.join("scripts").join(script)).status().unwrap();
+        assert!(status.success(), "scripts/{script} failed ({status}): it needs {needs}");
+    }
+}
