@@ -7,7 +7,9 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use lora_ft::quant::Quantization;
 
+mod generate;
 mod sampling;
+pub use generate::GenerateArgs;
 pub use sampling::SamplingArgs;
 
 #[derive(Parser)]
@@ -54,6 +56,8 @@ pub enum Command {
     },
     /// Chat with a model, with or without an adapter.
     Chat(ChatArgs),
+    /// Answer a prompts file (JSON Lines of messages), n replies a prompt, into a completions file.
+    Generate(GenerateArgs),
     /// Fold an adapter into its base model (W + scale·B·A) and write an HF-layout folder that
     /// transformers loads without PEFT.
     Merge {

@@ -1,22 +1,19 @@
 //! `lora-ft`: the command line (its shape in `cli.rs`).
 
 mod cli;
+mod generation_commands;
 mod plan_commands;
 mod reference;
 
-use std::io::{BufRead, Write};
 use std::path::Path;
 
 use anyhow::Context;
 use clap::Parser;
 use cli::*;
 use lora_ft::config::Config;
-use lora_ft::data::{ChatTokenizer, Message};
 use lora_ft::distributed::launcher::{LaunchError, LaunchPlan};
 use lora_ft::distributed::{rank_prefix, WorldInfo};
-use lora_ft::generate::{reply_with_tools, stop_ids};
-use lora_ft::model::CausalLm;
-use lora_ft::train::{parse_device, select_device};
+use lora_ft::train::parse_device;
 
 fn main() {
     lora_ft::bench::mark_process_start();
@@ -100,7 +97,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("imported {} into {}: {summary:?}", gguf.display(), out_dir.display());
             Ok(())
         }
-        Command::Chat(args) => chat(&args),
+        Command::Chat(args) => generation_commands::chat(&args),
+        Command::Generate(args) => generation_commands::generate(&args),
         Command::Bench {
             command:
                 BenchCommand::Train {
@@ -427,46 +425,4 @@ fn eval(args: &EvalArgs) -> anyhow::Result<()> {
     }
     print!("{}", report.summary(&args.data, &settings));
     Ok(())
-}
-
-fn chat(args: &ChatArgs) -> anyhow::Result<()> {
-    // a flag out of range is an error before the model loads
-    let settings = args.sampling.settings(args.max_new_tokens)?;
-    let device = select_device()?;
-    let files = lora_ft::hub::resolve(&args.model, &args.revision)?;
-    let dtype = if device.is_cpu() { candle_core::DType::F32 } else { candle_core::DType::BF16 };
-    let quantization = parse_quantization(&args.quantization);
-    let mut model = CausalLm::load(&files.config, &files.weights, dtype, quantization, &device)?;
-    if let Some(adapter) = &args.adapter {
-        lora_ft::peft_adapter::load_adapter(&mut model, adapter)
-            .with_context(|| format!("loading adapter {}", adapter.display()))?;
-    }
-    let tokenizer = ChatTokenizer::load(&files.dir, args.chat_template.as_deref())?;
-    let tools = args.tools.as_deref().map(lora_ft::data::read_tools_file).transpose()?;
-    let stop = stop_ids(&files.dir, &tokenizer);
-    let mut messages: Vec<Message> = args.system.iter().map(|s| Message::new("system", s)).collect();
-    let answer = |messages: &[Message]| -> anyhow::Result<String> {
-        let text = reply_with_tools(&model, &tokenizer, messages, tools.as_deref(), &stop, &settings)?;
-        let calls = lora_ft::data::parse_tool_calls(&text);
-        println!("{text}");
-        calls.iter().for_each(|call| println!("tool call: {call}"));
-        Ok(text)
-    };
-    if let Some(prompt) = &args.prompt {
-        messages.push(Message::new("user", prompt));
-        answer(&messages)?;
-        return Ok(());
-    }
-    let stdin = std::io::stdin();
-    loop {
-        print!("> ");
-        std::io::stdout().flush()?;
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
-            return Ok(());
-        }
-        messages.push(Message::new("user", line.trim_end()));
-        let text = answer(&messages)?;
-        messages.push(Message::new("assistant", &text));
-    }
 }

@@ -1,6 +1,7 @@
 //! Text generation for `lora-ft chat`: the model's chat template, a KV cache, greedy or sampled
 //! decoding (`sampling`), stopping at the end-of-turn / end-of-sequence tokens (`stop`).
 
+pub mod completions;
 #[cfg(test)]
 mod replies_tests;
 pub mod sampling;
@@ -222,7 +223,7 @@ pub fn generate_many_detailed(
     stop: &[u32],
     settings: &GenerationSettings,
 ) -> anyhow::Result<Vec<Generation>> {
-    generate_many_until(model, prompts, stop, settings, &mut |_| Ok(false))
+    generate_many_until(model, prompts, stop, settings, None, &mut |_| Ok(false))
 }
 
 /// `generate_many_detailed` that also ends a reply where `ends` says, given its tokens so far.
@@ -231,6 +232,7 @@ fn generate_many_until(
     prompts: &[Vec<u32>],
     stop: &[u32],
     settings: &GenerationSettings,
+    seeds: Option<&[u64]>,
     ends: &mut dyn FnMut(&[u32]) -> anyhow::Result<bool>,
 ) -> anyhow::Result<Vec<Generation>> {
     let max_pos = model.config().max_position_embeddings;
@@ -251,7 +253,8 @@ fn generate_many_until(
         }
         let mut own: Vec<KvCache> = (0..model.layers.len()).map(|_| KvCache::default()).collect();
         let ids = Tensor::new(prompt.as_slice(), model.device())?.unsqueeze(0)?;
-        let mut sampler = Sampler::new(params.clone())?;
+        let seed = seeds.map_or(params.seed, |seeds| seeds[i]);
+        let mut sampler = Sampler::new(SamplingParams { seed, ..params.clone() })?;
         let logits = logits_row(&model.forward_last(&ids, Some(&mut own))?.squeeze(0)?)?;
         if !outs[i].step(&mut sampler, &logits, prompt, stop, ends)? {
             continue;
@@ -311,7 +314,7 @@ pub fn replies_with_tools(
         .map(|(messages, tools)| prompt_ids(tokenizer, messages, *tools))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut ends = stop_strings_end(tokenizer.tokenizer(), &settings.stop_strings)?;
-    generate_many_until(model, &prompts, stop, settings, &mut ends)?
+    generate_many_until(model, &prompts, stop, settings, None, &mut ends)?
         .iter()
         .map(|g| reply_text(tokenizer.tokenizer(), &g.tokens, &settings.stop_strings))
         .collect()
@@ -330,6 +333,31 @@ fn stop_strings_end<'a>(
 /// The text of a reply's tokens, cut before its first stop string.
 fn reply_text(tokenizer: &Tokenizer, ids: &[u32], stops: &[String]) -> anyhow::Result<String> {
     Ok(cut_at_stop(&decode_reply(tokenizer, ids)?, stops).0)
+}
+
+/// Replies to `conversations` generated together, each drawn with its own seed, with the prompt's
+/// length and the reply's tokens and finish reason: what `lora-ft generate` writes.
+pub fn replies_seeded(
+    model: &CausalLm,
+    tokenizer: &ChatTokenizer,
+    conversations: &[(&[Message], Option<&[Value]>)],
+    (stop, seeds): (&[u32], &[u64]),
+    settings: &GenerationSettings,
+) -> anyhow::Result<Vec<(String, usize, Generation)>> {
+    anyhow::ensure!(seeds.len() == conversations.len(), "a seed per conversation");
+    let prompts = conversations
+        .iter()
+        .map(|(messages, tools)| prompt_ids(tokenizer, messages, *tools))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut ends = stop_strings_end(tokenizer.tokenizer(), &settings.stop_strings)?;
+    let replies = generate_many_until(model, &prompts, stop, settings, Some(seeds), &mut ends)?;
+    prompts
+        .iter()
+        .zip(replies)
+        .map(|(prompt, g)| {
+            Ok((reply_text(tokenizer.tokenizer(), &g.tokens, &settings.stop_strings)?, prompt.len(), g))
+        })
+        .collect()
 }
 
 /// The conversation rendered with the chat template (tools given, generation prompt on) and

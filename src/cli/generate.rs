@@ -1,0 +1,48 @@
+//! `lora-ft generate`'s arguments: a prompts file in, a completions file out.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::SamplingArgs;
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// Hub repo id, local HF folder or .gguf file.
+    #[arg(long)]
+    pub model: String,
+    /// A PEFT adapter folder (adapter_config.json + adapter_model.safetensors).
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
+    /// The prompts: JSON Lines of `{"messages": [...], "tools"?: [...]}`, each ending in the turn
+    /// the model answers (the format of `data.eval_prompts`).
+    #[arg(long, value_name = "FILE")]
+    pub input: PathBuf,
+    /// Where the completions go, one JSON line per reply: line, sample, text, tool_calls,
+    /// finish_reason, prompt_tokens, completion_tokens.
+    #[arg(long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// Replies per prompt (each drawn with its own seed; with --temperature 0 they are the same).
+    #[arg(long, default_value_t = 1)]
+    pub n: usize,
+    /// Replies generated together.
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// The longest reply, in tokens.
+    #[arg(long, default_value_t = 256)]
+    pub max_new_tokens: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// The Hub revision (branch, tag or commit) of a repo id.
+    #[arg(long, default_value = "main")]
+    pub revision: String,
+    /// Storage of the base's projection weights; use what the adapter was trained with.
+    #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
+    pub quantization: String,
+    /// A Jinja file in place of the model's chat template (e.g. configs/templates/chatml-tools.jinja).
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
+    /// A JSON file holding a list of tool schemas, for the prompts whose rows carry no `tools`.
+    #[arg(long, value_name = "FILE")]
+    pub tools: Option<PathBuf>,
+}

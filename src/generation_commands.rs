@@ -1,0 +1,134 @@
+//! The generation commands: `lora-ft chat` (a conversation on stdin, or one prompt) and
+//! `lora-ft generate` (a prompts file answered into a completions file).
+
+use std::io::{BufRead, Write};
+use std::path::Path;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use lora_ft::data::{read_prompts_jsonl, ChatTokenizer, Message};
+use lora_ft::generate::completions::{write_jsonl, Completions};
+use lora_ft::generate::{reply_with_tools, stop_ids};
+use lora_ft::model::CausalLm;
+use lora_ft::train::select_device;
+use minijinja::Value;
+
+use crate::cli::{parse_quantization, ChatArgs, GenerateArgs};
+
+/// A model ready to answer: loaded on the device, its adapter added, its tokenizer and template,
+/// the tools of `--tools` and its stop ids.
+struct Loaded {
+    model: CausalLm,
+    tokenizer: ChatTokenizer,
+    tools: Option<Vec<Value>>,
+    stop: Vec<u32>,
+}
+
+impl Loaded {
+    fn load(
+        (model, revision, quantization): (&str, &str, &str),
+        adapter: Option<&Path>,
+        chat_template: Option<&Path>,
+        tools: Option<&Path>,
+    ) -> anyhow::Result<Self> {
+        let device = select_device()?;
+        let files = lora_ft::hub::resolve(model, revision)?;
+        let dtype = if device.is_cpu() { candle_core::DType::F32 } else { candle_core::DType::BF16 };
+        let quantization = parse_quantization(quantization);
+        let mut model = CausalLm::load(&files.config, &files.weights, dtype, quantization, &device)?;
+        if let Some(adapter) = adapter {
+            lora_ft::peft_adapter::load_adapter(&mut model, adapter)
+                .with_context(|| format!("loading adapter {}", adapter.display()))?;
+        }
+        let tokenizer = ChatTokenizer::load(&files.dir, chat_template)?;
+        let tools = tools.map(lora_ft::data::read_tools_file).transpose()?;
+        let stop = stop_ids(&files.dir, &tokenizer);
+        Ok(Self { model, tokenizer, tools, stop })
+    }
+}
+
+pub fn chat(args: &ChatArgs) -> anyhow::Result<()> {
+    // a flag out of range is an error before the model loads
+    let settings = args.sampling.settings(args.max_new_tokens)?;
+    let loaded = Loaded::load(
+        (&args.model, &args.revision, &args.quantization),
+        args.adapter.as_deref(),
+        args.chat_template.as_deref(),
+        args.tools.as_deref(),
+    )?;
+    let Loaded { model, tokenizer, tools, stop } = &loaded;
+    let mut messages: Vec<Message> = args.system.iter().map(|s| Message::new("system", s)).collect();
+    let answer = |messages: &[Message]| -> anyhow::Result<String> {
+        let text = reply_with_tools(model, tokenizer, messages, tools.as_deref(), stop, &settings)?;
+        let calls = lora_ft::data::parse_tool_calls(&text);
+        println!("{text}");
+        calls.iter().for_each(|call| println!("tool call: {call}"));
+        Ok(text)
+    };
+    if let Some(prompt) = &args.prompt {
+        messages.push(Message::new("user", prompt));
+        answer(&messages)?;
+        return Ok(());
+    }
+    let stdin = std::io::stdin();
+    loop {
+        print!("> ");
+        std::io::stdout().flush()?;
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        messages.push(Message::new("user", line.trim_end()));
+        let text = answer(&messages)?;
+        messages.push(Message::new("assistant", &text));
+    }
+}
+
+/// `lora-ft generate`: every prompt of `--input` answered `--n` times into `--output`, written a
+/// batch at a time (a run stopped part way keeps the lines written so far).
+pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
+    // the flags and the prompts file are checked before the model loads
+    let settings = args.sampling.settings(args.max_new_tokens)?;
+    anyhow::ensure!(args.n >= 1, "--n must be at least 1");
+    anyhow::ensure!(args.batch >= 1, "--batch must be at least 1");
+    let prompts = read_prompts_jsonl(&args.input)?;
+    let loaded = Loaded::load(
+        (&args.model, &args.revision, &args.quantization),
+        args.adapter.as_deref(),
+        args.chat_template.as_deref(),
+        args.tools.as_deref(),
+    )?;
+    let file = std::fs::File::create(&args.output)
+        .with_context(|| format!("{}: cannot create", args.output.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    let bar = ProgressBar::new((prompts.len() * args.n) as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} replies, {msg} [{elapsed_precise}]")?);
+    let started = std::time::Instant::now();
+    let mut tokens = 0usize;
+    let run = Completions {
+        model: &loaded.model,
+        tokenizer: &loaded.tokenizer,
+        tools: loaded.tools.as_deref(),
+        stop: &loaded.stop,
+        settings: &settings,
+        n: args.n,
+        batch: args.batch,
+    };
+    run.run(&prompts, &mut |rows| {
+        write_jsonl(&mut out, rows)?;
+        out.flush().with_context(|| format!("{}: cannot write", args.output.display()))?;
+        tokens += rows.iter().map(|r| r.completion_tokens).sum::<usize>();
+        bar.set_message(format!("{:.1} tokens/s", tokens as f64 / started.elapsed().as_secs_f64()));
+        bar.inc(rows.len() as u64);
+        Ok(())
+    })?;
+    bar.finish();
+    println!(
+        "{} replies to {} prompts in {}: {tokens} tokens, {:.1} tokens/s",
+        prompts.len() * args.n,
+        prompts.len(),
+        args.output.display(),
+        tokens as f64 / started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
