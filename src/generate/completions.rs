@@ -8,8 +8,9 @@ use std::io::Write;
 use minijinja::Value;
 use serde::Serialize;
 
-use super::{replies_seeded, GenerationSettings};
+use super::{replies_detailed, GenerationSettings};
 use crate::data::{parse_tool_calls, ChatTokenizer, Conversation, ToolCall};
+use crate::model::ops::dropout_mask::mix;
 use crate::model::CausalLm;
 
 /// One reply, as a line of the output file.
@@ -27,9 +28,10 @@ pub struct Completion {
     pub completion_tokens: usize,
 }
 
-/// The seed of sample `k` of the prompt on line `line`.
+/// The seed of sample `k` of the prompt on line `line`: SplitMix64 (the dropout mask's hash) of
+/// the settings' seed, the line, then the sample.
 pub fn sample_seed(seed: u64, line: usize, k: usize) -> u64 {
-    seed ^ (line as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (k as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9)
+    mix(mix(seed, line as u64), k as u64)
 }
 
 /// What a completions run needs besides the prompts.
@@ -65,11 +67,11 @@ impl Completions<'_> {
                 .collect();
             let seeds: Vec<u64> =
                 chunk.iter().map(|(c, k)| sample_seed(self.settings.seed, c.line, *k)).collect();
-            let replies = replies_seeded(
+            let replies = replies_detailed(
                 self.model,
                 self.tokenizer,
                 &conversations,
-                (self.stop, &seeds),
+                (self.stop, Some(&seeds)),
                 self.settings,
             )?;
             let rows: Vec<Completion> = chunk

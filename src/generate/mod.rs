@@ -309,15 +309,8 @@ pub fn replies_with_tools(
     stop: &[u32],
     settings: &GenerationSettings,
 ) -> anyhow::Result<Vec<String>> {
-    let prompts = conversations
-        .iter()
-        .map(|(messages, tools)| prompt_ids(tokenizer, messages, *tools))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut ends = stop_strings_end(tokenizer.tokenizer(), &settings.stop_strings)?;
-    generate_many_until(model, &prompts, stop, settings, None, &mut ends)?
-        .iter()
-        .map(|g| reply_text(tokenizer.tokenizer(), &g.tokens, &settings.stop_strings))
-        .collect()
+    let replies = replies_detailed(model, tokenizer, conversations, (stop, None), settings)?;
+    Ok(replies.into_iter().map(|(text, _, _)| text).collect())
 }
 
 /// Whether a reply's tokens so far hold one of `stops` in their text (none: never); empty stop
@@ -335,22 +328,23 @@ fn reply_text(tokenizer: &Tokenizer, ids: &[u32], stops: &[String]) -> anyhow::R
     Ok(cut_at_stop(&decode_reply(tokenizer, ids)?, stops).0)
 }
 
-/// Replies to `conversations` generated together, each drawn with its own seed, with the prompt's
-/// length and the reply's tokens and finish reason: what `lora-ft generate` writes.
-pub fn replies_seeded(
+/// Replies to `conversations` generated together (each drawn with its own seed where `seeds`
+/// gives them, else all with the settings'), with the prompt's length and the reply's tokens and
+/// finish reason: what `lora-ft generate` writes.
+pub fn replies_detailed(
     model: &CausalLm,
     tokenizer: &ChatTokenizer,
     conversations: &[(&[Message], Option<&[Value]>)],
-    (stop, seeds): (&[u32], &[u64]),
+    (stop, seeds): (&[u32], Option<&[u64]>),
     settings: &GenerationSettings,
 ) -> anyhow::Result<Vec<(String, usize, Generation)>> {
-    anyhow::ensure!(seeds.len() == conversations.len(), "a seed per conversation");
+    anyhow::ensure!(seeds.is_none_or(|s| s.len() == conversations.len()), "a seed per conversation");
     let prompts = conversations
         .iter()
         .map(|(messages, tools)| prompt_ids(tokenizer, messages, *tools))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut ends = stop_strings_end(tokenizer.tokenizer(), &settings.stop_strings)?;
-    let replies = generate_many_until(model, &prompts, stop, settings, Some(seeds), &mut ends)?;
+    let replies = generate_many_until(model, &prompts, stop, settings, seeds, &mut ends)?;
     prompts
         .iter()
         .zip(replies)
