@@ -101,7 +101,8 @@ fn settings_of(request: &Request, seed: u64) -> GenerationSettings {
     }
 }
 
-/// Eleven requests over the base and two adapters, three sequences at most in the batch: each
+/// Eleven requests over the base and two adapters, three sequences at most in the batch (the
+/// prompts of one adapter of one length, prefilled together where they are admitted together): each
 /// sample's tokens, log-probs and finish are what `generate` gives it alone on a model with its
 /// adapter merged in as `--adapter` loads it, and its streamed text is the reply's decoded text.
 #[test]
@@ -125,7 +126,8 @@ fn batched_requests_of_several_adapters_equal_each_generated_alone() {
     let mut requests = Vec::new();
     for i in 0..11u32 {
         let adapter = [None, Some("chat"), Some("other")][i as usize % 3].map(String::from);
-        let prompt: Vec<u32> = (5 + i..20 + 3 * i).collect();
+        // requests of one adapter share a length, so that their prefills share a forward
+        let prompt: Vec<u32> = (5 + i..20 + i + 3 * (i % 3)).collect();
         let (params, seeds) = match i % 2 {
             0 => (greedy.clone(), vec![0]),
             _ => (sampled.clone(), vec![u64::from(i), 100 + u64::from(i)]),
@@ -281,5 +283,52 @@ impl std::ops::Deref for TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Prompts of one length admitted together share one prefill forward (a batch of rows), and
+/// each reply is still the one `generate` gives it alone; a reply reaching the cache's length
+/// ends there with `length`.
+#[test]
+fn prompts_of_one_length_prefill_together() {
+    let model = tiny_model(Some(&fixture().join("adapter")));
+    let mut scheduler = Scheduler::new(&model, None, vec![], (8, 24)).unwrap();
+    let sampled = SamplingParams { temperature: 1.1, top_k: Some(40), ..SamplingParams::default() };
+    let requests: Vec<Request> = (0..6u32)
+        .map(|i| match i % 2 {
+            0 => request((i..i + 14).collect(), SamplingParams::greedy(), vec![0], 6),
+            _ => request((i..i + 14).collect(), sampled.clone(), vec![u64::from(i), 7], 6),
+        })
+        .chain([request((40..60).collect(), SamplingParams::greedy(), vec![0], 30)])
+        .collect();
+    let channels: Vec<_> = requests
+        .iter()
+        .map(|r| {
+            let (sink, events) = tokio::sync::mpsc::unbounded_channel();
+            scheduler.add(r.clone(), sink).unwrap();
+            events
+        })
+        .collect();
+    scheduler.step().unwrap();
+    assert_eq!(scheduler.live(), 7, "three greedy and two of two samples at once; the third of two waits");
+    while !scheduler.is_idle() {
+        scheduler.step().unwrap();
+    }
+    for (r, (request, events)) in requests.iter().zip(channels).enumerate() {
+        let replies = collect(events, request.seeds.len());
+        for (seed, got) in request.seeds.iter().zip(&replies) {
+            let settings =
+                GenerationSettings { max_new_tokens: request.max_new_tokens, ..settings_of(request, *seed) };
+            let alone = generate_detailed(&model, &request.prompt, &[], &settings).unwrap();
+            match r {
+                6 => {
+                    assert_eq!(got.tokens[..], alone.tokens[..4], "the cache holds 24 positions: 20 + 4");
+                    assert_eq!(got.finish, Some(FinishReason::Length));
+                }
+                _ => {
+                    assert_eq!((&got.tokens, got.finish), (&alone.tokens, Some(alone.finish)), "request {r}")
+                }
+            }
+        }
     }
 }
