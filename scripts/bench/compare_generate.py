@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""The table of the generation benchmark (scripts/device/bench_generate.sh): per batch size,
+lora-ft's tokens/s (end to end, prefill included; and its decode steps alone), its step time,
+the bytes a step reads and its share of the GPU's memory-bandwidth limit (those bytes at the
+GPU's peak bandwidth: the fastest a step can be), beside transformers + PEFT + bitsandbytes
+`generate` measured in the same command, and the ratio; then the time to the first token.
+
+    compare_generate.py LORA_FT.jsonl REFERENCE.jsonl --gpu NAME [--arch NAME]
+"""
+import argparse
+import json
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("ours")
+ap.add_argument("reference")
+ap.add_argument("--gpu", default="")
+ap.add_argument("--arch", default="")
+args = ap.parse_args()
+
+# peak memory bandwidth, bytes/s (the SXM parts' datasheets)
+BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.04e12}
+bandwidth = next((b for name, b in BANDWIDTH.items() if name in args.gpu), None)
+
+
+def rows(path):
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{"):
+                out.append(json.loads(line))
+    return out
+
+
+ours, ref = rows(args.ours), rows(args.reference)
+by_batch = {r["batch"]: r for r in ref if "batch" in r}
+stack = next((r for r in ref if "stack" in r), {})
+print(f"## {args.arch} on {args.gpu or 'an unnamed device'}: lora-ft engine vs {stack.get('stack', 'reference')}")
+if stack.get("versions"):
+    print("\nreference versions: " + ", ".join(f"{k} {v}" for k, v in stack["versions"].items()))
+print("\n| batch | lora-ft tok/s | decode tok/s | step ms | GB read/step | share of bandwidth limit | "
+      "reference tok/s | lora-ft / reference | lora-ft peak GiB | reference peak GiB |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def fmt(v, spec=".0f"):
+    return "—" if v is None else format(v, spec)
+
+
+for r in ours:
+    if "batch" not in r:
+        continue
+    b = r["batch"]
+    other = by_batch.get(b, {})
+    step_bytes = r.get("weight_bytes_per_step", 0) + r.get("kv_bytes_per_step", 0)
+    share = None
+    if bandwidth and r.get("step_ms"):
+        share = (step_bytes / bandwidth) / (r["step_ms"] / 1e3)
+    ratio = None
+    if r.get("tokens_per_s") and other.get("tokens_per_s"):
+        ratio = r["tokens_per_s"] / other["tokens_per_s"]
+    note = r.get("error") or ""
+    ref_cell = fmt(other.get("tokens_per_s"), ".1f") if other.get("tokens_per_s") else (other.get("error") or "—")
+    print(f"| {b} | {fmt(r.get('tokens_per_s'), '.1f')} | {fmt(r.get('decode_tokens_per_s'), '.1f')} | "
+          f"{fmt(r.get('step_ms'), '.2f')} | {step_bytes / 1e9:.2f} | {fmt(share and 100 * share, '.0f')}% | "
+          f"{ref_cell} | {fmt(ratio, '.2f')}× | {fmt(r.get('peak_alloc_gib'), '.2f')} | "
+          f"{fmt(other.get('peak_alloc_gib'), '.2f')} |" + (f" {note}" if note else ""))
+ttft = next((r for r in ours if "ttft_ms" in r), None)
+ref_ttft = next((r for r in ref if "ttft_ms" in r), None)
+if ttft:
+    print(f"\nTime to first token, one {ttft['ttft_prompt']}-token prompt: lora-ft {fmt(ttft.get('ttft_ms'), '.1f')} ms, "
+          f"reference {fmt(ref_ttft and ref_ttft.get('ttft_ms'), '.1f')} ms.")
+if bandwidth:
+    print(f"\nBandwidth limit: the step's bytes (weights as stored, the adapter, lm_head, the KV cache at the "
+          f"mean length) at {bandwidth / 1e12:.2f} TB/s.")

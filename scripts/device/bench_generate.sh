@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The generation benchmark on the GPU machine (issue 38), both stacks in one command on the same
+# random model of a real architecture (scripts/bench/bench_models.py's config, written by
+# scripts/bench/load_memory_ref.py --create): `lora-ft bench generate` (the engine, NF4, a rank-16
+# adapter unmerged) and transformers + PEFT + bitsandbytes `generate` (scripts/bench/generate_ref.py),
+# 512-token prompts, 256 new tokens, at each batch size, then the table
+# (scripts/bench/compare_generate.py) with each stack's share of the GPU's memory-bandwidth limit.
+#   bash scripts/device/bench_generate.sh MODEL [BATCHES]    (after `mv .gpu-bench .gpu`, pack.sh bench)
+# MODEL: llama3.1-8b (default) | qwen3-8b | any bench_models.py name. Environment: BUDGET_S (default
+# 570), REF_BATCHES (the reference's batch sizes, default BATCHES), NEW_TOKENS (default 256).
+# BENCH_DEVICE=cpu: a dry run on the toy-sized config without a GPU (lora-ft alone, f32).
+source scripts/device/bench_setup.sh   # device=cuda|cpu, strict mode
+arch=${1:-llama3.1-8b}
+batches=${2:-1,8,64,256}
+ref_batches=${REF_BATCHES:-$batches}
+new=${NEW_TOKENS:-256}
+eval "$(python3 scripts/bench/bench_models.py --shell "$arch")"   # dtype attn issue4 size_gib
+budget=${BUDGET_S:-570}
+dir=/tmp/$arch; create=(); ours=(--device cuda:0 --dtype $dtype)
+if [ "$device" = cpu ]; then
+  dir=/tmp/$arch-tiny; create=(--device cpu --tiny); ours=(--device cpu --quantization none --dtype f32)
+fi
+if [ ! -e "$dir/model.safetensors" ] && [ ! -e "$dir/model.safetensors.index.json" ] \
+    && [ "$(df -BG --output=avail /tmp | tail -1 | tr -dc 0-9)" -lt $((size_gib + 4)) ]; then
+  for other in $(python3 scripts/bench/bench_models.py --names); do [ "$other" = "$arch" ] || rm -rf "/tmp/$other"; done
+fi
+python3 scripts/bench/load_memory_ref.py --model $dir --create $arch "${create[@]}" 2>&1 | tail -3 || true
+echo "{\"model_written_at_s\": $SECONDS, \"dtype\": \"$dtype\", \"arch\": \"$arch\"}"
+# lora-ft first, then the reference in what is left (a slow reference is cut, never lora-ft)
+timeout $((budget - SECONDS - 90)) lora-ft bench generate --model $dir "${ours[@]}" --batches $batches \
+  --new-tokens $new 2>&1 | grep '^{' | tee $OUT/lora_ft_generate_$arch.jsonl || true
+echo "{\"lora_ft_done_at_s\": $SECONDS}"
+if [ "$device" = cuda ]; then
+  ref_s=$((budget - SECONDS - 15)); [ $ref_s -gt 60 ] || ref_s=60
+  timeout $ref_s python3 scripts/bench/generate_ref.py --model $dir --batches $ref_batches --new-tokens $new \
+    --dtype $dtype --budget-s $((ref_s - 40)) 2>&1 | tee $OUT/ref_generate_$arch.log | grep '^{' \
+    | tee $OUT/ref_generate_$arch.jsonl || true
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+else
+  : > $OUT/ref_generate_$arch.jsonl; gpu=cpu
+fi
+python3 scripts/bench/compare_generate.py $OUT/lora_ft_generate_$arch.jsonl $OUT/ref_generate_$arch.jsonl \
+  --gpu "$gpu" --arch $arch | tee $OUT/table_generate_$arch.md
