@@ -24,7 +24,7 @@ use std::process::Command;
 const ARCHS: &str = "80,86,89,90,100,120";
 
 /// The kernels of src/cuda/, each compiled to `$OUT_DIR/<name>.fatbin`.
-const KERNELS: [&str; 13] = [
+const KERNELS: [&str; 14] = [
     "nf4",
     "nf4_gemv",
     "adafactor",
