@@ -82,7 +82,7 @@ fn typed<T: CudaDType + WithDType + DeviceRepr>(
         };
         unsafe { l.launch(config) }.w()?;
     }
-    Ok(wrap(out, &dev, &[b, heads as usize, d]))
+    Ok(wrap(out, &dev, &[b, heads, d]))
 }
 
 #[cfg(test)]

@@ -106,6 +106,33 @@ impl CudaSum {
         Ok(Self { dev, dims, dtype: like.dtype(), out })
     }
 
+    /// A buffer of `dims` in `like`'s dtype that `write` fills through its device address.
+    pub fn written(
+        like: &Tensor,
+        dims: (usize, usize),
+        write: impl FnOnce(u64) -> Result<()>,
+    ) -> Result<Self> {
+        let mut sum = Self::alloc(like, dims)?;
+        sum.write_in_place(like.dtype(), dims, write)?;
+        Ok(sum)
+    }
+
+    /// Hands the buffer's device address (row-major `dims` of `dtype`, checked against the sum)
+    /// to `write`, a kernel launch that adds its result there in place.
+    pub fn write_in_place(
+        &mut self,
+        dtype: DType,
+        dims: (usize, usize),
+        write: impl FnOnce(u64) -> Result<()>,
+    ) -> Result<()> {
+        self.check("kernel output", dtype, dims)?;
+        let stream = self.dev.cuda_stream();
+        with_buffer!(&mut self.out, out => {
+            let (address, _sync) = out.device_ptr_mut(&stream);
+            write(address)
+        })
+    }
+
     fn alloc(like: &Tensor, dims: (usize, usize)) -> Result<Self> {
         let dev = cuda_device(like)?;
         let len = dims.0 * dims.1;

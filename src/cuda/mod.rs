@@ -1,12 +1,14 @@
 //! The bottom floor of the CUDA build: every kernel (`*.cu`, the cuDNN shim `cudnn_sdpa.cpp`)
 //! beside the thin Rust wrapper that loads and launches it, and the plumbing they share (this
 //! file: the device slice behind a tensor, fresh outputs wrapped back into tensors, the
-//! kernel-name suffix of a dtype; `dtype.cuh` and `block_reduce.cuh` for the kernels). Nothing
-//! here imports the model, the quantizer or the optimizer: they call down into it.
+//! kernel-name suffix of a dtype; `dtype.cuh`, `block_reduce.cuh` and `nf4_tables.cuh` for the
+//! kernels). Nothing here imports the model, the quantizer or the optimizer: they call down into
+//! it.
 //!
 //! | kernel | wrapper | used by |
 //! |---|---|---|
 //! | `nf4.cu` | `nf4.rs` | `quant` (quantize, dequantize, NF4 GEMM inputs) |
+//! | `nf4_gemv.cu` | `nf4_gemv.rs` | `quant` (x·Wᵀ from the NF4 parts, ≤ 8 rows) |
 //! | `adafactor.cu` | `adafactor.rs` | `optim` (the fused Adafactor step, the global norm) |
 //! | `adamw.cu`, `adamw8bit.cu` | `adamw.rs` | `optim` (the fused AdamW and 8-bit AdamW steps) |
 //! | `flash_attention.cu` | `flash.rs` | `model::ops::attention` |
@@ -35,6 +37,7 @@ pub mod lora_weights;
 pub mod mapped;
 pub mod module;
 pub mod nf4;
+pub mod nf4_gemv;
 pub mod rope;
 pub mod softmax;
 

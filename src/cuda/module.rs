@@ -99,10 +99,11 @@ impl Kernels {
 }
 
 /// Every fatbin of the build, for `lora-ft bench kernels`.
-pub fn all() -> [&'static Kernels; 10] {
+pub fn all() -> [&'static Kernels; 11] {
     use super::*;
     [
         &nf4::KERNELS,
+        &nf4_gemv::KERNELS,
         &adafactor::KERNELS,
         &adamw::KERNELS,
         &adamw::KERNELS_8BIT,

@@ -177,6 +177,74 @@ impl Nf4Tensor {
     }
 }
 
+/// The most rows of x the NF4 GEMV takes (decode batches); more go through dequantize + GEMM.
+pub const GEMV_MAX_ROWS: usize = 8;
+
+#[cfg(feature = "cuda")]
+const _: () = assert!(GEMV_MAX_ROWS == crate::cuda::nf4_gemv::MAX_ROWS);
+
+/// Whether `nf4_gemv` takes x against w: both on one CUDA device, x `[n, in]` f16 or bf16,
+/// contiguous, 1 to `GEMV_MAX_ROWS` rows, and `in` a multiple of 32 (the layout the kernel's
+/// 16-byte loads need).
+#[cfg(feature = "cuda")]
+pub fn nf4_gemv_applies(x: &Tensor, w: &Nf4Tensor) -> bool {
+    let Ok((out_dim, in_dim)) = w.shape.dims2() else { return false };
+    x.device().same_device(w.device()) && crate::cuda::nf4_gemv::supports(x, out_dim, in_dim)
+}
+
+/// Whether `nf4_gemv` takes x against w: never without CUDA.
+#[cfg(not(feature = "cuda"))]
+pub fn nf4_gemv_applies(_x: &Tensor, _w: &Nf4Tensor) -> bool {
+    false
+}
+
+/// x `[n, in]` · wᵀ `[n, out]` in x's dtype, read straight from w's NF4 codes and absmax (no
+/// 16-bit copy of w): each weight the value `w.dequantize(x.dtype())` holds, the sums in f32.
+/// An error where `nf4_gemv_applies` is false.
+pub fn nf4_gemv(x: &Tensor, w: &Nf4Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if nf4_gemv_applies(x, w) {
+        let (out_dim, _) = w.shape.dims2()?;
+        return crate::cuda::nf4_gemv::gemv(x, &w.packed, w.gemv_scales(), out_dim);
+    }
+    bail!(
+        "the NF4 GEMV takes a CUDA f16/bf16 x of 1 to {GEMV_MAX_ROWS} rows and a multiple of 32 columns, not {:?} \
+         {:?} on {:?} against {:?}",
+        x.dims(),
+        x.dtype(),
+        x.device().location(),
+        w.shape.dims()
+    )
+}
+
+/// `nf4_gemv` written to device address `y` (`[n, out]`, x's dtype), or added to it with
+/// `accumulate` (the sum taken in f32, rounded once): the product accumulated in place into a
+/// sum of products.
+///
+/// # Safety
+/// `y` must address `n · out` elements of x's dtype on x's device that no other work uses
+/// until the launch has run on the device's stream.
+#[cfg(feature = "cuda")]
+pub unsafe fn nf4_gemv_into(x: &Tensor, w: &Nf4Tensor, y: u64, accumulate: bool) -> Result<()> {
+    if !nf4_gemv_applies(x, w) {
+        bail!("the NF4 GEMV does not take x {:?} {:?} against {:?}", x.dims(), x.dtype(), w.shape.dims());
+    }
+    let (out_dim, _) = w.shape.dims2()?;
+    crate::cuda::nf4_gemv::gemv_into(x, &w.packed, w.gemv_scales(), out_dim, y, accumulate)
+}
+
+#[cfg(feature = "cuda")]
+impl Nf4Tensor {
+    /// The absmax parts as the GEMV kernel reads them.
+    fn gemv_scales(&self) -> crate::cuda::nf4_gemv::Scales<'_> {
+        use crate::cuda::nf4_gemv::Scales;
+        match &self.absmax {
+            Absmax::F32(a) => Scales::F32(a),
+            Absmax::Double { codes, absmax2, offset } => Scales::Double { codes, absmax2, offset: *offset },
+        }
+    }
+}
+
 /// Runs `f` on the tensor's elements in row-major order: borrowed in place when the tensor is a
 /// contiguous CPU tensor, otherwise from a host copy.
 fn with_host_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
@@ -275,7 +343,7 @@ mod kernel_tests {
     /// The kernel's constant dynamic map is bnb's map, value for value.
     #[test]
     fn kernel_dynamic_map_matches_the_reference() {
-        let src = include_str!("../cuda/nf4.cu");
+        let src = include_str!("../cuda/nf4_tables.cuh");
         let body = src.split("DYNAMIC_MAP[256] = {").nth(1).unwrap().split("};").next().unwrap();
         let values: Vec<f32> = body
             .split(',')

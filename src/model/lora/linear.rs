@@ -137,7 +137,9 @@ impl LoraLinear {
 
     /// out += x·Wᵀ (+ bias), the frozen part alone (a `LoraGroup` adds the low-rank part).
     pub fn base_forward_into(&self, x: &Tensor, out: &mut ProductSum) -> Result<()> {
-        self.base_forward_sliced(x, out, self.rows_per_slice(x))?;
+        if !self.nf4_gemv_into(x, out)? {
+            self.base_forward_sliced(x, out, self.rows_per_slice(x))?;
+        }
         match &self.bias {
             // a rank-1 product, ones·biasᵀ, so it accumulates in the same buffer as the GEMMs
             Some(bias) => {
@@ -147,6 +149,28 @@ impl LoraLinear {
             }
             None => Ok(()),
         }
+    }
+
+    /// out += x·Wᵀ by the NF4 GEMV where it applies (an NF4 base, x a CUDA decode batch of at
+    /// most `GEMV_MAX_ROWS` rows), reading the 4-bit weight once instead of writing and reading
+    /// a 16-bit copy; returns whether it did (else the dequantize + GEMM path runs).
+    fn nf4_gemv_into(&self, x: &Tensor, out: &mut ProductSum) -> Result<bool> {
+        #[cfg(feature = "cuda")]
+        if let BaseWeight::Nf4(q) = &self.base {
+            if crate::quant::nf4_gemv_applies(x, q) && out.takes_in_place(x.device()) {
+                let dims = (x.dim(0)?, q.shape().dims2()?.0);
+                section("nf4.gemv", x.device(), || {
+                    out.add_in_place(x, dims, |y, accumulate| {
+                        // SAFETY: `y` is the sum's own [n, out] buffer in x's dtype (checked by
+                        // add_in_place), which nothing else touches until the launch has run.
+                        unsafe { crate::quant::nf4_gemv_into(x, q, y, accumulate) }
+                    })
+                })?;
+                return Ok(true);
+            }
+        }
+        let _ = (x, out);
+        Ok(false)
     }
 
     /// dx += dy·W, the frozen part's input gradient alone.
@@ -419,3 +443,7 @@ mod tests {
         Ok(())
     }
 }
+
+#[cfg(all(test, feature = "cuda"))]
+#[path = "linear_gemv_tests.rs"]
+mod gemv_tests;

@@ -207,6 +207,37 @@ impl ProductSum {
         Ok(())
     }
 
+    /// sum += a CUDA kernel's `[m, n]` result (`dims`, in `like`'s dtype, on its device),
+    /// written by `write(address, accumulate)` straight into the sum's buffer: the result alone
+    /// when the sum is empty (`accumulate` false), added to what it holds otherwise. A sum held
+    /// off the GPU is an error (`takes_in_place` says which sums take it).
+    #[cfg(feature = "cuda")]
+    pub fn add_in_place(
+        &mut self,
+        like: &Tensor,
+        dims: (usize, usize),
+        write: impl FnOnce(u64, bool) -> Result<()>,
+    ) -> Result<()> {
+        match &mut self.0 {
+            Sum::Cuda(sum) => sum.write_in_place(like.dtype(), dims, |y| write(y, true)),
+            Sum::Empty if like.device().is_cuda() => {
+                self.0 = Sum::Cuda(crate::cuda::gemm::CudaSum::written(like, dims, |y| write(y, false))?);
+                Ok(())
+            }
+            _ => bail!("a CUDA kernel's result added in place to a sum held off the GPU"),
+        }
+    }
+
+    /// Whether `add_in_place` takes a result on `device`: the sum is empty or on CUDA.
+    pub fn takes_in_place(&self, device: &candle_core::Device) -> bool {
+        match &self.0 {
+            Sum::Empty => device.is_cuda(),
+            #[cfg(feature = "cuda")]
+            Sum::Cuda(_) => true,
+            _ => false,
+        }
+    }
+
     pub fn finish(self) -> Result<Tensor> {
         match self.0 {
             Sum::Empty => bail!("an empty sum of products"),
