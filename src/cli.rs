@@ -9,8 +9,10 @@ use lora_ft::quant::Quantization;
 
 mod generate;
 mod sampling;
+mod serve;
 pub use generate::GenerateArgs;
 pub use sampling::SamplingArgs;
+pub use serve::ServeArgs;
 
 #[derive(Parser)]
 #[command(name = "lora-ft", version, about = "QLoRA fine-tuning of Llama, Mistral, Qwen and Gemma models")]
@@ -58,6 +60,9 @@ pub enum Command {
     Chat(ChatArgs),
     /// Answer a prompts file (JSON Lines of messages), n replies a prompt, into a completions file.
     Generate(GenerateArgs),
+    /// Serve the model and its adapters over an OpenAI-compatible HTTP API (chat and text
+    /// completions, tool calls, streaming), as vLLM and llama-server do.
+    Serve(ServeArgs),
     /// Fold an adapter into its base model (W + scale·B·A) and write an HF-layout folder that
     /// transformers loads without PEFT.
     Merge {

@@ -18,6 +18,7 @@ pub mod cuda;
 pub mod data;
 pub mod distributed;
 pub mod durable;
+pub mod engine;
 pub mod eval;
 #[cfg(any(test, feature = "testing"))]
 pub mod fixtures;
@@ -32,6 +33,7 @@ pub mod peft_adapter;
 pub mod plan;
 pub mod profile;
 pub mod quant;
+pub mod serve;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod train;

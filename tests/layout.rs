@@ -25,7 +25,8 @@ const FLOORS: &[&[&str]] = &[
     &["data", "hub", "plan", "fixtures"],
     &["peft_adapter", "generate"],
     &["train", "merge", "eval"],
-    &["bench"],
+    &["bench", "engine"],
+    &["serve"],
 ];
 
 /// Inside `model/`, bottom floor first.
