@@ -99,12 +99,14 @@ impl GenerationFields {
         };
         match max_tokens {
             Some(0) => return Err(ApiError::field(name, format!("{name} must be at least 1"))),
-            Some(m) if m > max_tokens_cap => return Err(ApiError::field(
-                name,
-                format!(
+            Some(m) if m > max_tokens_cap => {
+                return Err(ApiError::field(
+                    name,
+                    format!(
                     "{name} is {m}, more than this server allows a request ({max_tokens_cap}, --max-tokens)"
                 ),
-            )),
+                ))
+            }
             _ => {}
         }
         let stop = match &self.stop {
