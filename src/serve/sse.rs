@@ -247,10 +247,96 @@ impl Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generate::stop::FinishReason;
+    use tokio::sync::mpsc::unbounded_channel;
 
     #[test]
     fn a_frame_is_one_data_line_and_a_blank_line() {
         assert_eq!(&frame("{\"a\":1}")[..], b"data: {\"a\":1}\n\n");
         assert_eq!(&frame("[DONE]")[..], b"data: [DONE]\n\n");
+    }
+
+    fn job(api: Api, deadline: Instant) -> StreamJob {
+        StreamJob {
+            api,
+            id: "chatcmpl-1".into(),
+            model: "m".into(),
+            created: 0,
+            choices: 1,
+            prompt_tokens: 5,
+            include_usage: true,
+            logprobs: false,
+            deadline,
+            timeout_s: 1,
+        }
+    }
+
+    fn token(text: &str) -> Event {
+        let sampled = Sampled { token: 0, raw_logprob: 0.0, sampling_logprob: 0.0, top_logprobs: vec![] };
+        Event::Token { index: 0, sampled, text: text.into() }
+    }
+
+    /// The stream's `data:` payloads, `[DONE]` as a string.
+    async fn payloads(job: StreamJob, events: Vec<Event>) -> Vec<Value> {
+        let (tx, rx) = unbounded_channel();
+        events.into_iter().for_each(|e| tx.send(e).unwrap());
+        let tokenizer = Arc::new(ChatTokenizer::from_dir(&crate::fixtures::smollm2_dir()).unwrap());
+        let response = respond(job, rx, tokenizer);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        text.split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| e.strip_prefix("data: ").unwrap())
+            .map(|d| serde_json::from_str(d).unwrap_or_else(|_| Value::String(d.into())))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_streamed_call_is_held_back_and_sent_as_tool_calls() {
+        let events = vec![
+            token("Let me check. "),
+            token("<tool_call>\n{\"name\": \"lookup_order\", "),
+            token("\"arguments\": {\"order_id\": \"A1\"}}\n</tool_call>"),
+            Event::Finished {
+                index: 0,
+                reason: FinishReason::Stop,
+                text: String::new(),
+                completion_tokens: 3,
+            },
+        ];
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let p = payloads(job(Api::Chat { tools: true }, far), events).await;
+        assert_eq!(p[0]["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(p[1]["choices"][0]["delta"]["content"], "Let me check. ");
+        let call = &p[2]["choices"][0]["delta"]["tool_calls"][0];
+        assert_eq!(call["index"], 0);
+        assert_eq!(call["function"]["name"], "lookup_order");
+        assert_eq!(call["function"]["arguments"], "{\"order_id\":\"A1\"}");
+        assert_eq!(p[3]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(p[4]["usage"]["completion_tokens"], 3);
+        assert_eq!(p[4]["choices"], json!([]));
+        assert_eq!(p[5], "[DONE]");
+        assert_eq!(p.len(), 6);
+    }
+
+    #[tokio::test]
+    async fn a_stream_past_its_deadline_ends_with_an_error_event() {
+        let (tx, rx) = unbounded_channel::<Event>();
+        let tokenizer = Arc::new(ChatTokenizer::from_dir(&crate::fixtures::smollm2_dir()).unwrap());
+        let response = respond(job(Api::Completion, Instant::now()), rx, tokenizer);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        assert!(text.contains("\"code\":\"timeout\""), "{text}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        drop(tx);
+        // an engine that fails mid-stream: its message as an error event
+        let p = payloads(
+            job(Api::Completion, Instant::now() + std::time::Duration::from_secs(60)),
+            vec![token("a"), Event::Failed("out of memory".into())],
+        )
+        .await;
+        assert_eq!(p[0]["choices"][0]["text"], "a");
+        assert_eq!(p[1]["error"]["message"], "out of memory");
+        assert_eq!(p[2], "[DONE]");
     }
 }
