@@ -18,7 +18,6 @@ pub mod cuda;
 pub mod data;
 pub mod distributed;
 pub mod durable;
-pub mod engine;
 pub mod eval;
 #[cfg(any(test, feature = "testing"))]
 pub mod fixtures;

@@ -7,12 +7,12 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use candle_core::Tensor;
+use candle_core::{Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
 use crate::config::ALL_TARGET_MODULES;
 use crate::durable::{self, write_dir_atomic};
-use crate::model::{CausalLm, LoraSpec};
+use crate::model::{add_lora_to, lora_params_of, CausalLm, DecoderLayer, LoraSpec};
 
 pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
@@ -139,13 +139,34 @@ pub fn load_adapter(model: &mut CausalLm, dir: &Path) -> anyhow::Result<LoraSpec
     Ok(spec)
 }
 
+/// Copies of the model's layers carrying the adapter in `dir` instead of any the model has (the
+/// base weights shared, not copied): one adapter of several served over one base. Checked as
+/// `load_adapter` checks.
+pub fn adapter_layers(model: &CausalLm, dir: &Path) -> anyhow::Result<(LoraSpec, Vec<DecoderLayer>)> {
+    let config_file = dir.join(ADAPTER_CONFIG);
+    let spec = read_adapter_config(dir)?.to_spec(&config_file)?;
+    let mut layers = model.layers.clone();
+    for proj in layers.iter_mut().flat_map(|l| l.proj.iter_mut()) {
+        proj.lora = None;
+    }
+    add_lora_to(&mut layers, &spec, 0, model.device())?;
+    set_values(lora_params_of(&layers), dir, model.device())?;
+    Ok((spec, layers))
+}
+
 /// Copies the adapter weights in `dir` into the model's existing adapters (their `Var`s stay the
 /// ones an optimizer holds): a resumed run's path.
 pub fn set_adapter_values(model: &CausalLm, dir: &Path) -> anyhow::Result<()> {
+    set_values(model.lora_params(), dir, model.device())
+}
+
+/// Sets each named adapter tensor from `dir`'s weights file: every one must be there with its
+/// shape, and nothing else may be.
+fn set_values(params: Vec<(String, Var)>, dir: &Path, device: &Device) -> anyhow::Result<()> {
     let file = dir.join(ADAPTER_WEIGHTS);
-    let mut tensors = candle_core::safetensors::load(&file, model.device())
+    let mut tensors = candle_core::safetensors::load(&file, device)
         .with_context(|| format!("reading {}", file.display()))?;
-    for (name, var) in model.lora_params() {
+    for (name, var) in params {
         let t = tensors
             .remove(&name)
             .or_else(|| tensors.remove(&name.replace(".weight", ".default.weight")))

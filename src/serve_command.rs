@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use lora_ft::engine::{Engine, EngineConfig};
+use lora_ft::generate::engine::{Engine, EngineConfig};
 use lora_ft::serve::{AppState, ServeOptions};
 
 use crate::cli::ServeArgs;

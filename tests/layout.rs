@@ -23,9 +23,10 @@ const FLOORS: &[&[&str]] = &[
     &["config", "distributed", "arch"],
     &["model", "optim", "gguf"],
     &["data", "hub", "plan", "fixtures"],
-    &["peft_adapter", "generate"],
+    &["peft_adapter"],
+    &["generate"],
     &["train", "merge", "eval"],
-    &["bench", "engine"],
+    &["bench"],
     &["serve"],
 ];
 

@@ -1,7 +1,10 @@
-//! Text generation for `lora-ft chat`: the model's chat template, a KV cache, greedy or sampled
-//! decoding (`sampling`), stopping at the end-of-turn / end-of-sequence tokens (`stop`).
+//! Text generation for `lora-ft chat`, `generate` and the eval prompts: the model's chat template,
+//! greedy or sampled decoding (`sampling`), stopping at the end-of-turn / end-of-sequence tokens
+//! and stop strings (`stop`), all on the decoding engine (`engine`: continuous batching over KV
+//! caches, the server's too).
 
 pub mod completions;
+pub mod engine;
 #[cfg(test)]
 mod replies_tests;
 pub mod sampling;
@@ -14,15 +17,16 @@ mod stop_tests;
 use std::path::Path;
 
 use anyhow::Context;
-use candle_core::{DType, Tensor};
-
 use minijinja::Value;
 use tokenizers::Tokenizer;
 
-use crate::data::{ChatTokenizer, Message, TOOL_CALL_TOKENS};
-use crate::model::{CausalLm, KvCache};
-use sampling::{Sampled, Sampler, SamplingParams};
-use stop::{cut_at_stop, FinishReason};
+use crate::data::{ChatTokenizer, Message};
+use crate::model::CausalLm;
+use engine::scheduler::Scheduler;
+use engine::text::ReplyText;
+use engine::{Event, Request};
+use sampling::{Sampled, SamplingParams};
+use stop::FinishReason;
 
 /// How replies are generated; `Default` is greedy with every penalty off, 256 new tokens at most.
 #[derive(Debug, Clone)]
@@ -95,35 +99,6 @@ impl Generation {
     fn new() -> Self {
         Self { tokens: Vec::new(), sampled: Vec::new(), finish: FinishReason::Length }
     }
-
-    /// Samples the next token from `logits`; false when it is a stop id (then not kept) or
-    /// `ends` says the reply ends with it (a stop string, then kept).
-    fn step(
-        &mut self,
-        sampler: &mut Sampler,
-        logits: &[f32],
-        prompt: &[u32],
-        stop: &[u32],
-        ends: &mut dyn FnMut(&[u32]) -> anyhow::Result<bool>,
-    ) -> anyhow::Result<bool> {
-        let next = sampler.sample(logits, prompt, &self.tokens)?;
-        if stop.contains(&next.token) {
-            self.finish = FinishReason::Stop;
-            return Ok(false);
-        }
-        self.tokens.push(next.token);
-        self.sampled.push(next);
-        if ends(&self.tokens)? {
-            self.finish = FinishReason::Stop;
-            return Ok(false);
-        }
-        Ok(true)
-    }
-}
-
-/// One row of logits on the host, as f32.
-fn logits_row(logits: &Tensor) -> anyhow::Result<Vec<f32>> {
-    Ok(logits.to_dtype(DType::F32)?.to_vec1::<f32>()?)
 }
 
 /// Token ids that end a reply: `eos_token_id` from config.json / generation_config.json (an
@@ -164,48 +139,15 @@ pub fn generate_detailed(
     stop: &[u32],
     settings: &GenerationSettings,
 ) -> anyhow::Result<Generation> {
-    generate_until(model, prompt_ids, stop, settings, &mut |_| Ok(false))
+    let mut replies = generate_many_detailed(model, &[prompt_ids.to_vec()], stop, settings)?;
+    replies.pop().context("one reply")
 }
 
-/// `generate_detailed` that also ends where `ends` says, given the reply's tokens so far.
-fn generate_until(
-    model: &CausalLm,
-    prompt_ids: &[u32],
-    stop: &[u32],
-    settings: &GenerationSettings,
-    ends: &mut dyn FnMut(&[u32]) -> anyhow::Result<bool>,
-) -> anyhow::Result<Generation> {
-    let mut sampler = Sampler::new(settings.sampling_params())?;
-    let mut caches: Vec<KvCache> = (0..model.layers.len()).map(|_| KvCache::default()).collect();
-    // a reply stops at the model's last position (a prompt past it is an error)
-    let max_pos = model.config().max_position_embeddings;
-    anyhow::ensure!(
-        prompt_ids.len() <= max_pos,
-        "the prompt is {} tokens, past the model's max_position_embeddings ({max_pos})",
-        prompt_ids.len()
-    );
-    let mut input = prompt_ids.to_vec();
-    let mut out = Generation::new();
-    for _ in 0..settings.max_new_tokens {
-        if prompt_ids.len() + out.tokens.len() >= max_pos && !out.tokens.is_empty() {
-            break;
-        }
-        let ids = Tensor::new(input.as_slice(), model.device())?.unsqueeze(0)?;
-        // the last position's logits alone: a prompt's other positions need none
-        let last = model.forward_last(&ids, Some(&mut caches))?.squeeze(0)?;
-        if !out.step(&mut sampler, &logits_row(&last)?, prompt_ids, stop, ends)? {
-            break;
-        }
-        input = out.tokens[out.tokens.len() - 1..].to_vec();
-    }
-    Ok(out)
-}
-
-/// `generate` of several prompts together: each prompt's own forward first, then one step for
-/// every unfinished reply at a time (`CausalLm::forward_last_rows`), so that a step reads each
-/// weight once for all of them instead of once per reply. Each reply has its own sampler, seeded
-/// as `generate` seeds it: a reply is the one `generate` gives, up to the rounding of products
-/// over several rows.
+/// `generate` of several prompts together on the engine's scheduler: each prompt's own forward
+/// first, then one step for every unfinished reply at a time, so that a step reads each weight
+/// once for all of them instead of once per reply. Each reply has its own sampler, seeded as
+/// `generate` seeds it: a reply is the one `generate` gives, up to the rounding of products over
+/// several rows.
 pub fn generate_many(
     model: &CausalLm,
     prompts: &[Vec<u32>],
@@ -223,82 +165,64 @@ pub fn generate_many_detailed(
     stop: &[u32],
     settings: &GenerationSettings,
 ) -> anyhow::Result<Vec<Generation>> {
-    generate_many_until(model, prompts, stop, settings, None, &mut |_| Ok(false))
+    let replies = run_to_end(model, None, prompts, (stop, None), settings)?;
+    Ok(replies.into_iter().map(|(g, _)| g).collect())
 }
 
-/// `generate_many_detailed` that also ends a reply where `ends` says, given its tokens so far.
-fn generate_many_until(
+/// Every prompt's reply (with its text where `text` is given, cut before a stop string), all of
+/// them in one batch of the scheduler, run until the last ends.
+fn run_to_end(
     model: &CausalLm,
+    text: Option<&ReplyText>,
     prompts: &[Vec<u32>],
-    stop: &[u32],
+    (stop, seeds): (&[u32], Option<&[u64]>),
     settings: &GenerationSettings,
-    seeds: Option<&[u64]>,
-    ends: &mut dyn FnMut(&[u32]) -> anyhow::Result<bool>,
-) -> anyhow::Result<Vec<Generation>> {
-    let max_pos = model.config().max_position_embeddings;
+) -> anyhow::Result<Vec<(Generation, String)>> {
     let params = settings.sampling_params();
     params.validate()?;
-    let mut outs: Vec<Generation> = prompts.iter().map(|_| Generation::new()).collect();
-    // the unfinished replies: prompt index and sampler; their caches layer by layer
-    let mut live: Vec<(usize, Sampler)> = Vec::new();
-    let mut caches: Vec<Vec<KvCache>> = (0..model.layers.len()).map(|_| Vec::new()).collect();
+    stop::check_stop_strings(&settings.stop_strings)?;
+    let mut scheduler = Scheduler::new(model, text, stop.to_vec(), prompts.len().max(1));
+    let mut channels = Vec::with_capacity(prompts.len());
     for (i, prompt) in prompts.iter().enumerate() {
-        anyhow::ensure!(
-            prompt.len() <= max_pos,
-            "prompt {i} is {} tokens, past the model's max_position_embeddings ({max_pos})",
-            prompt.len()
-        );
-        if settings.max_new_tokens == 0 {
-            continue;
-        }
-        let mut own: Vec<KvCache> = (0..model.layers.len()).map(|_| KvCache::default()).collect();
-        let ids = Tensor::new(prompt.as_slice(), model.device())?.unsqueeze(0)?;
-        let seed = seeds.map_or(params.seed, |seeds| seeds[i]);
-        let mut sampler = Sampler::new(SamplingParams { seed, ..params.clone() })?;
-        let logits = logits_row(&model.forward_last(&ids, Some(&mut own))?.squeeze(0)?)?;
-        if !outs[i].step(&mut sampler, &logits, prompt, stop, ends)? {
-            continue;
-        }
-        for (layer, cache) in caches.iter_mut().zip(own) {
-            layer.push(cache);
-        }
-        live.push((i, sampler));
+        let request = Request {
+            prompt: prompt.clone(),
+            params: params.clone(),
+            seeds: vec![seeds.map_or(params.seed, |s| s[i])],
+            max_new_tokens: settings.max_new_tokens,
+            stop_strings: settings.stop_strings.clone(),
+            adapter: None,
+        };
+        let (sink, events) = tokio::sync::mpsc::unbounded_channel();
+        scheduler.add(request, sink).map_err(|e| anyhow::anyhow!("prompt {i}: {e}"))?;
+        channels.push(events);
     }
-    loop {
-        // a reply ends at max_new_tokens or at the model's last position
-        let done: Vec<usize> = (0..live.len())
-            .filter(|&r| {
-                let i = live[r].0;
-                let n = outs[i].tokens.len();
-                n >= settings.max_new_tokens || prompts[i].len() + n >= max_pos
-            })
-            .collect();
-        for &r in done.iter().rev() {
-            live.remove(r);
-            for layer in caches.iter_mut() {
-                layer.remove(r);
+    while !scheduler.is_idle() {
+        scheduler.step()?;
+    }
+    channels.into_iter().map(collect_reply).collect()
+}
+
+/// A finished reply from its channel's events.
+fn collect_reply(
+    mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+) -> anyhow::Result<(Generation, String)> {
+    let (mut out, mut text) = (Generation::new(), String::new());
+    while let Ok(event) = events.try_recv() {
+        match event {
+            Event::Token { sampled, text: piece, .. } => {
+                out.tokens.push(sampled.token);
+                out.sampled.push(sampled);
+                text.push_str(&piece);
             }
-        }
-        if live.is_empty() {
-            return Ok(outs);
-        }
-        // a live reply has at least its first token
-        let last: Vec<u32> = live.iter().map(|(i, _)| outs[*i].tokens.last().copied().unwrap_or(0)).collect();
-        let ids = Tensor::new(last.as_slice(), model.device())?.unsqueeze(1)?;
-        let logits = model.forward_last_rows(&ids, &mut caches)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-        let mut stopped = Vec::new();
-        for (r, (i, sampler)) in live.iter_mut().enumerate() {
-            if !outs[*i].step(sampler, &logits[r], &prompts[*i], stop, ends)? {
-                stopped.push(r);
+            Event::Finished { reason, text: piece, .. } => {
+                out.finish = reason;
+                text.push_str(&piece);
+                return Ok((out, text));
             }
-        }
-        for &r in stopped.iter().rev() {
-            live.remove(r);
-            for layer in caches.iter_mut() {
-                layer.remove(r);
-            }
+            Event::Failed(message) => anyhow::bail!("{message}"),
         }
     }
+    anyhow::bail!("a reply ended without finishing")
 }
 
 /// `reply_with_tools` of several conversations together (`generate_many`), the replies in order.
@@ -311,21 +235,6 @@ pub fn replies_with_tools(
 ) -> anyhow::Result<Vec<String>> {
     let replies = replies_detailed(model, tokenizer, conversations, (stop, None), settings)?;
     Ok(replies.into_iter().map(|(text, _, _)| text).collect())
-}
-
-/// Whether a reply's tokens so far hold one of `stops` in their text (none: never); empty stop
-/// strings are an error.
-fn stop_strings_end<'a>(
-    tokenizer: &'a Tokenizer,
-    stops: &'a [String],
-) -> anyhow::Result<impl FnMut(&[u32]) -> anyhow::Result<bool> + 'a> {
-    stop::check_stop_strings(stops)?;
-    Ok(move |ids: &[u32]| Ok(!stops.is_empty() && cut_at_stop(&decode_reply(tokenizer, ids)?, stops).1))
-}
-
-/// The text of a reply's tokens, cut before its first stop string.
-fn reply_text(tokenizer: &Tokenizer, ids: &[u32], stops: &[String]) -> anyhow::Result<String> {
-    Ok(cut_at_stop(&decode_reply(tokenizer, ids)?, stops).0)
 }
 
 /// Replies to `conversations` generated together (each drawn with its own seed where `seeds`
@@ -343,15 +252,9 @@ pub fn replies_detailed(
         .iter()
         .map(|(messages, tools)| prompt_ids(tokenizer, messages, *tools))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut ends = stop_strings_end(tokenizer.tokenizer(), &settings.stop_strings)?;
-    let replies = generate_many_until(model, &prompts, stop, settings, seeds, &mut ends)?;
-    prompts
-        .iter()
-        .zip(replies)
-        .map(|(prompt, g)| {
-            Ok((reply_text(tokenizer.tokenizer(), &g.tokens, &settings.stop_strings)?, prompt.len(), g))
-        })
-        .collect()
+    let text = ReplyText::new(tokenizer.tokenizer());
+    let replies = run_to_end(model, Some(&text), &prompts, (stop, seeds), settings)?;
+    Ok(prompts.iter().zip(replies).map(|(prompt, (g, text))| (text, prompt.len(), g)).collect())
 }
 
 /// The conversation rendered with the chat template (tools given, generation prompt on) and
@@ -392,23 +295,13 @@ pub fn reply_with_tools(
     stop: &[u32],
     settings: &GenerationSettings,
 ) -> anyhow::Result<String> {
-    let mut ends = stop_strings_end(tokenizer.tokenizer(), &settings.stop_strings)?;
-    let reply = generate_until(model, &prompt_ids(tokenizer, messages, tools)?, stop, settings, &mut ends)?;
-    reply_text(tokenizer.tokenizer(), &reply.tokens, &settings.stop_strings)
+    let mut replies = replies_detailed(model, tokenizer, &[(messages, tools)], (stop, None), settings)?;
+    Ok(replies.pop().context("one reply")?.0)
 }
 
 /// The text of generated ids: special tokens dropped, except those that carry a tool call
 /// (`TOOL_CALL_TOKENS`: Mistral's `[TOOL_CALLS]`, Llama's `<|python_tag|>`, ...), which the
 /// tool-call parser reads.
 pub fn decode_reply(tokenizer: &Tokenizer, ids: &[u32]) -> anyhow::Result<String> {
-    let added = tokenizer.get_added_tokens_decoder();
-    let kept: Vec<u32> = ids
-        .iter()
-        .copied()
-        .filter(|id| match added.get(id) {
-            Some(token) if token.special => TOOL_CALL_TOKENS.contains(&token.content.as_str()),
-            _ => true,
-        })
-        .collect();
-    tokenizer.decode(&kept, false).map_err(anyhow::Error::msg)
+    ReplyText::new(tokenizer).decode(ids)
 }

@@ -25,6 +25,7 @@ pub mod packing;
 #[cfg(any(test, feature = "testing"))]
 pub mod reference;
 
-pub use decoder::{CausalLm, TrainOutput, TrainingPolicy};
+pub use decoder::{add_lora_to, lora_params_of, CausalLm, TrainOutput, TrainingPolicy};
+pub use layer::DecoderLayer;
 pub use layer::KvCache;
 pub use lora::{module_path, LoraSpec, PROJECTIONS};

@@ -13,7 +13,7 @@ use super::params::{Generation, GenerationFields, MAX_TOP_LOGPROBS};
 use super::state::{now, AppState};
 use super::tool_calls::{call_json, split_reply};
 use crate::data::Conversation;
-use crate::engine::Request;
+use crate::generate::engine::Request;
 
 /// Chat's own fields (the shared ones are `GenerationFields`).
 #[derive(Debug, Deserialize)]

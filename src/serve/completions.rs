@@ -12,7 +12,7 @@ use super::events::Choice;
 use super::logprobs;
 use super::params::{Generation, GenerationFields, MAX_TOP_LOGPROBS};
 use super::state::{now, AppState};
-use crate::engine::Request;
+use crate::generate::engine::Request;
 
 /// `prompt`: a string or a list of strings (token-id prompts are not taken).
 #[derive(Debug, Deserialize)]

@@ -9,7 +9,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::time::Instant;
 
 use super::errors::ApiError;
-use crate::engine::{Engine, Event, Request, SubmitError};
+use crate::generate::engine::{Engine, Event, Request, SubmitError};
 use crate::generate::sampling::Sampled;
 use crate::generate::stop::FinishReason;
 

@@ -1,4 +1,4 @@
-//! `lora-ft serve`: an OpenAI-compatible HTTP server over the engine (`crate::engine`), as vLLM,
+//! `lora-ft serve`: an OpenAI-compatible HTTP server over the engine (`crate::generate::engine`), as vLLM,
 //! llama.cpp's llama-server and Ollama serve one, for apps written against OpenAI's API:
 //! `GET /v1/models`, `POST /v1/chat/completions` (tools and tool calls, streaming),
 //! `POST /v1/completions`, vLLM's `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`,

@@ -21,7 +21,7 @@ use super::events::next_event;
 use super::logprobs;
 use super::tool_calls::{call_json, ToolHold};
 use crate::data::ChatTokenizer;
-use crate::engine::Event;
+use crate::generate::engine::Event;
 use crate::generate::sampling::Sampled;
 
 /// Which API's chunks a stream sends.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::errors::ApiError;
 use crate::data::ChatTokenizer;
-use crate::engine::Engine;
+use crate::generate::engine::Engine;
 
 /// The server's settings (`lora-ft serve`'s flags).
 #[derive(Debug, Clone)]

@@ -1,17 +1,19 @@
 //! The decoder in eval mode: logits for generation (from KV caches, the last position alone, or
-//! rows that each continue their own caches) and the loss without gradients.
+//! rows that each continue their own caches) and the loss without gradients. The `_of` forwards
+//! run other layers over the model's embeddings, norm and head: copies of its layers that carry
+//! another adapter (several adapters served over one base).
 
 use candle_core::{DType, Tensor};
 
 use super::CausalLm;
-use crate::model::layer::KvCache;
+use crate::model::layer::{DecoderLayer, KvCache};
 use crate::model::ops::rms_norm;
 
 impl CausalLm {
     /// Eval-mode logits `[b, t, vocab]` (f32). With `caches`, continues from the cached positions.
     pub fn forward(&self, input_ids: &Tensor, caches: Option<&mut [KvCache]>) -> candle_core::Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
-        let x = self.eval_layers(input_ids, caches)?;
+        let x = self.eval_layers(&self.layers, input_ids, caches)?;
         let h = rms_norm(&x.reshape((b * t, self.arch.hidden_size))?, &self.norm, self.arch.rms_norm_eps)?;
         let logits = self.lm_head.logits(&h, self.arch.final_logit_softcap)?;
         logits.to_dtype(DType::F32)?.reshape((b, t, self.arch.vocab_size))
@@ -24,8 +26,18 @@ impl CausalLm {
         input_ids: &Tensor,
         caches: Option<&mut [KvCache]>,
     ) -> candle_core::Result<Tensor> {
+        self.forward_last_of(&self.layers, input_ids, caches)
+    }
+
+    /// `forward_last` through `layers` (the model's, or copies of them with another adapter).
+    pub fn forward_last_of(
+        &self,
+        layers: &[DecoderLayer],
+        input_ids: &Tensor,
+        caches: Option<&mut [KvCache]>,
+    ) -> candle_core::Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
-        let x = self.eval_layers(input_ids, caches)?.narrow(1, t - 1, 1)?;
+        let x = self.eval_layers(layers, input_ids, caches)?.narrow(1, t - 1, 1)?;
         let h = rms_norm(&x.reshape((b, self.arch.hidden_size))?, &self.norm, self.arch.rms_norm_eps)?;
         self.lm_head.logits(&h, self.arch.final_logit_softcap)?.to_dtype(DType::F32)
     }
@@ -38,13 +50,23 @@ impl CausalLm {
         input_ids: &Tensor,
         caches: &mut [Vec<KvCache>],
     ) -> candle_core::Result<Tensor> {
+        self.forward_last_rows_of(&self.layers, input_ids, caches)
+    }
+
+    /// `forward_last_rows` through `layers` (the model's, or copies of them with another adapter).
+    pub fn forward_last_rows_of(
+        &self,
+        layers: &[DecoderLayer],
+        input_ids: &Tensor,
+        caches: &mut [Vec<KvCache>],
+    ) -> candle_core::Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
-        if t != 1 || caches.len() != self.layers.len() {
+        if t != 1 || caches.len() != layers.len() || layers.len() != self.layers.len() {
             candle_core::bail!("forward_last_rows takes one token a row and a cache a layer");
         }
-        let no_masks = vec![None; self.layers.len()];
+        let no_masks = vec![None; layers.len()];
         let mut x = self.embed(input_ids)?;
-        for (l, layer) in self.layers.iter().enumerate() {
+        for (l, layer) in layers.iter().enumerate() {
             x = layer.forward_rows(&x, &self.layer_input((&no_masks, None), 0, None, l), &mut caches[l])?;
         }
         let h = rms_norm(&x.reshape((b, self.arch.hidden_size))?, &self.norm, self.arch.rms_norm_eps)?;
@@ -54,6 +76,7 @@ impl CausalLm {
     /// The decoder layers' output `[b, t, hidden]` in eval mode, from the cached positions on.
     fn eval_layers(
         &self,
+        layers: &[DecoderLayer],
         input_ids: &Tensor,
         mut caches: Option<&mut [KvCache]>,
     ) -> candle_core::Result<Tensor> {
@@ -61,7 +84,10 @@ impl CausalLm {
         let offset = caches.as_ref().map_or(0, |c| c[0].len());
         let masks = self.attention_masks(t, offset, None)?;
         let mut x = self.embed(input_ids)?;
-        for (l, layer) in self.layers.iter().enumerate() {
+        if layers.len() != self.layers.len() {
+            candle_core::bail!("{} layers for a model of {}", layers.len(), self.layers.len());
+        }
+        for (l, layer) in layers.iter().enumerate() {
             let cache = caches.as_mut().map(|c| &mut c[l]);
             x = layer.forward(&x, &self.layer_input((&masks, None), offset, None, l), cache)?;
         }

@@ -159,34 +159,13 @@ impl CausalLm {
 
     /// Adds freshly initialised adapters (A kaiming-uniform, B zero) to the target modules.
     pub fn add_lora(&mut self, spec: &LoraSpec, seed: u64) -> candle_core::Result<()> {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        for layer in &mut self.layers {
-            for (p, name) in PROJECTIONS.iter().enumerate() {
-                if spec.target_modules.iter().any(|t| t == name) {
-                    let dims = layer.proj[p].base.dims();
-                    let a =
-                        LoraAdapter::init(spec.r, dims, spec.scale(), spec.dropout, &mut rng, &self.device)?;
-                    layer.proj[p].lora = Some(a);
-                }
-            }
-        }
-        Ok(())
+        add_lora_to(&mut self.layers, spec, seed, &self.device)
     }
 
     /// The trained tensors with their PEFT names
     /// (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`), in a fixed order.
     pub fn lora_params(&self) -> Vec<(String, Var)> {
-        let mut out = Vec::new();
-        for (l, layer) in self.layers.iter().enumerate() {
-            for (p, name) in PROJECTIONS.iter().enumerate() {
-                if let Some(lora) = &layer.proj[p].lora {
-                    let prefix = format!("base_model.model.{}", module_path(l, name));
-                    out.push((format!("{prefix}.lora_A.weight"), lora.lora_a.clone()));
-                    out.push((format!("{prefix}.lora_B.weight"), lora.lora_b.clone()));
-                }
-            }
-        }
-        out
+        lora_params_of(&self.layers)
     }
 
     /// The embedding rows of `input_ids`, times Gemma's sqrt(hidden) (rounded to the compute
@@ -475,4 +454,40 @@ impl CausalLm {
         };
         Ok(TrainOutput { loss_sum: out.loss_sum, n_tokens: out.n_tokens, grads, d_inputs_embeds })
     }
+}
+
+/// Adds freshly initialised adapters (A kaiming-uniform, B zero) to the target modules of
+/// `layers` (the model's, or copies of them that carry another adapter).
+pub fn add_lora_to(
+    layers: &mut [DecoderLayer],
+    spec: &LoraSpec,
+    seed: u64,
+    device: &Device,
+) -> candle_core::Result<()> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for layer in layers {
+        for (p, name) in PROJECTIONS.iter().enumerate() {
+            if spec.target_modules.iter().any(|t| t == name) {
+                let dims = layer.proj[p].base.dims();
+                let a = LoraAdapter::init(spec.r, dims, spec.scale(), spec.dropout, &mut rng, device)?;
+                layer.proj[p].lora = Some(a);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The adapters' tensors of `layers` with their PEFT names, in a fixed order.
+pub fn lora_params_of(layers: &[DecoderLayer]) -> Vec<(String, Var)> {
+    let mut out = Vec::new();
+    for (l, layer) in layers.iter().enumerate() {
+        for (p, name) in PROJECTIONS.iter().enumerate() {
+            if let Some(lora) = &layer.proj[p].lora {
+                let prefix = format!("base_model.model.{}", module_path(l, name));
+                out.push((format!("{prefix}.lora_A.weight"), lora.lora_a.clone()));
+                out.push((format!("{prefix}.lora_B.weight"), lora.lora_b.clone()));
+            }
+        }
+    }
+    out
 }

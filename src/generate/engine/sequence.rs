@@ -1,0 +1,130 @@
+//! One sample being generated: its sampler, tokens, KV caches, text so far, and the channel its
+//! events go to (closed: the client is gone, and the sequence is dropped).
+
+use std::sync::Arc;
+
+use crate::generate::sampling::Sampler;
+use crate::generate::stop::{FinishReason, StopMatcher};
+use crate::model::{DecoderLayer, KvCache};
+
+use super::request::{Event, Request};
+use super::text::{Detokenizer, ReplyText};
+
+/// What the samples of one request share: the prompt, the adapter's layers (`None`: the
+/// model's), how long a reply may grow, its stop strings, and where its events go.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub layers: Option<Arc<Vec<DecoderLayer>>>,
+    pub max_new_tokens: usize,
+    pub stop_strings: Vec<String>,
+    pub sink: tokio::sync::mpsc::UnboundedSender<Event>,
+}
+
+impl Job {
+    /// The job of `request` through `layers`, its events into `sink`.
+    pub fn of(
+        request: Request,
+        layers: Option<Arc<Vec<DecoderLayer>>>,
+        sink: tokio::sync::mpsc::UnboundedSender<Event>,
+    ) -> Self {
+        let Request { prompt, max_new_tokens, stop_strings, .. } = request;
+        Self { prompt, layers, max_new_tokens, stop_strings, sink }
+    }
+
+    /// Whether two jobs decode through the same layers (and so in one batch).
+    pub fn same_layers(&self, other: &Job) -> bool {
+        match (&self.layers, &other.layers) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// Whether nobody reads this job's events any more.
+    pub fn abandoned(&self) -> bool {
+        self.sink.is_closed()
+    }
+
+    /// Sends an event; a reader gone is noticed by `abandoned` before the next step.
+    pub fn send(&self, event: Event) {
+        let _ = self.sink.send(event);
+    }
+}
+
+pub struct Sequence {
+    pub job: Arc<Job>,
+    /// Which sample of its job this is.
+    pub index: usize,
+    pub sampler: Sampler,
+    pub tokens: Vec<u32>,
+    /// One per layer.
+    pub caches: Vec<KvCache>,
+    detokenizer: Detokenizer,
+    stops: StopMatcher,
+}
+
+impl Sequence {
+    pub fn new(job: Arc<Job>, index: usize, sampler: Sampler, caches: Vec<KvCache>) -> anyhow::Result<Self> {
+        let stops = StopMatcher::new(&job.stop_strings)?;
+        Ok(Self {
+            job,
+            index,
+            sampler,
+            tokens: Vec::new(),
+            caches,
+            detokenizer: Detokenizer::default(),
+            stops,
+        })
+    }
+
+    /// The token the next step reads (the last one sampled).
+    pub fn last_token(&self) -> Option<u32> {
+        self.tokens.last().copied()
+    }
+
+    /// Samples the next token from `logits` and sends it with the text it releases; false when
+    /// the sequence ended (a stop id, which is not kept; a stop string; its length; or the
+    /// model's last position `max_pos`), its `Finished` sent.
+    pub fn advance(
+        &mut self,
+        logits: &[f32],
+        text: Option<&ReplyText>,
+        stop_ids: &[u32],
+        max_pos: usize,
+    ) -> anyhow::Result<bool> {
+        let next = self.sampler.sample(logits, &self.job.prompt, &self.tokens)?;
+        if stop_ids.contains(&next.token) {
+            self.finish(FinishReason::Stop, text)?;
+            return Ok(false);
+        }
+        self.tokens.push(next.token);
+        let piece = match text {
+            Some(text) => self.stops.push(&self.detokenizer.push(text, next.token)?),
+            None => String::new(),
+        };
+        self.job.send(Event::Token { index: self.index, sampled: next, text: piece });
+        if self.stops.stopped() {
+            self.finish(FinishReason::Stop, text)?;
+            return Ok(false);
+        }
+        if self.tokens.len() >= self.job.max_new_tokens
+            || self.job.prompt.len() + self.tokens.len() >= max_pos
+        {
+            self.finish(FinishReason::Length, text)?;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Sends the held-back rest of the text and why the sequence ended.
+    fn finish(&mut self, reason: FinishReason, text: Option<&ReplyText>) -> anyhow::Result<()> {
+        let mut rest = match text {
+            Some(text) => self.stops.push(&self.detokenizer.finish(text)?),
+            None => String::new(),
+        };
+        rest.push_str(&self.stops.finish());
+        let completion_tokens = self.tokens.len();
+        self.job.send(Event::Finished { index: self.index, reason, text: rest, completion_tokens });
+        Ok(())
+    }
+}

@@ -1,0 +1,89 @@
+//! A reply's text from its tokens: special tokens left out but those that carry a tool call (the
+//! tool-call parser reads them), decoded as the tokens come. Each new token's piece is decoded over
+//! a window of the last tokens (vLLM's incremental detokenization) so that the pieces add up to the
+//! whole reply's text, and a piece ending in an incomplete character waits for the next token.
+
+use std::collections::HashSet;
+
+use tokenizers::Tokenizer;
+
+use crate::data::TOOL_CALL_TOKENS;
+
+/// The tokenizer and the ids a reply's text leaves out.
+pub struct ReplyText<'t> {
+    tokenizer: &'t Tokenizer,
+    dropped: HashSet<u32>,
+}
+
+impl<'t> ReplyText<'t> {
+    pub fn new(tokenizer: &'t Tokenizer) -> Self {
+        let dropped = tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special && !TOOL_CALL_TOKENS.contains(&token.content.as_str()))
+            .map(|(id, _)| id)
+            .collect();
+        Self { tokenizer, dropped }
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        self.tokenizer
+    }
+
+    /// The text of a whole reply.
+    pub fn decode(&self, ids: &[u32]) -> anyhow::Result<String> {
+        let kept: Vec<u32> = ids.iter().copied().filter(|id| !self.dropped.contains(id)).collect();
+        self.decode_kept(&kept)
+    }
+
+    fn decode_kept(&self, ids: &[u32]) -> anyhow::Result<String> {
+        self.tokenizer.decode(ids, false).map_err(anyhow::Error::msg)
+    }
+}
+
+/// Where one reply's decoding stands: its kept ids, the window's start (`prefix`) and the end of
+/// what was released (`read`).
+#[derive(Debug, Default, Clone)]
+pub struct Detokenizer {
+    ids: Vec<u32>,
+    prefix: usize,
+    read: usize,
+}
+
+impl Detokenizer {
+    /// The text the next token adds (empty while it ends in an incomplete character, or for a
+    /// token the text leaves out).
+    pub fn push(&mut self, text: &ReplyText, id: u32) -> anyhow::Result<String> {
+        if text.dropped.contains(&id) {
+            return Ok(String::new());
+        }
+        self.ids.push(id);
+        let before = text.decode_kept(&self.ids[self.prefix..self.read])?;
+        let now = text.decode_kept(&self.ids[self.prefix..])?;
+        if now.len() <= before.len() || now.ends_with('\u{FFFD}') {
+            return Ok(String::new());
+        }
+        self.prefix = self.read;
+        self.read = self.ids.len();
+        Ok(new_part(&before, &now))
+    }
+
+    /// What is left when the reply ends (an incomplete character's replacement included).
+    pub fn finish(&mut self, text: &ReplyText) -> anyhow::Result<String> {
+        let before = text.decode_kept(&self.ids[self.prefix..self.read])?;
+        let now = text.decode_kept(&self.ids[self.prefix..])?;
+        self.prefix = self.read;
+        self.read = self.ids.len();
+        Ok(if now.len() > before.len() { new_part(&before, &now) } else { String::new() })
+    }
+}
+
+/// What `now` adds to `before`: its bytes past the longest common start, on a character boundary.
+fn new_part(before: &str, now: &str) -> String {
+    if let Some(rest) = now.strip_prefix(before) {
+        return rest.to_string();
+    }
+    let common = before.char_indices().zip(now.chars()).take_while(|((_, a), b)| a == b).count();
+    let at = now.char_indices().nth(common).map_or(now.len(), |(i, _)| i);
+    now[at..].to_string()
+}
