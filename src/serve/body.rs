@@ -8,15 +8,12 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::errors::ApiError;
+use super::limits::too_large;
 
 /// The body as JSON (an object), or the error for a body too large or unreadable.
 pub fn json_object(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
     let bytes = body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::status(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            "The request body is larger than this server takes (--max-body-bytes).",
-        ),
+        StatusCode::PAYLOAD_TOO_LARGE => too_large(),
         status => ApiError::status(status, "invalid_request_error", rejection.body_text()),
     })?;
     let value: Value = serde_json::from_slice(&bytes)

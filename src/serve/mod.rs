@@ -10,6 +10,7 @@ mod chat;
 mod completions;
 mod errors;
 mod events;
+mod limits;
 mod logprobs;
 mod models;
 mod params;

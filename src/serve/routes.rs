@@ -1,6 +1,6 @@
 //! The server's routes: each handler reads its body (`body`), checks it into engine requests
 //! (`chat`, `completions`, `models`) and answers whole or streamed (`sse`), under the key check
-//! (`auth`) and the body limit.
+//! (`auth`) and the body limit (`limits`).
 
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use super::body::json_object;
 use super::errors::ApiError;
 use super::sse::{Api, StreamJob};
 use super::state::{now, response_id, AppState};
-use super::{auth, chat, completions, events, models, sse};
+use super::{auth, chat, completions, events, limits, models, sse};
 
 /// Every route, with the state, the key check on /v1/* and the body limit.
 pub fn router(state: AppState) -> Router {
@@ -35,6 +35,7 @@ pub fn router(state: AppState) -> Router {
             ApiError::status(StatusCode::NOT_FOUND, "invalid_request_error", "No such route.")
         })
         .layer(DefaultBodyLimit::max(state.options.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), limits::refuse_large_bodies))
         .with_state(state)
 }
 
