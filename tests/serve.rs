@@ -461,10 +461,10 @@ fn hang_up_mid_stream(addr: &str, max_tokens: usize) {
 }
 
 #[test]
-fn a_client_that_hangs_up_mid_stream_frees_its_place() {
+fn a_client_that_hangs_up_mid_stream_or_times_out_frees_its_place() {
     // one sequence at a time: hung-up requests that kept their place would hold the next one back
     // for the 2 × 4000 tokens they asked for (about 20 s on the tiny model), freed ones not
-    let server = Server::start(&["--max-batch", "1", "--max-tokens", "4096"]);
+    let server = Server::start(&["--max-batch", "1", "--max-tokens", "4096", "--request-timeout-s", "2"]);
     let addr = server.url.strip_prefix("http://").unwrap().to_string();
     hang_up_mid_stream(&addr, 4000);
     hang_up_mid_stream(&addr, 4000);
@@ -473,9 +473,15 @@ fn a_client_that_hangs_up_mid_stream_frees_its_place() {
     assert_eq!(status, 200, "{reply}");
     let waited = started.elapsed();
     assert!(
-        waited < Duration::from_secs(20),
+        waited < Duration::from_secs(6),
         "the next request waited {waited:?}: the hung-up ones kept their place"
     );
+
+    // a request past --request-timeout-s: a 504, and its place freed too
+    let (status, body) = server.post("/v1/chat/completions", &chat_body("hi", json!({"max_tokens": 4000})));
+    assert_eq!((status, error(&body)["code"].as_str()), (504, Some("timeout")), "{body}");
+    let (status, reply) = server.post("/v1/chat/completions", &chat_body("hi", json!({})));
+    assert_eq!(status, 200, "{reply}");
 }
 
 #[test]
