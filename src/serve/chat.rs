@@ -72,8 +72,8 @@ pub fn prepare(state: &AppState, body: &Value) -> Result<(Request, ChatJob), Api
         .enumerate()
         .map(|(i, m)| normalize_message(m).map_err(|e| ApiError::field(&format!("messages[{i}]"), e)))
         .collect::<Result<Vec<_>, _>>()?;
-    let tools = if use_tools { chat.tools.unwrap_or(Value::Null) } else { Value::Null };
-    let row = json!({"messages": messages, "tools": tools}).to_string();
+    // with "none" the tools stay in the prompt (as vLLM keeps them) and the reply is not read for calls
+    let row = json!({"messages": messages, "tools": chat.tools.unwrap_or(Value::Null)}).to_string();
     let conversation = Conversation::parse_prompt(&row).map_err(|e| {
         let param = if e.starts_with("tools") || e.starts_with("\"tools\"") { "tools" } else { "messages" };
         ApiError::field(param, e)

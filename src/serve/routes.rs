@@ -76,6 +76,7 @@ async fn answer_chat(state: AppState, body: Result<Bytes, BytesRejection>) -> Re
         return Ok(sse::respond(stream, rx, state.tokenizer.clone()));
     }
     let gathered = events::collect(rx, choices, deadline, timeout_s).await?;
+    log_done(&id, &job.model, job.prompt_tokens, &gathered, deadline, timeout_s);
     Ok(Json(chat::response(&state, &job, &id, &gathered)).into_response())
 }
 
@@ -110,6 +111,7 @@ async fn answer_completions(
         return Ok(sse::respond(stream, rx, state.tokenizer.clone()));
     }
     let gathered = events::collect(rx, choices, deadline, timeout_s).await?;
+    log_done(&id, &job.model, job.prompt_tokens, &gathered, deadline, timeout_s);
     Ok(Json(completions::response(&state, &job, &id, &gathered)).into_response())
 }
 
@@ -126,4 +128,22 @@ async fn unload_adapter(State(state): State<AppState>, body: Result<Bytes, Bytes
         Ok(message) => message.into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// One line a finished request: its tokens and time.
+fn log_done(
+    id: &str,
+    model: &str,
+    prompt: usize,
+    choices: &[events::Choice],
+    deadline: Instant,
+    timeout_s: u64,
+) {
+    let completion: usize = choices.iter().map(|c| c.completion_tokens).sum();
+    let took =
+        Duration::from_secs(timeout_s).saturating_sub(deadline.saturating_duration_since(Instant::now()));
+    tracing::info!(
+        "{id} ({model}): {prompt} prompt + {completion} completion tokens in {:.2} s",
+        took.as_secs_f64()
+    );
 }

@@ -173,6 +173,13 @@ impl Stream {
         }
         self.left -= 1;
         if self.left == 0 {
+            tracing::info!(
+                "{} ({}, streamed): {} prompt + {} completion tokens",
+                self.job.id,
+                self.job.model,
+                self.job.prompt_tokens,
+                self.completion_tokens
+            );
             if self.job.include_usage {
                 let object = self.object();
                 let chunk = json!({

@@ -97,6 +97,13 @@ for round in range(3):
         conversation.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
 print(f"tools: {round + 1} round(s), last reply {message.content!r}")
 
+# tool_choice "none": the tools stay in the prompt, the reply is all content
+reply = client.chat.completions.create(
+    model=model, messages=conversation, tools=tools, tool_choice="none", max_tokens=8, temperature=0,
+)
+assert reply.choices[0].message.tool_calls is None and isinstance(reply.choices[0].message.content, str)
+assert reply.choices[0].finish_reason in ("stop", "length"), reply.choices[0]
+
 # errors: a bad field is a BadRequestError naming it; a wrong key an AuthenticationError;
 # tool_choice "required" is refused; an unknown model is a NotFoundError
 try:
