@@ -177,6 +177,10 @@ fn models_chat_streams_and_completions() {
     assert_eq!(models["object"], "list");
     assert_eq!(models["data"][0]["id"], "tiny");
     assert_eq!(server.get("/health", None).0, 200);
+    let (status, body) = server.get("/v1/chat/completions", None);
+    assert_eq!(status, 405, "{body}");
+    error(&body);
+    assert_eq!(error(&server.get("/v1/nothing", None).1)["type"], "invalid_request_error");
 
     let (status, reply) = server.post("/v1/chat/completions", &chat_body("Where is my order?", json!({})));
     assert_eq!(status, 200, "{reply}");

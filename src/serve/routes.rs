@@ -34,6 +34,13 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async {
             ApiError::status(StatusCode::NOT_FOUND, "invalid_request_error", "No such route.")
         })
+        .method_not_allowed_fallback(|| async {
+            ApiError::status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                "This route takes another method (GET /v1/models, POST /v1/chat/completions, ...).",
+            )
+        })
         .layer(DefaultBodyLimit::max(state.options.max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(state.clone(), limits::refuse_large_bodies))
         .with_state(state)
