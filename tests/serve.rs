@@ -4,8 +4,10 @@
 //! model, a prompt past the context, a missing key, a body past the limit), an adapter's replies
 //! (as `lora-ft generate --adapter` gives them), adapters loaded and unloaded inside
 //! `--adapter-dir` only, 16 clients at once each getting the reply it gets alone, a client that
-//! hangs up mid-stream, and OpenAI's own Python client (`tests/serve/openai_client.py`, from a
-//! venv `scripts/openai_install.sh` installs once where `LORA_FT_OPENAI_PYTHON` names none).
+//! hangs up mid-stream or past its time limit; and on the demo model (SmolLM2-135M-Instruct, real
+//! weights) a tool call whole, streamed and through OpenAI's own Python client
+//! (`tests/serve/openai_client.py`, from a venv `scripts/openai_install.sh` installs once where
+//! `LORA_FT_OPENAI_PYTHON` names none).
 
 mod common;
 
@@ -24,14 +26,21 @@ const KEY: &str = "sk-serve-test";
 struct Server {
     child: Child,
     url: String,
+    /// Sent with `post` and `stream` where the server was started with `--api-key`.
+    key: Option<String>,
 }
 
 impl Server {
     /// Starts the server on the tiny model (its chat template the one with tools) on a free port,
     /// with `extra` flags (`--max-tokens 64` unless they say otherwise); returns once it listens.
     fn start(extra: &[&str]) -> Self {
+        Self::start_model(&common::tiny_smollm2_dir(), "tiny", extra)
+    }
+
+    /// `start` with another model, served as `name`.
+    fn start_model(model: &Path, name: &str, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_lora-ft"))
-            .args(["serve", common::tiny_smollm2_dir().to_str().unwrap(), "--served-model-name", "tiny"])
+            .args(["serve", model.to_str().unwrap(), "--served-model-name", name])
             .args(["--quantization", "none", "--port", "0", "--chat-template"])
             .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/templates/chatml-tools.jinja"))
             .args(if extra.contains(&"--max-tokens") { &[][..] } else { &["--max-tokens", "64"][..] })
@@ -55,7 +64,8 @@ impl Server {
                 }
             }
         };
-        Server { child, url }
+        let key = extra.iter().position(|a| *a == "--api-key").map(|i| extra[i + 1].to_string());
+        Server { child, url, key }
     }
 
     /// `POST path` with a raw body (and the key, where given): the status and the body as JSON
@@ -71,7 +81,7 @@ impl Server {
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.post_raw(path, &body.to_string(), None)
+        self.post_raw(path, &body.to_string(), self.key.as_deref())
     }
 
     fn get(&self, path: &str, key: Option<&str>) -> (u16, Value) {
@@ -84,10 +94,11 @@ impl Server {
 
     /// A streamed request: the `data:` payloads in order, `[DONE]` last.
     fn stream(&self, path: &str, body: &Value) -> Vec<String> {
-        let response = ureq::post(&format!("{}{path}", self.url))
-            .timeout(Duration::from_secs(120))
-            .send_string(&body.to_string())
-            .unwrap();
+        let mut request = ureq::post(&format!("{}{path}", self.url)).timeout(Duration::from_secs(120));
+        if let Some(key) = &self.key {
+            request = request.set("Authorization", &format!("Bearer {key}"));
+        }
+        let response = request.send_string(&body.to_string()).unwrap();
         assert_eq!(response.header("Content-Type"), Some("text/event-stream"));
         let mut text = String::new();
         response.into_reader().read_to_string(&mut text).unwrap();
@@ -488,13 +499,74 @@ fn a_client_that_hangs_up_mid_stream_or_times_out_frees_its_place() {
     assert_eq!(status, 200, "{reply}");
 }
 
+/// A conversation where the assistant looked two orders up with `lookup_order` and is asked of a
+/// third: SmolLM2-135M-Instruct answers greedily with a call of its own.
+fn tool_call_conversation() -> Value {
+    let call = |order: &str, id: &str| {
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": "lookup_order", "arguments": json!({"order_id": order}).to_string()}}]})
+    };
+    let result =
+        |id: &str| json!({"role": "tool", "tool_call_id": id, "content": "{\"status\": \"shipped\"}"});
+    json!({
+        "model": "smollm2",
+        "messages": [
+            {"role": "user", "content": "Where is order FH-2454879?"}, call("FH-2454879", "call_1"), result("call_1"),
+            {"role": "assistant", "content": "It shipped."},
+            {"role": "user", "content": "Where is order FH-3333333?"}, call("FH-3333333", "call_2"), result("call_2"),
+            {"role": "assistant", "content": "It shipped."},
+            {"role": "user", "content": "Where is order FH-1111111?"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "lookup_order", "description": "Look up an order.",
+            "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}],
+        "max_tokens": 36,
+        "temperature": 0,
+    })
+}
+
+/// The demo model (real weights) calls a tool: the call comes back as `tool_calls` whole and as
+/// `delta.tool_calls` streamed, and as text with `tool_choice: "none"`; then OpenAI's Python client
+/// runs its checks and a tool-calling loop against the same server.
 #[test]
-fn openais_python_client_talks_to_the_server() {
+fn the_demo_model_calls_tools_whole_streamed_and_through_openais_client() {
+    let server = Server::start_model(&lora_ft::fixtures::smollm2_dir(), "smollm2", &["--api-key", KEY]);
+    let body = tool_call_conversation();
+    let (status, reply) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{reply}");
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{reply}");
+    assert_eq!(choice["message"]["content"], Value::Null, "{reply}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert!(call["id"].as_str().unwrap().starts_with("call_"), "{call}");
+    assert_eq!(call["function"]["name"], "lookup_order");
+    let arguments: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(arguments, json!({"order_id": "FH-1111111"}));
+
+    let mut streamed = body.clone();
+    streamed["stream"] = true.into();
+    let events = server.stream("/v1/chat/completions", &streamed);
+    let chunks: Vec<Value> =
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, "", "the call is held back, not streamed as text");
+    let calls: Vec<&Value> =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"].get("tool_calls")).collect();
+    assert_eq!(calls.len(), 1, "{events:?}");
+    assert_eq!(calls[0][0]["index"], 0);
+    assert_eq!(calls[0][0]["function"], call["function"], "the streamed call is the whole reply's");
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+
+    let mut none = body.clone();
+    none["tool_choice"] = "none".into();
+    let (_, plain) = server.post("/v1/chat/completions", &none);
+    assert!(content(&plain).contains("<tool_call>"), "{plain}");
+    assert!(plain["choices"][0]["message"].get("tool_calls").is_none(), "{plain}");
+
     let python = openai_python();
-    let server = Server::start(&["--api-key", KEY]);
     let out = Command::new(&python)
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve/openai_client.py"))
-        .args([&format!("{}/v1", server.url), KEY, "tiny"])
+        .args([&format!("{}/v1", server.url), KEY, "smollm2"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);

@@ -55,7 +55,7 @@ tools = [{
     "type": "function",
     "function": {
         "name": "lookup_order",
-        "description": "Look up an order's status by its id.",
+        "description": "Look up an order.",
         "parameters": {
             "type": "object",
             "properties": {"order_id": {"type": "string"}},
@@ -69,19 +69,28 @@ def lookup_order(order_id):
     return {"order_id": order_id, "status": "shipped"}
 
 
-# the history holds a call and its result already, as an app sends it back
+# the history holds two calls and their results already, as an app sends them back; asked of a
+# third order, the demo model calls the tool itself
+def call(order_id, call_id):
+    return {"role": "assistant", "content": None, "tool_calls": [{
+        "id": call_id, "type": "function",
+        "function": {"name": "lookup_order", "arguments": json.dumps({"order_id": order_id})},
+    }]}
+
+
 conversation = [
-    {"role": "user", "content": "Where is order FH-1234567?"},
-    {"role": "assistant", "content": None, "tool_calls": [{
-        "id": "call_abc123", "type": "function",
-        "function": {"name": "lookup_order", "arguments": json.dumps({"order_id": "FH-1234567"})},
-    }]},
-    {"role": "tool", "tool_call_id": "call_abc123", "content": json.dumps(lookup_order("FH-1234567"))},
-    {"role": "user", "content": "And order FH-7654321?"},
+    {"role": "user", "content": "Where is order FH-2454879?"}, call("FH-2454879", "call_1"),
+    {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"status": "shipped"})},
+    {"role": "assistant", "content": "It shipped."},
+    {"role": "user", "content": "Where is order FH-3333333?"}, call("FH-3333333", "call_2"),
+    {"role": "tool", "tool_call_id": "call_2", "content": json.dumps({"status": "shipped"})},
+    {"role": "assistant", "content": "It shipped."},
+    {"role": "user", "content": "Where is order FH-1111111?"},
 ]
+calls_made = []
 for round in range(3):
     reply = client.chat.completions.create(
-        model=model, messages=conversation, tools=tools, tool_choice="auto", max_tokens=8, temperature=0,
+        model=model, messages=conversation, tools=tools, tool_choice="auto", max_tokens=40, temperature=0,
     )
     message = reply.choices[0].message
     if not message.tool_calls:
@@ -90,12 +99,15 @@ for round in range(3):
         break
     assert reply.choices[0].finish_reason == "tool_calls", reply.choices[0]
     conversation.append(message.model_dump(exclude_none=True))
-    for call in message.tool_calls:
-        assert call.type == "function" and call.id.startswith("call_"), call
-        arguments = json.loads(call.function.arguments)
-        result = lookup_order(**arguments) if call.function.name == "lookup_order" else {"error": "unknown"}
-        conversation.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
-print(f"tools: {round + 1} round(s), last reply {message.content!r}")
+    for tool_call in message.tool_calls:
+        assert tool_call.type == "function" and tool_call.id.startswith("call_"), tool_call
+        arguments = json.loads(tool_call.function.arguments)
+        calls_made.append((tool_call.function.name, arguments))
+        known = tool_call.function.name == "lookup_order" and set(arguments) == {"order_id"}
+        result = lookup_order(**arguments) if known else {"error": "unknown function or arguments"}
+        conversation.append({"role": "tool", "tool_call_id": tool_call.id, "content": json.dumps(result)})
+assert calls_made[:1] == [("lookup_order", {"order_id": "FH-1111111"})], calls_made
+print(f"tools: {round + 1} round(s), calls {calls_made}, last reply {message.content!r}")
 
 # tool_choice "none": the tools stay in the prompt, the reply is all content
 reply = client.chat.completions.create(
