@@ -1,5 +1,5 @@
 //! `lora-ft serve`: the model, its tokenizer and its adapters loaded, the engine started and the
-//! OpenAI-compatible server (`lora_ft::serve`) listening until Ctrl-C.
+//! OpenAI-compatible server (`lora_ft::serve`) listening until Ctrl-C or SIGTERM.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -72,9 +72,25 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         println!("listening on http://{addr}");
         std::io::Write::flush(&mut std::io::stdout())?;
         let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
+            stop_signal().await;
             tracing::info!("stopping: finishing the requests in flight");
         };
         lora_ft::serve::serve(listener, state, shutdown).await
     })
+}
+
+/// Ctrl-C, or (on Unix) SIGTERM as a service manager or `docker stop` sends it.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
