@@ -24,7 +24,7 @@ use std::process::Command;
 const ARCHS: &str = "80,86,89,90,100,120";
 
 /// The kernels of src/cuda/, each compiled to `$OUT_DIR/<name>.fatbin`.
-const KERNELS: [&str; 12] = [
+const KERNELS: [&str; 13] = [
     "nf4",
     "adafactor",
     "adamw",
@@ -37,6 +37,7 @@ const KERNELS: [&str; 12] = [
     "embedding",
     "rope",
     "lora_weights",
+    "decode_attention",
 ];
 const CUDA_HEADERS: [&str; 5] = [
     "src/cuda/dtype.cuh",

@@ -26,6 +26,7 @@ pub mod adamw;
 pub mod candle_modules;
 pub mod cross_entropy;
 pub mod cudnn_sdpa;
+pub mod decode_attention;
 pub mod dropout;
 pub mod elementwise;
 pub mod flash;

@@ -181,7 +181,10 @@ fn run_to_end(
     let params = settings.sampling_params();
     params.validate()?;
     stop::check_stop_strings(&settings.stop_strings)?;
-    let mut scheduler = Scheduler::new(model, text, stop.to_vec(), prompts.len().max(1));
+    // a slot for every prompt, each as long as the longest prompt and its reply
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let capacity = longest.saturating_add(settings.max_new_tokens);
+    let mut scheduler = Scheduler::new(model, text, stop.to_vec(), (prompts.len(), capacity))?;
     let mut channels = Vec::with_capacity(prompts.len());
     for (i, prompt) in prompts.iter().enumerate() {
         let request = Request {

@@ -27,5 +27,5 @@ pub mod reference;
 
 pub use decoder::{add_lora_to, lora_params_of, CausalLm, TrainOutput, TrainingPolicy};
 pub use layer::DecoderLayer;
-pub use layer::KvCache;
+pub use layer::{DecodeRows, KvCache, SlotCache};
 pub use lora::{module_path, LoraSpec, PROJECTIONS};

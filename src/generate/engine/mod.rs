@@ -29,8 +29,11 @@ use text::ReplyText;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// Sequences decoded together at most.
+    /// Sequences decoded together at most (the KV cache's slots).
     pub max_batch: usize,
+    /// Positions a sequence may reach, prompt and reply (the KV cache's slot length); the
+    /// model's context at most.
+    pub max_seq_len: usize,
 }
 
 /// A handle to the engine's thread; clones share it. The thread ends when the last handle goes.
@@ -43,6 +46,7 @@ struct Inner {
     model: Arc<CausalLm>,
     jobs: std::sync::mpsc::Sender<(Job, Vec<Sampler>)>,
     adapters: RwLock<BTreeMap<String, Arc<Vec<DecoderLayer>>>>,
+    max_seq_len: usize,
 }
 
 impl Engine {
@@ -55,13 +59,17 @@ impl Engine {
         config: EngineConfig,
     ) -> anyhow::Result<Self> {
         let model = Arc::new(model);
+        let max_seq_len = config.max_seq_len.clamp(1, model.config().max_position_embeddings);
         let (jobs, queue) = std::sync::mpsc::channel::<(Job, Vec<Sampler>)>();
+        let (ready, started) = std::sync::mpsc::channel::<anyhow::Result<()>>();
         let own = model.clone();
         std::thread::Builder::new()
             .name("lora-ft-engine".into())
-            .spawn(move || run(&own, &tokenizer, stop_ids, &config, &queue))
+            .spawn(move || run(&own, &tokenizer, stop_ids, (config.max_batch, max_seq_len), &queue, ready))
             .context("starting the engine's thread")?;
-        Ok(Self { inner: Arc::new(Inner { model, jobs, adapters: RwLock::new(BTreeMap::new()) }) })
+        started.recv().context("the engine's thread ended while starting")??;
+        let inner = Inner { model, jobs, adapters: RwLock::new(BTreeMap::new()), max_seq_len };
+        Ok(Self { inner: Arc::new(inner) })
     }
 
     /// Queues a request; its events come on the returned channel, and dropping the channel
@@ -117,29 +125,34 @@ impl Engine {
         self.inner.adapters.read().map(|a| a.keys().cloned().collect()).unwrap_or_default()
     }
 
-    /// The model's context: a prompt and its reply together stop there.
+    /// Positions a prompt and its reply reach together at most (`EngineConfig::max_seq_len`).
     pub fn max_context(&self) -> usize {
-        self.inner.model.config().max_position_embeddings
+        self.inner.max_seq_len
     }
 }
 
-/// The engine's thread: waits for work when there is none, else takes what came and steps.
+/// The engine's thread: allocates the KV cache (`ready` says whether it could), then waits for
+/// work when there is none, else takes what came and steps.
 fn run(
     model: &CausalLm,
     tokenizer: &Tokenizer,
     stop_ids: Vec<u32>,
-    config: &EngineConfig,
+    shape: (usize, usize),
     queue: &std::sync::mpsc::Receiver<(Job, Vec<Sampler>)>,
+    ready: std::sync::mpsc::Sender<anyhow::Result<()>>,
 ) {
-    #[cfg(feature = "cuda")]
-    if let candle_core::Device::Cuda(d) = model.device() {
-        if let Err(e) = d.cuda_stream().context().bind_to_thread() {
-            tracing::error!("the engine cannot use the GPU: {e}");
+    let text = ReplyText::new(tokenizer);
+    let scheduler = bind_device(model).and_then(|()| Scheduler::new(model, Some(&text), stop_ids, shape));
+    let mut scheduler = match scheduler {
+        Ok(s) => {
+            let _ = ready.send(Ok(()));
+            s
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
             return;
         }
-    }
-    let text = ReplyText::new(tokenizer);
-    let mut scheduler = Scheduler::new(model, Some(&text), stop_ids, config.max_batch);
+    };
     loop {
         if scheduler.is_idle() {
             match queue.recv() {
@@ -155,4 +168,14 @@ fn run(
             scheduler.fail_all(&format!("{e:#}"));
         }
     }
+}
+
+/// Makes the model's GPU current on this thread (nothing on the CPU).
+fn bind_device(model: &CausalLm) -> anyhow::Result<()> {
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(d) = model.device() {
+        d.cuda_stream().context().bind_to_thread().context("making the GPU current for the engine")?;
+    }
+    let _ = model;
+    Ok(())
 }

@@ -1,17 +1,19 @@
 //! Continuous batching: requests wait in a queue; each step first admits the waiting ones that fit
-//! in the batch (the prompt's prefill, once for all its samples, whose caches are forks of it),
-//! then decodes one token for every live sequence, the sequences of one adapter in one forward
-//! (each weight read once for all of them). A finished or abandoned sequence leaves the batch at
-//! once, and its place goes to the next waiting request in the same step.
+//! in the batch (the prompt's prefill, once for all its samples, each sample in its own slot of
+//! the KV cache, a copy of the prompt's), then decodes one token for every live sequence, the
+//! sequences of one adapter in one forward (each weight read once for all of them). A finished or
+//! abandoned sequence leaves the batch at once, and its slot goes to the next waiting request in
+//! the same step.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use anyhow::Context;
 use candle_core::{DType, Tensor};
 
 use crate::generate::sampling::Sampler;
 use crate::generate::stop::{check_stop_strings, FinishReason};
-use crate::model::{CausalLm, DecoderLayer, KvCache};
+use crate::model::{CausalLm, DecodeRows, DecoderLayer, KvCache, SlotCache};
 
 use super::request::{Event, Request, SubmitError};
 use super::sequence::{Job, Sequence};
@@ -22,13 +24,15 @@ pub struct Scheduler<'m> {
     /// `None`: no text (token ids alone, no stop strings).
     text: Option<&'m ReplyText<'m>>,
     stop_ids: Vec<u32>,
-    /// Sequences decoded together at most.
-    max_batch: usize,
+    /// One per layer: a slot per sequence decoded together.
+    caches: Vec<SlotCache>,
+    /// The slots no sequence holds.
+    free: Vec<usize>,
     waiting: VecDeque<(Arc<Job>, Vec<Sampler>)>,
     live: Vec<Sequence>,
 }
 
-/// The samplers of a request's samples, or what is wrong with it, for a model of `max_pos`
+/// The samplers of a request's samples, or what is wrong with it, for a context of `max_pos`
 /// positions (with text or without).
 pub fn validate(request: &Request, max_pos: usize, has_text: bool) -> Result<Vec<Sampler>, SubmitError> {
     if request.prompt.is_empty() {
@@ -55,20 +59,18 @@ pub fn validate(request: &Request, max_pos: usize, has_text: bool) -> Result<Vec
 }
 
 impl<'m> Scheduler<'m> {
+    /// A scheduler of `slots` sequences at most, each of `capacity` positions at most (prompt and
+    /// reply; no more than the model's context), its KV cache allocated here.
     pub fn new(
         model: &'m CausalLm,
         text: Option<&'m ReplyText<'m>>,
         stop_ids: Vec<u32>,
-        max_batch: usize,
-    ) -> Self {
-        Self {
-            model,
-            text,
-            stop_ids,
-            max_batch: max_batch.max(1),
-            waiting: VecDeque::new(),
-            live: Vec::new(),
-        }
+        (slots, capacity): (usize, usize),
+    ) -> anyhow::Result<Self> {
+        let (slots, capacity) = (slots.max(1), capacity.clamp(1, model.config().max_position_embeddings));
+        let caches = model.slot_caches(slots, capacity).context("allocating the KV cache")?;
+        let free = (0..slots).rev().collect();
+        Ok(Self { model, text, stop_ids, caches, free, waiting: VecDeque::new(), live: Vec::new() })
     }
 
     /// Queues a request on the model's own layers (an adapter by name is the engine's).
@@ -90,8 +92,9 @@ impl<'m> Scheduler<'m> {
         self.waiting.push_back((Arc::new(job), samplers));
     }
 
+    /// Positions a sequence may reach: the model's context, or less where the cache is shorter.
     pub fn max_pos(&self) -> usize {
-        self.model.config().max_position_embeddings
+        self.caches.first().map_or(0, SlotCache::capacity)
     }
 
     /// Nothing waiting and nothing live.
@@ -108,10 +111,22 @@ impl<'m> Scheduler<'m> {
     /// request's prefill fails that request alone; an error of a decode step fails the
     /// sequences of that forward.
     pub fn step(&mut self) -> anyhow::Result<()> {
-        self.live.retain(|s| !s.job.abandoned());
+        let (live, free) = (&mut self.live, &mut self.free);
+        live.retain(|s| {
+            !s.job.abandoned() || {
+                free.push(s.slot);
+                false
+            }
+        });
         self.waiting.retain(|(job, _)| !job.abandoned());
         while let Some((job, samplers)) = self.waiting.pop_front() {
-            if !self.live.is_empty() && self.live.len() + samplers.len() > self.max_batch {
+            if samplers.len() > self.free.len() {
+                anyhow::ensure!(
+                    !self.live.is_empty() || samplers.len() <= self.caches[0].slots(),
+                    "a request of {} samples, more than the {} sequences the engine decodes together",
+                    samplers.len(),
+                    self.caches[0].slots()
+                );
                 self.waiting.push_front((job, samplers));
                 break;
             }
@@ -130,6 +145,7 @@ impl<'m> Scheduler<'m> {
         }
         for seq in self.live.drain(..) {
             seq.job.send(Event::Failed(message.to_string()));
+            self.free.push(seq.slot);
         }
     }
 
@@ -137,8 +153,8 @@ impl<'m> Scheduler<'m> {
         job.layers.as_deref().map_or(&self.model.layers[..], |l| &l[..])
     }
 
-    /// The prompt's forward once, its first token sampled for each sample, each sample on a
-    /// fork of the prompt's caches.
+    /// The prompt's forward once (the training path's attention), its keys and values copied
+    /// into a slot for each sample, its first token sampled for each.
     fn prefill(&mut self, job: &Arc<Job>, samplers: Vec<Sampler>) -> anyhow::Result<()> {
         if job.max_new_tokens == 0 {
             for index in 0..samplers.len() {
@@ -152,19 +168,34 @@ impl<'m> Scheduler<'m> {
             }
             return Ok(());
         }
-        let mut caches: Vec<KvCache> = (0..self.model.layers.len()).map(|_| KvCache::default()).collect();
+        let mut prompt_caches: Vec<KvCache> =
+            (0..self.model.layers.len()).map(|_| KvCache::default()).collect();
         let ids = Tensor::new(job.prompt.as_slice(), self.model.device())?.unsqueeze(0)?;
-        let logits = self.model.forward_last_of(self.layers(job), &ids, Some(&mut caches))?.squeeze(0)?;
+        let logits =
+            self.model.forward_last_of(self.layers(job), &ids, Some(&mut prompt_caches))?.squeeze(0)?;
         let logits = logits.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-        let n = samplers.len();
-        for (index, sampler) in samplers.into_iter().enumerate() {
-            let caches = match index + 1 == n {
-                true => std::mem::take(&mut caches),
-                false => caches.iter().map(KvCache::fork).collect::<candle_core::Result<Vec<_>>>()?,
-            };
-            let mut seq = Sequence::new(job.clone(), index, sampler, caches)?;
-            if seq.advance(&logits, self.text, &self.stop_ids, self.max_pos())? {
-                self.live.push(seq);
+        let slots: Vec<usize> = self.free.split_off(self.free.len() - samplers.len());
+        let filled = slots.iter().enumerate().try_for_each(|(i, &slot)| {
+            self.caches.iter().zip(&prompt_caches).try_for_each(|(cache, prompt)| match i {
+                0 => cache.fill(slot, prompt),
+                _ => cache.copy_slot(slots[0], slot, job.prompt.len()),
+            })
+        });
+        if let Err(e) = filled {
+            self.free.extend(&slots);
+            return Err(e.into());
+        }
+        drop(prompt_caches);
+        let max_pos = self.max_pos();
+        for (index, (sampler, slot)) in samplers.into_iter().zip(slots).enumerate() {
+            let mut seq = Sequence::new(job.clone(), index, sampler, slot)?;
+            match seq.advance(&logits, self.text, &self.stop_ids, max_pos) {
+                Ok(true) => self.live.push(seq),
+                Ok(false) => self.free.push(slot),
+                Err(e) => {
+                    self.free.push(slot);
+                    return Err(e);
+                }
             }
         }
         Ok(())
@@ -192,8 +223,12 @@ impl<'m> Scheduler<'m> {
             }
         }
         let mut r = 0;
-        self.live.retain(|_| {
+        let free = &mut self.free;
+        self.live.retain(|seq| {
             r += 1;
+            if ended[r - 1] {
+                free.push(seq.slot);
+            }
             !ended[r - 1]
         });
         match failure {
@@ -206,18 +241,12 @@ impl<'m> Scheduler<'m> {
     fn decode_rows(&mut self, rows: &[usize], ended: &mut [bool]) -> anyhow::Result<()> {
         let last: Vec<u32> = rows.iter().map(|&r| self.live[r].last_token().unwrap_or(0)).collect();
         let ids = Tensor::new(last.as_slice(), self.model.device())?.unsqueeze(1)?;
-        let layer_count = self.model.layers.len();
-        let mut caches: Vec<Vec<KvCache>> = (0..layer_count)
-            .map(|l| rows.iter().map(|&r| std::mem::take(&mut self.live[r].caches[l])).collect())
-            .collect();
+        let slots = rows.iter().map(|&r| self.live[r].slot).collect();
+        let positions = rows.iter().map(|&r| self.live[r].position()).collect();
+        let places = DecodeRows::new(slots, positions, &self.caches[0])?;
         let job = self.live[rows[0]].job.clone();
-        let logits = self.model.forward_last_rows_of(self.layers(&job), &ids, &mut caches);
-        for (l, layer) in caches.into_iter().enumerate() {
-            for (cache, &r) in layer.into_iter().zip(rows) {
-                self.live[r].caches[l] = cache;
-            }
-        }
-        let logits = logits?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        let logits = self.model.forward_slots_of(self.layers(&job), &ids, &self.caches, &places)?;
+        let logits = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
         let max_pos = self.max_pos();
         for (row, &r) in logits.iter().zip(rows) {
             if !self.live[r].advance(row, self.text, &self.stop_ids, max_pos)? {

@@ -1,11 +1,11 @@
-//! One sample being generated: its sampler, tokens, KV caches, text so far, and the channel its
+//! One sample being generated: its sampler, tokens, slot of the KV cache, text so far, and the channel its
 //! events go to (closed: the client is gone, and the sequence is dropped).
 
 use std::sync::Arc;
 
 use crate::generate::sampling::Sampler;
 use crate::generate::stop::{FinishReason, StopMatcher};
-use crate::model::{DecoderLayer, KvCache};
+use crate::model::DecoderLayer;
 
 use super::request::{Event, Request};
 use super::text::{Detokenizer, ReplyText};
@@ -57,24 +57,22 @@ pub struct Sequence {
     pub index: usize,
     pub sampler: Sampler,
     pub tokens: Vec<u32>,
-    /// One per layer.
-    pub caches: Vec<KvCache>,
+    /// Its slot in the scheduler's KV cache.
+    pub slot: usize,
     detokenizer: Detokenizer,
     stops: StopMatcher,
 }
 
 impl Sequence {
-    pub fn new(job: Arc<Job>, index: usize, sampler: Sampler, caches: Vec<KvCache>) -> anyhow::Result<Self> {
+    pub fn new(job: Arc<Job>, index: usize, sampler: Sampler, slot: usize) -> anyhow::Result<Self> {
         let stops = StopMatcher::new(&job.stop_strings)?;
-        Ok(Self {
-            job,
-            index,
-            sampler,
-            tokens: Vec::new(),
-            caches,
-            detokenizer: Detokenizer::default(),
-            stops,
-        })
+        Ok(Self { job, index, sampler, tokens: Vec::new(), slot, detokenizer: Detokenizer::default(), stops })
+    }
+
+    /// The position the next step writes (the cached length: the prompt and every token but the
+    /// last, which the step reads).
+    pub fn position(&self) -> usize {
+        self.job.prompt.len() + self.tokens.len().saturating_sub(1)
     }
 
     /// The token the next step reads (the last one sampled).
@@ -84,13 +82,13 @@ impl Sequence {
 
     /// Samples the next token from `logits` and sends it with the text it releases; false when
     /// the sequence ended (a stop id, which is not kept; a stop string; its length; or the
-    /// model's last position `max_pos`), its `Finished` sent.
+    /// model's last position or the cache's, `limit`), its `Finished` sent.
     pub fn advance(
         &mut self,
         logits: &[f32],
         text: Option<&ReplyText>,
         stop_ids: &[u32],
-        max_pos: usize,
+        limit: usize,
     ) -> anyhow::Result<bool> {
         let next = self.sampler.sample(logits, &self.job.prompt, &self.tokens)?;
         if stop_ids.contains(&next.token) {
@@ -107,8 +105,7 @@ impl Sequence {
             self.finish(FinishReason::Stop, text)?;
             return Ok(false);
         }
-        if self.tokens.len() >= self.job.max_new_tokens
-            || self.job.prompt.len() + self.tokens.len() >= max_pos
+        if self.tokens.len() >= self.job.max_new_tokens || self.job.prompt.len() + self.tokens.len() >= limit
         {
             self.finish(FinishReason::Length, text)?;
             return Ok(false);

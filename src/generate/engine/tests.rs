@@ -109,8 +109,13 @@ fn batched_requests_of_several_adapters_equal_each_generated_alone() {
     let scratch = tempdir("engine-adapters");
     let other = other_adapter(&scratch);
     let chat = fixture().join("adapter");
-    let engine =
-        Engine::start(tiny_model(None), tokenizer(), vec![2], EngineConfig { max_batch: 3 }).unwrap();
+    let engine = Engine::start(
+        tiny_model(None),
+        tokenizer(),
+        vec![2],
+        EngineConfig { max_batch: 3, max_seq_len: 1024 },
+    )
+    .unwrap();
     engine.add_adapter("chat", &chat).unwrap();
     engine.add_adapter("other", &other).unwrap();
     assert_eq!(engine.adapters(), ["chat", "other"]);
@@ -163,7 +168,7 @@ fn greedy_tokens_are_the_uncached_forwards_argmax() {
         let model = tiny_model(adapter);
         let text = tokenizer();
         let decoder = ReplyText::new(&text);
-        let mut scheduler = Scheduler::new(&model, Some(&decoder), vec![], 4);
+        let mut scheduler = Scheduler::new(&model, Some(&decoder), vec![], (4, 64)).unwrap();
         let prompts: Vec<Vec<u32>> = (0..3).map(|p| (7..30 + 9 * p).collect()).collect();
         let channels: Vec<_> = prompts
             .iter()
@@ -196,7 +201,7 @@ fn greedy_tokens_are_the_uncached_forwards_argmax() {
 #[test]
 fn a_dropped_request_frees_its_place() {
     let model = tiny_model(None);
-    let mut scheduler = Scheduler::new(&model, None, vec![], 2);
+    let mut scheduler = Scheduler::new(&model, None, vec![], (2, 64)).unwrap();
     let mut channels = Vec::new();
     for p in 0..3u32 {
         let (sink, events) = tokio::sync::mpsc::unbounded_channel();
@@ -222,8 +227,13 @@ fn a_dropped_request_frees_its_place() {
 /// Refusals name what is wrong; an adapter dropped while it runs finishes its requests.
 #[test]
 fn bad_requests_are_refused_and_adapters_come_and_go() {
-    let engine =
-        Engine::start(tiny_model(None), tokenizer(), vec![2], EngineConfig { max_batch: 4 }).unwrap();
+    let engine = Engine::start(
+        tiny_model(None),
+        tokenizer(),
+        vec![2],
+        EngineConfig { max_batch: 4, max_seq_len: 1024 },
+    )
+    .unwrap();
     let ok = request(vec![5, 6, 7], SamplingParams::greedy(), vec![0], 3);
     let refused = |r: Request| engine.submit(r).map(|_| ()).unwrap_err().to_string();
     assert!(refused(Request { adapter: Some("nope".into()), ..ok.clone() }).contains("\"nope\""));

@@ -1,12 +1,12 @@
 //! The decoder in eval mode: logits for generation (from KV caches, the last position alone, or
-//! rows that each continue their own caches) and the loss without gradients. The `_of` forwards
+//! sequences that each continue their own slot of the engine's cache) and the loss without gradients. The `_of` forwards
 //! run other layers over the model's embeddings, norm and head: copies of its layers that carry
 //! another adapter (several adapters served over one base).
 
 use candle_core::{DType, Tensor};
 
 use super::CausalLm;
-use crate::model::layer::{DecoderLayer, KvCache};
+use crate::model::layer::{DecodeRows, DecoderLayer, KvCache, SlotCache};
 use crate::model::ops::rms_norm;
 
 impl CausalLm {
@@ -42,35 +42,42 @@ impl CausalLm {
         self.lm_head.logits(&h, self.arch.final_logit_softcap)?.to_dtype(DType::F32)
     }
 
-    /// `forward_last` of rows that each continue their own caches (`caches[l][r]`: layer l, row
-    /// r; of any lengths), one new token each (`input_ids` `[b, 1]`): prompts generated together,
-    /// each weight read once for all of them.
-    pub fn forward_last_rows(
-        &self,
-        input_ids: &Tensor,
-        caches: &mut [Vec<KvCache>],
-    ) -> candle_core::Result<Tensor> {
-        self.forward_last_rows_of(&self.layers, input_ids, caches)
-    }
-
-    /// `forward_last_rows` through `layers` (the model's, or copies of them with another adapter).
-    pub fn forward_last_rows_of(
+    /// Logits `[b, vocab]` of one new token for each of the sequences in `rows` (`input_ids`
+    /// `[b, 1]`), each continuing its own slot of `caches` (one per layer), through `layers` (the
+    /// model's, or copies of them with another adapter): sequences decoded together, each weight
+    /// read once for all of them.
+    pub fn forward_slots_of(
         &self,
         layers: &[DecoderLayer],
         input_ids: &Tensor,
-        caches: &mut [Vec<KvCache>],
+        caches: &[SlotCache],
+        rows: &DecodeRows,
     ) -> candle_core::Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
         if t != 1 || caches.len() != layers.len() || layers.len() != self.layers.len() {
-            candle_core::bail!("forward_last_rows takes one token a row and a cache a layer");
+            candle_core::bail!("forward_slots_of takes one token a row and a cache a layer");
         }
         let no_masks = vec![None; layers.len()];
         let mut x = self.embed(input_ids)?;
         for (l, layer) in layers.iter().enumerate() {
-            x = layer.forward_rows(&x, &self.layer_input((&no_masks, None), 0, None, l), &mut caches[l])?;
+            x = layer.forward_slots(
+                &x,
+                &self.layer_input((&no_masks, None), 0, None, l),
+                &caches[l],
+                rows,
+            )?;
         }
         let h = rms_norm(&x.reshape((b, self.arch.hidden_size))?, &self.norm, self.arch.rms_norm_eps)?;
         self.lm_head.logits(&h, self.arch.final_logit_softcap)?.to_dtype(DType::F32)
+    }
+
+    /// A KV cache for `slots` sequences of up to `capacity` positions each, in the model's
+    /// dtype on its device (`forward_slots_of`'s).
+    pub fn slot_caches(&self, slots: usize, capacity: usize) -> candle_core::Result<Vec<SlotCache>> {
+        let heads = (self.arch.num_kv_heads, self.arch.head_dim);
+        (0..self.layers.len())
+            .map(|_| SlotCache::new((slots, capacity), heads, self.dtype, &self.device))
+            .collect()
     }
 
     /// The decoder layers' output `[b, t, hidden]` in eval mode, from the cached positions on.

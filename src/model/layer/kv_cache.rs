@@ -24,6 +24,16 @@ impl KvCache {
         self.len == 0
     }
 
+    /// Every position's keys and values so far, `[b, kv, len, d]` views (`None` before the first).
+    pub fn seen(&self) -> Result<Option<(Tensor, Tensor)>> {
+        match (&self.k, &self.v) {
+            (Some(k), Some(v)) if self.len > 0 => {
+                Ok(Some((k.narrow(2, 0, self.len)?, v.narrow(2, 0, self.len)?)))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// A copy of the cache that grows apart from it (the samples of one prompt, each continuing
     /// the prompt's keys and values): its own buffers, as `append` writes into them in place.
     pub fn fork(&self) -> Result<KvCache> {

@@ -21,9 +21,11 @@ mod kv_cache;
 mod norms;
 mod projections;
 mod saved;
+mod slot_cache;
 pub mod tiles;
 pub use kv_cache::KvCache;
 use projections::project_into;
+pub use slot_cache::{DecodeRows, SlotCache};
 
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
@@ -61,9 +63,9 @@ enum Cache<'a> {
     None,
     /// Into the cache of the one sequence generated (or of every row, all of one length).
     One(&'a mut KvCache),
-    /// Row r's into `caches[r]`: rows generated together, each at its own length, each row's
-    /// attention over its own positions.
-    Rows(&'a mut [KvCache]),
+    /// Row r's into its slot (`DecodeRows`): sequences decoded together, one token each, each at
+    /// its own length, each row's attention over its own positions.
+    Slots(&'a SlotCache, &'a DecodeRows),
 }
 
 /// Per-forward context shared by all layers.
@@ -189,11 +191,17 @@ impl DecoderLayer {
         out.ok_or_else(|| candle_core::Error::Msg("the forward pass returns the output".into()))
     }
 
-    /// `forward` of rows that each continue their own cache (`caches[r]`, of any length): their
-    /// projections and MLP as one batch, each row's RoPE and attention at its own positions.
-    /// `input`'s mask and offset are not read.
-    pub fn forward_rows(&self, x: &Tensor, input: &LayerInput, caches: &mut [KvCache]) -> Result<Tensor> {
-        let (out, _) = self.run(x, input, Cache::Rows(caches), Pass::Forward)?;
+    /// `forward` of one new token for each of the sequences in `rows`, each continuing its own
+    /// slot of `cache`: their projections and MLP as one batch, each row's RoPE and attention at
+    /// its own position. `input`'s mask and offset are not read.
+    pub fn forward_slots(
+        &self,
+        x: &Tensor,
+        input: &LayerInput,
+        cache: &SlotCache,
+        rows: &DecodeRows,
+    ) -> Result<Tensor> {
+        let (out, _) = self.run(x, input, Cache::Slots(cache, rows), Pass::Forward)?;
         out.ok_or_else(|| candle_core::Error::Msg("the forward pass returns the output".into()))
     }
 
@@ -255,8 +263,8 @@ impl DecoderLayer {
         let k = self.heads(&k, (b, t, self.n_kv_heads), rule)?;
         let v = self.heads(&self.project(V, &n1, input, group(2))?, (b, t, self.n_kv_heads), rule)?;
         let (q, k, v, (context, attention_saved)) = match cache {
-            Cache::Rows(caches) => {
-                let context = self.attention_of_rows((&q, &k, &v), input, caches)?;
+            Cache::Slots(cache, rows) => {
+                let context = self.attention_of_slots((&q, &k, &v), input, cache, rows)?;
                 (q, k, v, (context, AttentionSaved::nothing()))
             }
             cache => {
@@ -333,27 +341,47 @@ impl DecoderLayer {
         Ok((out, saved))
     }
 
-    /// The context `[b, h, t, d]` of rows that each continue their own cache: row r's q and k
-    /// rotated at its cache's length, its keys and values appended there, its attention over them
-    /// (masked by position: `input`'s mask is not read).
-    fn attention_of_rows(
+    /// The context `[b, h, 1, d]` of rows that each continue their own slot: row r's q and k
+    /// rotated at its position, its keys and values written there, its attention over its slot
+    /// (masked by position: `input`'s mask is not read). On CUDA one kernel for every row; on the
+    /// CPU a row at a time through the training attention.
+    fn attention_of_slots(
         &self,
         (q, k, v): (&Tensor, &Tensor, &Tensor),
         input: &LayerInput,
-        caches: &mut [KvCache],
+        cache: &SlotCache,
+        rows: &DecodeRows,
     ) -> Result<Tensor> {
-        if caches.len() != q.dim(0)? {
-            candle_core::bail!("{} caches for {} rows", caches.len(), q.dim(0)?);
+        if rows.len() != q.dim(0)? {
+            candle_core::bail!("{} decode rows for {} rows", rows.len(), q.dim(0)?);
         }
-        let contexts = caches
-            .iter_mut()
-            .enumerate()
-            .map(|(r, cache)| {
-                let row = |x: &Tensor| x.narrow(0, r, 1);
-                let offset = cache.len();
-                let (q, k) = (input.rope.apply(&row(q)?, offset)?, input.rope.apply(&row(k)?, offset)?);
-                let (k, v) = cache.append(&k, &row(v)?)?;
-                let rule = &input.scores;
+        let limit = cache.capacity();
+        let (q, k) = (
+            input.rope.apply_rows(q, &rows.positions_t, limit)?,
+            input.rope.apply_rows(k, &rows.positions_t, limit)?,
+        );
+        cache.write(&k, v, rows)?;
+        let rule = &input.scores;
+        #[cfg(feature = "cuda")]
+        if q.device().is_cuda() && crate::cuda::decode_attention::HEAD_DIMS.contains(&self.head_dim) {
+            use crate::cuda::decode_attention::{decode_attention, Scores};
+            let (b, h) = (rows.len(), self.n_heads);
+            let q = q.transpose(1, 2)?.contiguous()?.reshape((b, h, self.head_dim))?;
+            let scores = Scores { scale: rule.scale, softcap: rule.softcap, window: rule.window };
+            let context = section("attention", q.device(), || {
+                decode_attention(&q, cache.buffers(), (&rows.slots_t, &rows.lens_t), scores)
+            })?;
+            return context.unsqueeze(2);
+        }
+        let contexts = (0..rows.len())
+            .map(|r| {
+                let (k, v) = cache.seen(rows.slots[r], rows.positions[r] + 1)?;
+                let q = q.narrow(0, r, 1)?;
+                let (k, v) = match reads_strided(&q, rule) {
+                    true => (k, v),
+                    false => (k.contiguous()?, v.contiguous()?),
+                };
+                let q = if reads_strided(&q, rule) { q } else { q.contiguous()? };
                 section("attention", q.device(), || attention_packed(&q, &k, &v, (None, None), rule))
                     .map(|(context, _)| context)
             })

@@ -151,6 +151,15 @@ impl Rope {
         section("rope", x.device(), || rotate(x, &cos, &sin, false))
     }
 
+    /// x `[b, heads, 1, d]`, row r at position `positions[r]` (u32 `[b]`, each below `limit`):
+    /// rows decoded together, each at its own length.
+    pub fn apply_rows(&self, x: &Tensor, positions: &Tensor, limit: usize) -> Result<Tensor> {
+        let (cos, sin) = self.tables(0, limit)?;
+        let b = x.dim(0)?;
+        let at = |table: &Tensor| table.index_select(positions, 0)?.reshape((b, 1, ()));
+        section("rope", x.device(), || rotate(x, &at(&cos)?, &at(&sin)?, false))
+    }
+
     /// The backward of `apply_at`.
     pub fn backward_at(&self, dy: &Tensor, positions: &Tensor) -> Result<Tensor> {
         let (cos, sin) = self.tables_at(positions, (dy.dim(0)?, dy.dim(2)?))?;
