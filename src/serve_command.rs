@@ -11,6 +11,10 @@ use lora_ft::serve::{AppState, ServeOptions};
 use crate::cli::ServeArgs;
 use crate::generation_commands::load_base;
 
+/// `--max-model-len` where it is not given, for a model whose context is longer: the KV cache of
+/// 16 sequences of 128k positions would not fit beside the weights.
+const DEFAULT_MAX_MODEL_LEN: usize = 4096;
+
 /// `--adapter NAME=DIR` as its name and folder.
 fn parse_adapter(spec: &str) -> anyhow::Result<(String, PathBuf)> {
     match spec.split_once('=') {
@@ -47,9 +51,21 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     };
     let (model, tokenizer, stop) =
         load_base((&args.model, &args.revision, &args.quantization), args.chat_template.as_deref())?;
+    let context = model.config().max_position_embeddings;
+    let max_seq_len = match args.max_model_len {
+        Some(n) => {
+            anyhow::ensure!(
+                (2..=context).contains(&n),
+                "--max-model-len {n}: the model's context is {context} positions (and a reply needs 2 at least)"
+            );
+            n
+        }
+        None => context.min(DEFAULT_MAX_MODEL_LEN),
+    };
+    let config = EngineConfig { max_batch: args.max_batch, max_seq_len };
     let engine =
-        Engine::start(model, tokenizer.tokenizer().clone(), stop, EngineConfig { max_batch: args.max_batch })
-            .context("starting the engine")?;
+        Engine::start(model, tokenizer.tokenizer().clone(), stop, config).context("starting the engine")?;
+    tracing::info!("{} sequences of at most {max_seq_len} positions at a time", args.max_batch);
     for (name, dir) in &adapters {
         engine.add_adapter(name, dir).with_context(|| format!("--adapter {name}={}", dir.display()))?;
         tracing::info!("adapter {name} from {}", dir.display());

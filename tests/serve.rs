@@ -270,7 +270,7 @@ fn models_chat_streams_and_completions() {
 
 #[test]
 fn errors_have_openais_shape_and_name_the_field() {
-    let server = Server::start(&["--max-body-bytes", "100000"]);
+    let server = Server::start(&["--max-body-bytes", "100000", "--max-model-len", "1024"]);
     let (status, body) = server.post_raw("/v1/chat/completions", "{\"messages\": [", None);
     assert_eq!(status, 400, "{body}");
     assert_eq!(error(&body)["type"], "invalid_request_error");
@@ -297,13 +297,13 @@ fn errors_have_openais_shape_and_name_the_field() {
     let (status, body) = server.post("/v1/completions", &json!({"prompt": 5}));
     assert_eq!((status, error(&body)["param"].as_str()), (400, Some("prompt")), "{body}");
 
-    // past the model's context (8192 tokens): the prompt alone, and the prompt with max_tokens
-    let long = "hello ".repeat(9000);
+    // past the context (--max-model-len 1024): the prompt alone, and the prompt with max_tokens
+    let long = "hello ".repeat(1100);
     let (status, body) = server.post("/v1/completions", &json!({"prompt": long, "max_tokens": 4}));
     assert_eq!(status, 400, "{body}");
     assert_eq!(error(&body)["param"], "prompt");
     assert!(error(&body)["message"].as_str().unwrap().contains("maximum context length"), "{body}");
-    let near = "hello ".repeat(8150);
+    let near = "hello ".repeat(980);
     let (status, body) = server.post("/v1/chat/completions", &chat_body(&near, json!({"max_tokens": 64})));
     assert_eq!((status, error(&body)["param"].as_str()), (400, Some("messages")), "{body}");
 
@@ -479,7 +479,16 @@ fn hang_up_mid_stream(addr: &str, max_tokens: usize) {
 fn a_client_that_hangs_up_mid_stream_or_times_out_frees_its_place() {
     // one sequence at a time: hung-up requests that kept their place would hold the next one back
     // for the 2 × 4000 tokens they asked for (about 20 s on the tiny model), freed ones not
-    let server = Server::start(&["--max-batch", "1", "--max-tokens", "4096", "--request-timeout-s", "2"]);
+    let server = Server::start(&[
+        "--max-batch",
+        "1",
+        "--max-tokens",
+        "4096",
+        "--max-model-len",
+        "8192",
+        "--request-timeout-s",
+        "2",
+    ]);
     let addr = server.url.strip_prefix("http://").unwrap().to_string();
     hang_up_mid_stream(&addr, 4000);
     hang_up_mid_stream(&addr, 4000);
@@ -529,7 +538,8 @@ fn tool_call_conversation() -> Value {
 /// runs its checks and a tool-calling loop against the same server.
 #[test]
 fn the_demo_model_calls_tools_whole_streamed_and_through_openais_client() {
-    let server = Server::start_model(&lora_ft::fixtures::smollm2_dir(), "smollm2", &["--api-key", KEY]);
+    let flags = ["--api-key", KEY, "--max-batch", "4", "--max-model-len", "1024"];
+    let server = Server::start_model(&lora_ft::fixtures::smollm2_dir(), "smollm2", &flags);
     let body = tool_call_conversation();
     let (status, reply) = server.post("/v1/chat/completions", &body);
     assert_eq!(status, 200, "{reply}");

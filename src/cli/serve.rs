@@ -39,9 +39,13 @@ pub struct ServeArgs {
     /// stream).
     #[arg(long, default_value_t = 600)]
     pub request_timeout_s: u64,
-    /// Sequences decoded together.
+    /// Sequences decoded together (each holds a KV cache of --max-model-len positions).
     #[arg(long, default_value_t = 16)]
     pub max_batch: usize,
+    /// Positions a prompt and its reply may reach together: the KV cache's length per sequence,
+    /// allocated up front for --max-batch sequences [default: the model's context, at most 4096].
+    #[arg(long, value_name = "N")]
+    pub max_model_len: Option<usize>,
     /// The Hub revision (branch, tag or commit) of a repo id.
     #[arg(long, default_value = "main")]
     pub revision: String,
