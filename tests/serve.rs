@@ -50,18 +50,23 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let url = loop {
-            match lines.next() {
-                Some(Ok(line)) => {
-                    if let Some(url) = line.strip_prefix("listening on ") {
-                        break url.to_string();
-                    }
-                }
-                _ => {
-                    let status = child.wait().unwrap();
-                    panic!("lora-ft serve exited before listening: {status}");
-                }
+        // the address from the line it prints once it listens, read on a thread so that a server
+        // that never gets there fails the test after two minutes instead of hanging it
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let url = BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                .find_map(|line| line.strip_prefix("listening on ").map(str::to_string));
+            let _ = tx.send(url);
+        });
+        let url = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(Some(url)) => url,
+            Ok(None) => panic!("lora-ft serve exited before listening: {:?}", child.wait()),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("lora-ft serve did not listen within 2 minutes");
             }
         };
         let key = extra.iter().position(|a| *a == "--api-key").map(|i| extra[i + 1].to_string());
