@@ -298,6 +298,28 @@ pub enum BenchCommand {
         #[arg(long, default_value = "auto")]
         device: String,
     },
+    /// Decode random prompts with the engine at each batch size (a random rank-16 adapter on all
+    /// projections, applied unmerged) and time the first token of one long prompt: tokens/s,
+    /// step time and the bytes a step reads, one JSON line per batch size.
+    Generate {
+        #[command(flatten)]
+        model: BenchModel,
+        /// Sequences decoded together, comma-separated.
+        #[arg(long, default_value = "1,8,64,256")]
+        batches: String,
+        /// Tokens of each random prompt.
+        #[arg(long, default_value_t = 512)]
+        prompt_len: usize,
+        /// Tokens generated for each prompt (no stop token).
+        #[arg(long, default_value_t = 256)]
+        new_tokens: usize,
+        /// The random adapter's rank (0: the base model alone).
+        #[arg(long, default_value_t = 16)]
+        lora_rank: usize,
+        /// The prompt length of the time-to-first-token row (0: none).
+        #[arg(long, default_value_t = 2048)]
+        ttft_prompt: usize,
+    },
     /// Load a model and report load time and memory.
     Load {
         #[command(flatten)]

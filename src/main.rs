@@ -159,6 +159,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Bench {
+            command:
+                BenchCommand::Generate { model: m, batches, prompt_len, new_tokens, lora_rank, ttft_prompt },
+        } => {
+            let device = parse_device(&m.device)?;
+            let (q, dtype) = (parse_quantization(&m.quantization), parse_dtype(&m.dtype));
+            let batches = batches
+                .split(',')
+                .map(|b| {
+                    b.trim().parse::<usize>().with_context(|| format!("--batches: {b:?} is not a number"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let options =
+                lora_ft::bench::GenerateOptions { batches, prompt_len, new_tokens, lora_rank, ttft_prompt };
+            lora_ft::bench::generate(&m.model, (q, dtype, &device), &options, |row| println!("{row}"))
+        }
         Command::Bench { command: BenchCommand::Load { model: m } } => {
             let device = parse_device(&m.device)?;
             let (q, dtype) = (parse_quantization(&m.quantization), parse_dtype(&m.dtype));

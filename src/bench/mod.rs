@@ -17,6 +17,8 @@ use crate::model::CausalLm;
 use crate::quant::Quantization;
 
 pub mod flops;
+mod generate;
+pub use generate::{generate, GenerateOptions};
 mod start;
 pub use start::{first_steps, kernels, FirstSteps};
 

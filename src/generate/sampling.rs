@@ -95,6 +95,13 @@ pub struct Sampled {
     pub top_logprobs: Vec<(u32, f64)>,
 }
 
+impl Sampled {
+    /// A plain greedy choice (`Sampler::plain_greedy`): the argmax and its raw log-prob.
+    pub fn greedy(token: u32, raw_logprob: f64) -> Self {
+        Self { token, raw_logprob, sampling_logprob: 0.0, top_logprobs: Vec::new() }
+    }
+}
+
 /// The processed distribution of one step: token ids and their probabilities (summing to 1),
 /// the tokens the truncations dropped left out. Greedy is the argmax with probability 1.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,6 +128,18 @@ impl Sampler {
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
+    }
+
+    /// Whether the choice is the plain argmax with nothing else asked of the row (greedy, no
+    /// penalty, no top log-probs): then the raw log-prob of the argmax is all a `Sampled` holds,
+    /// and the device can give both without the row's logits coming to the host.
+    pub fn plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && p.logprobs.is_none()
     }
 
     /// Chooses the next token from `logits` (one row, f32 as the model gives them) after

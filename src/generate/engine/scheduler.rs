@@ -11,7 +11,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use candle_core::{DType, Tensor};
 
-use crate::generate::sampling::Sampler;
+use rayon::prelude::*;
+
+use crate::generate::sampling::{Sampled, Sampler};
 use crate::generate::stop::{check_stop_strings, FinishReason};
 use crate::model::{CausalLm, DecodeRows, DecoderLayer, KvCache, SlotCache};
 
@@ -119,10 +121,12 @@ impl<'m> Scheduler<'m> {
             }
         });
         self.waiting.retain(|(job, _)| !job.abandoned());
+        let mut admitted = Vec::new();
+        let mut slots_left = self.free.len();
         while let Some((job, samplers)) = self.waiting.pop_front() {
-            if samplers.len() > self.free.len() {
+            if samplers.len() > slots_left {
                 anyhow::ensure!(
-                    !self.live.is_empty() || samplers.len() <= self.caches[0].slots(),
+                    !self.live.is_empty() || !admitted.is_empty() || samplers.len() <= self.caches[0].slots(),
                     "a request of {} samples, more than the {} sequences the engine decodes together",
                     samplers.len(),
                     self.caches[0].slots()
@@ -130,9 +134,14 @@ impl<'m> Scheduler<'m> {
                 self.waiting.push_front((job, samplers));
                 break;
             }
-            if let Err(e) = self.prefill(&job, samplers) {
-                tracing::warn!("a request failed in its prefill: {e:#}");
-                job.send(Event::Failed(format!("{e:#}")));
+            slots_left -= samplers.len();
+            admitted.push((job, samplers));
+        }
+        for group in prefill_groups(admitted) {
+            let jobs: Vec<Arc<Job>> = group.iter().map(|(job, _)| job.clone()).collect();
+            if let Err(e) = self.prefill(group) {
+                tracing::warn!("a prefill failed: {e:#}");
+                jobs.iter().for_each(|job| job.send(Event::Failed(format!("{e:#}"))));
             }
         }
         self.decode()
@@ -153,10 +162,12 @@ impl<'m> Scheduler<'m> {
         job.layers.as_deref().map_or(&self.model.layers[..], |l| &l[..])
     }
 
-    /// The prompt's forward once (the training path's attention), its keys and values copied
-    /// into a slot for each sample, its first token sampled for each.
-    fn prefill(&mut self, job: &Arc<Job>, samplers: Vec<Sampler>) -> anyhow::Result<()> {
-        if job.max_new_tokens == 0 {
+    /// The prompts' forward once for a group of requests of one length and one adapter (the
+    /// training path's attention, the prompts as the rows of one batch), each prompt's keys and
+    /// values copied into a slot for each of its samples, the first token sampled for each.
+    fn prefill(&mut self, group: Vec<(Arc<Job>, Vec<Sampler>)>) -> anyhow::Result<()> {
+        let (run, done): (Vec<_>, Vec<_>) = group.into_iter().partition(|(job, _)| job.max_new_tokens > 0);
+        for (job, samplers) in done {
             for index in 0..samplers.len() {
                 let finished = Event::Finished {
                     index,
@@ -166,35 +177,45 @@ impl<'m> Scheduler<'m> {
                 };
                 job.send(finished);
             }
-            return Ok(());
         }
+        let Some((first, _)) = run.first() else { return Ok(()) };
+        let first = first.clone();
+        let ids: Vec<u32> = run.iter().flat_map(|(job, _)| job.prompt.iter().copied()).collect();
+        let ids = Tensor::from_vec(ids, (run.len(), first.prompt.len()), self.model.device())?;
         let mut prompt_caches: Vec<KvCache> =
             (0..self.model.layers.len()).map(|_| KvCache::default()).collect();
-        let ids = Tensor::new(job.prompt.as_slice(), self.model.device())?.unsqueeze(0)?;
-        let logits =
-            self.model.forward_last_of(self.layers(job), &ids, Some(&mut prompt_caches))?.squeeze(0)?;
-        let logits = logits.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-        let slots: Vec<usize> = self.free.split_off(self.free.len() - samplers.len());
-        let filled = slots.iter().enumerate().try_for_each(|(i, &slot)| {
-            self.caches.iter().zip(&prompt_caches).try_for_each(|(cache, prompt)| match i {
-                0 => cache.fill(slot, prompt),
-                _ => cache.copy_slot(slots[0], slot, job.prompt.len()),
-            })
-        });
-        if let Err(e) = filled {
-            self.free.extend(&slots);
-            return Err(e.into());
+        let logits = self.model.forward_last_of(self.layers(&first), &ids, Some(&mut prompt_caches))?;
+        let mut taken = Vec::new();
+        let mut sequences = Vec::new();
+        for (row, (job, samplers)) in run.into_iter().enumerate() {
+            let slots: Vec<usize> = self.free.split_off(self.free.len() - samplers.len());
+            taken.extend(&slots);
+            let filled = slots.iter().enumerate().try_for_each(|(i, &slot)| {
+                self.caches.iter().zip(&prompt_caches).try_for_each(|(cache, prompt)| match i {
+                    0 => cache.fill(slot, (prompt, row)),
+                    _ => cache.copy_slot(slots[0], slot, job.prompt.len()),
+                })
+            });
+            if let Err(e) = filled {
+                self.free.extend(&taken);
+                return Err(e.into());
+            }
+            for (index, (sampler, slot)) in samplers.into_iter().zip(slots).enumerate() {
+                sequences.push((row, Sequence::new(job.clone(), index, sampler, slot)?));
+            }
         }
         drop(prompt_caches);
         let max_pos = self.max_pos();
-        for (index, (sampler, slot)) in samplers.into_iter().zip(slots).enumerate() {
-            let mut seq = Sequence::new(job.clone(), index, sampler, slot)?;
-            match seq.advance(&logits, self.text, &self.stop_ids, max_pos) {
+        let rows: Vec<usize> = sequences.iter().map(|(row, _)| *row).collect();
+        let mut seqs: Vec<&mut Sequence> = sequences.iter_mut().map(|(_, seq)| seq).collect();
+        let chosen = choose(&logits, &rows, &mut seqs)?;
+        for ((_, mut seq), next) in sequences.into_iter().zip(chosen) {
+            match next.and_then(|next| seq.accept(next, self.text, &self.stop_ids, max_pos)) {
                 Ok(true) => self.live.push(seq),
-                Ok(false) => self.free.push(slot),
+                Ok(false) => self.free.push(seq.slot),
                 Err(e) => {
-                    self.free.push(slot);
-                    return Err(e);
+                    seq.job.send(Event::Failed(format!("{e:#}")));
+                    self.free.push(seq.slot);
                 }
             }
         }
@@ -246,13 +267,63 @@ impl<'m> Scheduler<'m> {
         let places = DecodeRows::new(slots, positions, &self.caches[0])?;
         let job = self.live[rows[0]].job.clone();
         let logits = self.model.forward_slots_of(self.layers(&job), &ids, &self.caches, &places)?;
-        let logits = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
         let max_pos = self.max_pos();
-        for (row, &r) in logits.iter().zip(rows) {
-            if !self.live[r].advance(row, self.text, &self.stop_ids, max_pos)? {
+        let mut seqs: Vec<&mut Sequence> = self
+            .live
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(r, seq)| rows.binary_search(&r).is_ok().then_some(seq))
+            .collect();
+        let chosen = choose(&logits, &(0..rows.len()).collect::<Vec<_>>(), &mut seqs)?;
+        for ((seq, next), &r) in seqs.into_iter().zip(chosen).zip(rows) {
+            if !seq.accept(next?, self.text, &self.stop_ids, max_pos)? {
                 ended[r] = true;
             }
         }
         Ok(())
     }
+}
+
+/// Prompt tokens one prefill forward takes at most: requests of one length and one adapter share
+/// a forward up to this many (it bounds the forward's activations).
+const PREFILL_TOKENS: usize = 16384;
+
+/// The admitted requests in groups that share a prefill forward: one prompt length, one adapter,
+/// `PREFILL_TOKENS` tokens at most (a longer prompt alone), in the order they came.
+fn prefill_groups(admitted: Vec<(Arc<Job>, Vec<Sampler>)>) -> Vec<Vec<(Arc<Job>, Vec<Sampler>)>> {
+    let mut groups: Vec<Vec<(Arc<Job>, Vec<Sampler>)>> = Vec::new();
+    for (job, samplers) in admitted {
+        let fits = |g: &Vec<(Arc<Job>, Vec<Sampler>)>| {
+            let (head, _) = &g[0];
+            head.prompt.len() == job.prompt.len()
+                && head.same_layers(&job)
+                && (g.len() + 1) * job.prompt.len() <= PREFILL_TOKENS
+        };
+        match groups.iter_mut().find(|g| fits(g)) {
+            Some(group) => group.push((job, samplers)),
+            None => groups.push(vec![(job, samplers)]),
+        }
+    }
+    groups
+}
+
+/// Each sequence's next token from row `rows[i]` of `logits` `[n, vocab]`: on a GPU, where every
+/// sequence is plain greedy, the argmax and its log-prob computed there (two numbers a row come to
+/// the host instead of the row); otherwise the rows on the host, the sequences' samplers run in
+/// parallel.
+fn choose(
+    logits: &Tensor,
+    rows: &[usize],
+    seqs: &mut [&mut Sequence],
+) -> anyhow::Result<Vec<anyhow::Result<Sampled>>> {
+    if !logits.device().is_cpu() && seqs.iter().all(|s| s.sampler.plain_greedy()) {
+        let logits = logits.to_dtype(DType::F32)?;
+        let ids = logits.argmax(1)?.to_vec1::<u32>()?;
+        let max = logits.max_keepdim(1)?;
+        let lse = (logits.broadcast_sub(&max)?.exp()?.sum_keepdim(1)?.log()? + &max)?;
+        let raw = (max - lse)?.squeeze(1)?.to_vec1::<f32>()?;
+        return Ok(rows.iter().map(|&r| Ok(Sampled::greedy(ids[r], f64::from(raw[r])))).collect());
+    }
+    let logits = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    Ok(seqs.par_iter_mut().zip(rows.par_iter()).map(|(seq, &r)| seq.sample(&logits[r])).collect())
 }

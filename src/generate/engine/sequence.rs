@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::generate::sampling::Sampler;
+use crate::generate::sampling::{Sampled, Sampler};
 use crate::generate::stop::{FinishReason, StopMatcher};
 use crate::model::DecoderLayer;
 
@@ -80,17 +80,21 @@ impl Sequence {
         self.tokens.last().copied()
     }
 
-    /// Samples the next token from `logits` and sends it with the text it releases; false when
-    /// the sequence ended (a stop id, which is not kept; a stop string; its length; or the
-    /// model's last position or the cache's, `limit`), its `Finished` sent.
-    pub fn advance(
+    /// The next token drawn from `logits` by the sequence's sampler.
+    pub fn sample(&mut self, logits: &[f32]) -> anyhow::Result<Sampled> {
+        self.sampler.sample(logits, &self.job.prompt, &self.tokens)
+    }
+
+    /// Takes the next token (chosen by `sample`, or on the device) and sends it with the text it
+    /// releases; false when the sequence ended (a stop id, which is not kept; a stop string; its
+    /// length; or the model's last position or the cache's, `limit`), its `Finished` sent.
+    pub fn accept(
         &mut self,
-        logits: &[f32],
+        next: Sampled,
         text: Option<&ReplyText>,
         stop_ids: &[u32],
         limit: usize,
     ) -> anyhow::Result<bool> {
-        let next = self.sampler.sample(logits, &self.job.prompt, &self.tokens)?;
         if stop_ids.contains(&next.token) {
             self.finish(FinishReason::Stop, text)?;
             return Ok(false);

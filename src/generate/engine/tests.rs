@@ -101,7 +101,8 @@ fn settings_of(request: &Request, seed: u64) -> GenerationSettings {
     }
 }
 
-/// Eleven requests over the base and two adapters, three sequences at most in the batch: each
+/// Eleven requests over the base and two adapters, three sequences at most in the batch (the
+/// prompts of one adapter of one length, prefilled together where they are admitted together): each
 /// sample's tokens, log-probs and finish are what `generate` gives it alone on a model with its
 /// adapter merged in as `--adapter` loads it, and its streamed text is the reply's decoded text.
 #[test]
@@ -125,7 +126,8 @@ fn batched_requests_of_several_adapters_equal_each_generated_alone() {
     let mut requests = Vec::new();
     for i in 0..11u32 {
         let adapter = [None, Some("chat"), Some("other")][i as usize % 3].map(String::from);
-        let prompt: Vec<u32> = (5 + i..20 + 3 * i).collect();
+        // requests of one adapter share a length, so that their prefills share a forward
+        let prompt: Vec<u32> = (5 + i..20 + i + 3 * (i % 3)).collect();
         let (params, seeds) = match i % 2 {
             0 => (greedy.clone(), vec![0]),
             _ => (sampled.clone(), vec![u64::from(i), 100 + u64::from(i)]),
@@ -281,5 +283,144 @@ impl std::ops::Deref for TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Prompts of one length admitted together share one prefill forward (a batch of rows), and
+/// each reply is still the one `generate` gives it alone; a reply reaching the cache's length
+/// ends there with `length`.
+#[test]
+fn prompts_of_one_length_prefill_together() {
+    let model = tiny_model(Some(&fixture().join("adapter")));
+    let mut scheduler = Scheduler::new(&model, None, vec![], (8, 24)).unwrap();
+    let sampled = SamplingParams { temperature: 1.1, top_k: Some(40), ..SamplingParams::default() };
+    let requests: Vec<Request> = (0..6u32)
+        .map(|i| match i % 2 {
+            0 => request((i..i + 14).collect(), SamplingParams::greedy(), vec![0], 6),
+            _ => request((i..i + 14).collect(), sampled.clone(), vec![u64::from(i), 7], 6),
+        })
+        .chain([request((40..60).collect(), SamplingParams::greedy(), vec![0], 30)])
+        .collect();
+    let channels: Vec<_> = requests
+        .iter()
+        .map(|r| {
+            let (sink, events) = tokio::sync::mpsc::unbounded_channel();
+            scheduler.add(r.clone(), sink).unwrap();
+            events
+        })
+        .collect();
+    scheduler.step().unwrap();
+    assert_eq!(scheduler.live(), 7, "three greedy and two of two samples at once; the third of two waits");
+    while !scheduler.is_idle() {
+        scheduler.step().unwrap();
+    }
+    for (r, (request, events)) in requests.iter().zip(channels).enumerate() {
+        let replies = collect(events, request.seeds.len());
+        for (seed, got) in request.seeds.iter().zip(&replies) {
+            let settings =
+                GenerationSettings { max_new_tokens: request.max_new_tokens, ..settings_of(request, *seed) };
+            let alone = generate_detailed(&model, &request.prompt, &[], &settings).unwrap();
+            match r {
+                6 => {
+                    assert_eq!(got.tokens[..], alone.tokens[..4], "the cache holds 24 positions: 20 + 4");
+                    assert_eq!(got.finish, Some(FinishReason::Length));
+                }
+                _ => {
+                    assert_eq!((&got.tokens, got.finish), (&alone.tokens, Some(alone.finish)), "request {r}")
+                }
+            }
+        }
+    }
+}
+
+/// The tiny chat model's weights with 64-wide heads (the decode kernel's smallest), random where
+/// the shapes change, written into `dir`.
+#[cfg(feature = "cuda")]
+fn wide_head_model(dir: &Path) -> PathBuf {
+    let (_, weights) = crate::hub::local_weights(&fixture()).unwrap();
+    let mut tensors = candle_core::safetensors::load(&weights[0], &Device::Cpu).unwrap();
+    let text = std::fs::read_to_string(fixture().join("config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    config["head_dim"] = 64.into();
+    let (hidden, heads, kv) = (64usize, 4usize, 2usize);
+    for (name, t) in tensors.iter_mut() {
+        let rows = |n: usize| Tensor::randn(0f32, 0.05, (n * 64, hidden), &Device::Cpu).unwrap();
+        if name.ends_with("q_proj.weight") {
+            *t = rows(heads);
+        } else if name.ends_with("k_proj.weight") || name.ends_with("v_proj.weight") {
+            *t = rows(kv);
+        } else if name.ends_with("o_proj.weight") {
+            *t = Tensor::randn(0f32, 0.05, (hidden, heads * 64), &Device::Cpu).unwrap();
+        }
+    }
+    let out = dir.join("wide-heads");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("config.json"), serde_json::to_string(&config).unwrap()).unwrap();
+    candle_core::safetensors::save(&tensors, out.join("model.safetensors")).unwrap();
+    out
+}
+
+/// On the GPU, a decode step through the slots (the decode attention kernel, the scatter into
+/// the cache) gives the logits the whole sequence's forward gives at its last position: against
+/// the CPU's f32 forward, within the crate's multiple of that forward's own error on the GPU, in
+/// f32 and bf16, for three sequences of different lengths decoded together, two of them in slots
+/// filled by a prefill and one in a slot copied from another, with a random adapter on.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_decode_steps_match_the_uncached_forward() {
+    use crate::model::{DecodeRows, KvCache};
+    use crate::testing::assert_within_reference_error;
+    let gpu = Device::new_cuda(0).unwrap();
+    let scratch = tempdir("engine-wide-heads");
+    let dir = wide_head_model(&scratch);
+    let (config, weights) = crate::hub::local_weights(&dir).unwrap();
+    let spec = crate::model::LoraSpec {
+        r: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        target_modules: crate::model::PROJECTIONS.iter().map(|p| p.to_string()).collect(),
+        rslora: false,
+    };
+    let load = |dtype: DType, device: &Device| {
+        let mut model = CausalLm::load(&config, &weights, dtype, Quantization::None, device).unwrap();
+        model.add_lora(&spec, 3).unwrap();
+        for (i, (_, var)) in model.lora_params().into_iter().enumerate() {
+            let values = Tensor::randn(0f32, 0.05, var.shape(), &Device::Cpu).unwrap();
+            let values = (values + i as f64 * 1e-3).unwrap();
+            var.set(&values.to_device(device).unwrap()).unwrap();
+        }
+        model
+    };
+    let cpu_model = load(DType::F32, &Device::Cpu);
+    let prompts: Vec<Vec<u32>> = vec![(3..40).collect(), (9..20).collect(), (3..40).collect()];
+    let next = [17u32, 200, 5];
+    let full = |model: &CausalLm, r: usize| {
+        let ids: Vec<u32> = prompts[r].iter().copied().chain([next[r]]).collect();
+        let ids = Tensor::new(ids.as_slice(), model.device()).unwrap().unsqueeze(0).unwrap();
+        model.forward(&ids, None).unwrap().squeeze(0).unwrap().get(prompts[r].len()).unwrap()
+    };
+    let exact: Vec<Tensor> = (0..3).map(|r| full(&cpu_model, r)).collect();
+    for dtype in [DType::F32, DType::BF16] {
+        let model = load(dtype, &gpu);
+        let caches = model.slot_caches(4, 64).unwrap();
+        for (slot, r) in [(2usize, 0usize), (0, 1)] {
+            let mut prompt_caches: Vec<KvCache> = (0..model.layers.len()).map(|_| KvCache::default()).collect();
+            let ids = Tensor::new(prompts[r].as_slice(), &gpu).unwrap().unsqueeze(0).unwrap();
+            model.forward_last_of(&model.layers, &ids, Some(&mut prompt_caches)).unwrap();
+            for (cache, prompt) in caches.iter().zip(&prompt_caches) {
+                cache.fill(slot, (prompt, 0)).unwrap();
+            }
+        }
+        for cache in &caches {
+            cache.copy_slot(2, 3, prompts[2].len()).unwrap();
+        }
+        let rows = DecodeRows::new(vec![2, 0, 3], prompts.iter().map(Vec::len).collect(), &caches[0]).unwrap();
+        let ids = Tensor::new(next.as_slice(), &gpu).unwrap().unsqueeze(1).unwrap();
+        let ours = model.forward_slots_of(&model.layers, &ids, &caches, &rows).unwrap();
+        for r in 0..3 {
+            let reference = full(&model, r);
+            let what = format!("row {r}, {dtype:?}");
+            assert_within_reference_error(&what, &ours.get(r).unwrap(), &reference, &exact[r]);
+        }
     }
 }

@@ -105,9 +105,10 @@ impl SlotCache {
         Ok((self.k.flatten_all()?, self.v.flatten_all()?))
     }
 
-    /// Writes the positions `cache` holds (a prompt's prefill, one row) into `slot` from 0.
-    pub fn fill(&self, slot: usize, cache: &KvCache) -> Result<()> {
+    /// Writes the positions row `row` of `cache` holds (a prompt's prefill) into `slot` from 0.
+    pub fn fill(&self, slot: usize, (cache, row): (&KvCache, usize)) -> Result<()> {
         let Some((k, v)) = cache.seen()? else { return Ok(()) };
+        let (k, v) = (k.narrow(0, row, 1)?, v.narrow(0, row, 1)?);
         let len = k.dim(2)?;
         if len > self.capacity() || slot >= self.slots() {
             candle_core::bail!("{len} positions into slot {slot} of {} × {}", self.slots(), self.capacity());
