@@ -7,10 +7,14 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use lora_ft::quant::Quantization;
 
+mod chat;
 mod generate;
 mod sampling;
+mod serve;
+pub use chat::ChatArgs;
 pub use generate::GenerateArgs;
 pub use sampling::SamplingArgs;
+pub use serve::ServeArgs;
 
 #[derive(Parser)]
 #[command(name = "lora-ft", version, about = "QLoRA fine-tuning of Llama, Mistral, Qwen and Gemma models")]
@@ -58,6 +62,9 @@ pub enum Command {
     Chat(ChatArgs),
     /// Answer a prompts file (JSON Lines of messages), n replies a prompt, into a completions file.
     Generate(GenerateArgs),
+    /// Serve the model and its adapters over an OpenAI-compatible HTTP API (chat and text
+    /// completions, tool calls, streaming), as vLLM and llama-server do.
+    Serve(ServeArgs),
     /// Fold an adapter into its base model (W + scale·B·A) and write an HF-layout folder that
     /// transformers loads without PEFT.
     Merge {
@@ -450,40 +457,6 @@ pub fn at_least_two(text: &str) -> Result<usize, String> {
         Ok(n) if n >= 2 => Ok(n),
         _ => Err("expected a number, at least 2".into()),
     }
-}
-
-#[derive(Args)]
-pub struct ChatArgs {
-    /// Hub repo id, local HF folder or .gguf file.
-    #[arg(long)]
-    pub model: String,
-    /// A PEFT adapter folder (adapter_config.json + adapter_model.safetensors).
-    #[arg(long)]
-    pub adapter: Option<PathBuf>,
-    /// One user message; without it, chat interactively on stdin.
-    #[arg(long)]
-    pub prompt: Option<String>,
-    /// A system message before the conversation.
-    #[arg(long)]
-    pub system: Option<String>,
-    /// The longest reply, in tokens.
-    #[arg(long, default_value_t = 256)]
-    pub max_new_tokens: usize,
-    #[command(flatten)]
-    pub sampling: SamplingArgs,
-    /// The Hub revision (branch, tag or commit) of a repo id.
-    #[arg(long, default_value = "main")]
-    pub revision: String,
-    /// Storage of the base's projection weights; use what the adapter was trained with.
-    #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
-    pub quantization: String,
-    /// A Jinja file in place of the model's chat template (e.g. configs/templates/chatml-tools.jinja).
-    #[arg(long, value_name = "FILE")]
-    pub chat_template: Option<PathBuf>,
-    /// A JSON file holding a list of tool schemas (`{"type": "function", "function": {...}}`)
-    /// handed to the template; tool calls in a reply are printed parsed after it.
-    #[arg(long, value_name = "FILE")]
-    pub tools: Option<PathBuf>,
 }
 
 /// This `lora-ft bench train` command line for a child that times one step at the first shape:

@@ -31,20 +31,30 @@ impl Loaded {
         chat_template: Option<&Path>,
         tools: Option<&Path>,
     ) -> anyhow::Result<Self> {
-        let device = select_device()?;
-        let files = lora_ft::hub::resolve(model, revision)?;
-        let dtype = if device.is_cpu() { candle_core::DType::F32 } else { candle_core::DType::BF16 };
-        let quantization = parse_quantization(quantization);
-        let mut model = CausalLm::load(&files.config, &files.weights, dtype, quantization, &device)?;
+        let (mut model, tokenizer, stop) = load_base((model, revision, quantization), chat_template)?;
         if let Some(adapter) = adapter {
             lora_ft::peft_adapter::load_adapter(&mut model, adapter)
                 .with_context(|| format!("loading adapter {}", adapter.display()))?;
         }
-        let tokenizer = ChatTokenizer::load(&files.dir, chat_template)?;
         let tools = tools.map(lora_ft::data::read_tools_file).transpose()?;
-        let stop = stop_ids(&files.dir, &tokenizer);
         Ok(Self { model, tokenizer, tools, stop })
     }
+}
+
+/// The base model on the device (f32 on the CPU, bf16 on a GPU), its tokenizer and chat template
+/// and its stop ids: what `chat`, `generate` and `serve` load.
+pub fn load_base(
+    (model, revision, quantization): (&str, &str, &str),
+    chat_template: Option<&Path>,
+) -> anyhow::Result<(CausalLm, ChatTokenizer, Vec<u32>)> {
+    let device = select_device()?;
+    let files = lora_ft::hub::resolve(model, revision)?;
+    let dtype = if device.is_cpu() { candle_core::DType::F32 } else { candle_core::DType::BF16 };
+    let quantization = parse_quantization(quantization);
+    let model = CausalLm::load(&files.config, &files.weights, dtype, quantization, &device)?;
+    let tokenizer = ChatTokenizer::load(&files.dir, chat_template)?;
+    let stop = stop_ids(&files.dir, &tokenizer);
+    Ok((model, tokenizer, stop))
 }
 
 pub fn chat(args: &ChatArgs) -> anyhow::Result<()> {

@@ -32,6 +32,7 @@ pub mod peft_adapter;
 pub mod plan;
 pub mod profile;
 pub mod quant;
+pub mod serve;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod train;

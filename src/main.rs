@@ -4,6 +4,7 @@ mod cli;
 mod generation_commands;
 mod plan_commands;
 mod reference;
+mod serve_command;
 
 use std::path::Path;
 
@@ -99,6 +100,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Chat(args) => generation_commands::chat(&args),
         Command::Generate(args) => generation_commands::generate(&args),
+        Command::Serve(args) => serve_command::serve(&args),
         Command::Bench {
             command:
                 BenchCommand::Train {

@@ -27,6 +27,7 @@ const FLOORS: &[&[&str]] = &[
     &["generate"],
     &["train", "merge", "eval"],
     &["bench"],
+    &["serve"],
 ];
 
 /// Inside `model/`, bottom floor first.

@@ -59,6 +59,13 @@ impl Conversation {
         let (messages, tools) = parse_line(text)?;
         Ok(Self { messages, tools, line })
     }
+
+    /// Parses one prompt (a row as `read_prompts_jsonl` reads it: ending in the user or tool turn
+    /// the model answers, no assistant turn needed); the error says what is wrong.
+    pub fn parse_prompt(text: &str) -> Result<Self, String> {
+        let (messages, tools) = parse_row(text, Row::Prompt)?;
+        Ok(Self { messages, tools, line: 1 })
+    }
 }
 
 /// A problem with one line of a data file.

@@ -404,7 +404,8 @@ fn cuda_decode_steps_match_the_uncached_forward() {
         let model = load(dtype, &gpu);
         let caches = model.slot_caches(4, 64).unwrap();
         for (slot, r) in [(2usize, 0usize), (0, 1)] {
-            let mut prompt_caches: Vec<KvCache> = (0..model.layers.len()).map(|_| KvCache::default()).collect();
+            let mut prompt_caches: Vec<KvCache> =
+                (0..model.layers.len()).map(|_| KvCache::default()).collect();
             let ids = Tensor::new(prompts[r].as_slice(), &gpu).unwrap().unsqueeze(0).unwrap();
             model.forward_last_of(&model.layers, &ids, Some(&mut prompt_caches)).unwrap();
             for (cache, prompt) in caches.iter().zip(&prompt_caches) {
@@ -414,7 +415,8 @@ fn cuda_decode_steps_match_the_uncached_forward() {
         for cache in &caches {
             cache.copy_slot(2, 3, prompts[2].len()).unwrap();
         }
-        let rows = DecodeRows::new(vec![2, 0, 3], prompts.iter().map(Vec::len).collect(), &caches[0]).unwrap();
+        let rows =
+            DecodeRows::new(vec![2, 0, 3], prompts.iter().map(Vec::len).collect(), &caches[0]).unwrap();
         let ids = Tensor::new(next.as_slice(), &gpu).unwrap().unsqueeze(1).unwrap();
         let ours = model.forward_slots_of(&model.layers, &ids, &caches, &rows).unwrap();
         for r in 0..3 {

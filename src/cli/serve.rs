@@ -1,0 +1,58 @@
+//! `lora-ft serve`'s arguments: the model and its adapters, where to listen, and the limits
+//! that keep one client from taking the server (docs/src/guides/serving.md).
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Hub repo id, local HF folder or .gguf file of the base model.
+    pub model: String,
+    /// The base model's name in requests' `model` and in /v1/models [default: MODEL].
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// An adapter served as model NAME: a PEFT adapter folder of the base (repeatable).
+    #[arg(long, value_name = "NAME=DIR")]
+    pub adapter: Vec<String>,
+    /// Let clients load and unload adapters while serving (POST /v1/load_lora_adapter,
+    /// /v1/unload_lora_adapter), from folders inside DIR only.
+    #[arg(long, value_name = "DIR")]
+    pub adapter_dir: Option<PathBuf>,
+    /// The address to listen on; 0.0.0.0 opens the server to the network (set --api-key).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// The TCP port (0: any free one; the line "listening on http://HOST:PORT" says which).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1/* requests.
+    #[arg(long, env = "LORA_FT_API_KEY", hide_env_values = true, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// The largest request body, in bytes (larger: 413).
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body_bytes: usize,
+    /// The most new tokens a request may ask for (`max_tokens`), and a request's default; never
+    /// past the model's context.
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens: usize,
+    /// A request still generating after this many seconds is ended (504, or an error event in a
+    /// stream).
+    #[arg(long, default_value_t = 600)]
+    pub request_timeout_s: u64,
+    /// Sequences decoded together (each holds a KV cache of --max-model-len positions).
+    #[arg(long, default_value_t = 16)]
+    pub max_batch: usize,
+    /// Positions a prompt and its reply may reach together: the KV cache's length per sequence,
+    /// allocated up front for --max-batch sequences [default: the model's context, at most 4096].
+    #[arg(long, value_name = "N")]
+    pub max_model_len: Option<usize>,
+    /// The Hub revision (branch, tag or commit) of a repo id.
+    #[arg(long, default_value = "main")]
+    pub revision: String,
+    /// Storage of the base's projection weights; use what the adapters were trained with.
+    #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
+    pub quantization: String,
+    /// A Jinja file in place of the model's chat template (e.g. configs/templates/chatml-tools.jinja).
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
+}
