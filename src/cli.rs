@@ -9,10 +9,12 @@ use lora_ft::quant::Quantization;
 
 mod chat;
 mod generate;
+mod loading;
 mod sampling;
 mod serve;
 pub use chat::ChatArgs;
 pub use generate::GenerateArgs;
+pub use loading::LoadingArgs;
 pub use sampling::SamplingArgs;
 pub use serve::ServeArgs;
 

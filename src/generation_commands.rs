@@ -13,7 +13,7 @@ use lora_ft::model::CausalLm;
 use lora_ft::train::select_device;
 use minijinja::Value;
 
-use crate::cli::{parse_quantization, ChatArgs, GenerateArgs};
+use crate::cli::{parse_quantization, ChatArgs, GenerateArgs, LoadingArgs};
 
 /// A model ready to answer: loaded on the device, its adapter added, its tokenizer and template,
 /// the tools of `--tools` and its stop ids.
@@ -26,12 +26,12 @@ struct Loaded {
 
 impl Loaded {
     fn load(
-        (model, revision, quantization): (&str, &str, &str),
+        model: &str,
+        loading: &LoadingArgs,
         adapter: Option<&Path>,
-        chat_template: Option<&Path>,
         tools: Option<&Path>,
     ) -> anyhow::Result<Self> {
-        let (mut model, tokenizer, stop) = load_base((model, revision, quantization), chat_template)?;
+        let (mut model, tokenizer, stop) = load_base(model, loading)?;
         if let Some(adapter) = adapter {
             lora_ft::peft_adapter::load_adapter(&mut model, adapter)
                 .with_context(|| format!("loading adapter {}", adapter.display()))?;
@@ -43,16 +43,13 @@ impl Loaded {
 
 /// The base model on the device (f32 on the CPU, bf16 on a GPU), its tokenizer and chat template
 /// and its stop ids: what `chat`, `generate` and `serve` load.
-pub fn load_base(
-    (model, revision, quantization): (&str, &str, &str),
-    chat_template: Option<&Path>,
-) -> anyhow::Result<(CausalLm, ChatTokenizer, Vec<u32>)> {
+pub fn load_base(model: &str, loading: &LoadingArgs) -> anyhow::Result<(CausalLm, ChatTokenizer, Vec<u32>)> {
     let device = select_device()?;
-    let files = lora_ft::hub::resolve(model, revision)?;
+    let files = lora_ft::hub::resolve(model, &loading.revision)?;
     let dtype = if device.is_cpu() { candle_core::DType::F32 } else { candle_core::DType::BF16 };
-    let quantization = parse_quantization(quantization);
+    let quantization = parse_quantization(&loading.quantization);
     let model = CausalLm::load(&files.config, &files.weights, dtype, quantization, &device)?;
-    let tokenizer = ChatTokenizer::load(&files.dir, chat_template)?;
+    let tokenizer = ChatTokenizer::load(&files.dir, loading.chat_template.as_deref())?;
     let stop = stop_ids(&files.dir, &tokenizer);
     Ok((model, tokenizer, stop))
 }
@@ -60,12 +57,7 @@ pub fn load_base(
 pub fn chat(args: &ChatArgs) -> anyhow::Result<()> {
     // a flag out of range is an error before the model loads
     let settings = args.sampling.settings(args.max_new_tokens)?;
-    let loaded = Loaded::load(
-        (&args.model, &args.revision, &args.quantization),
-        args.adapter.as_deref(),
-        args.chat_template.as_deref(),
-        args.tools.as_deref(),
-    )?;
+    let loaded = Loaded::load(&args.model, &args.loading, args.adapter.as_deref(), args.tools.as_deref())?;
     let Loaded { model, tokenizer, tools, stop } = &loaded;
     let mut messages: Vec<Message> = args.system.iter().map(|s| Message::new("system", s)).collect();
     let answer = |messages: &[Message]| -> anyhow::Result<String> {
@@ -102,12 +94,7 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.n >= 1, "--n must be at least 1");
     anyhow::ensure!(args.batch >= 1, "--batch must be at least 1");
     let prompts = read_prompts_jsonl(&args.input)?;
-    let loaded = Loaded::load(
-        (&args.model, &args.revision, &args.quantization),
-        args.adapter.as_deref(),
-        args.chat_template.as_deref(),
-        args.tools.as_deref(),
-    )?;
+    let loaded = Loaded::load(&args.model, &args.loading, args.adapter.as_deref(), args.tools.as_deref())?;
     let file = std::fs::File::create(&args.output)
         .with_context(|| format!("{}: cannot create", args.output.display()))?;
     let mut out = std::io::BufWriter::new(file);

@@ -49,8 +49,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         request_timeout: Duration::from_secs(args.request_timeout_s),
         adapter_dir,
     };
-    let (model, tokenizer, stop) =
-        load_base((&args.model, &args.revision, &args.quantization), args.chat_template.as_deref())?;
+    let (model, tokenizer, stop) = load_base(&args.model, &args.loading)?;
     let context = model.config().max_position_embeddings;
     let max_seq_len = match args.max_model_len {
         Some(n) => {

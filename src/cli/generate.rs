@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::LoadingArgs;
+
 use super::SamplingArgs;
 
 #[derive(Args)]
@@ -33,15 +35,8 @@ pub struct GenerateArgs {
     pub max_new_tokens: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// The Hub revision (branch, tag or commit) of a repo id.
-    #[arg(long, default_value = "main")]
-    pub revision: String,
-    /// Storage of the base's projection weights; use what the adapter was trained with.
-    #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
-    pub quantization: String,
-    /// A Jinja file in place of the model's chat template (e.g. configs/templates/chatml-tools.jinja).
-    #[arg(long, value_name = "FILE")]
-    pub chat_template: Option<PathBuf>,
+    #[command(flatten)]
+    pub loading: LoadingArgs,
     /// A JSON file holding a list of tool schemas, for the prompts whose rows carry no `tools`.
     #[arg(long, value_name = "FILE")]
     pub tools: Option<PathBuf>,

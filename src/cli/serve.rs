@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::LoadingArgs;
+
 #[derive(Args)]
 pub struct ServeArgs {
     /// Hub repo id, local HF folder or .gguf file of the base model.
@@ -46,13 +48,6 @@ pub struct ServeArgs {
     /// allocated up front for --max-batch sequences [default: the model's context, at most 4096].
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<usize>,
-    /// The Hub revision (branch, tag or commit) of a repo id.
-    #[arg(long, default_value = "main")]
-    pub revision: String,
-    /// Storage of the base's projection weights; use what the adapters were trained with.
-    #[arg(long, default_value = "nf4", value_parser = ["nf4", "nf4-no-double-quant", "none"])]
-    pub quantization: String,
-    /// A Jinja file in place of the model's chat template (e.g. configs/templates/chatml-tools.jinja).
-    #[arg(long, value_name = "FILE")]
-    pub chat_template: Option<PathBuf>,
+    #[command(flatten)]
+    pub loading: LoadingArgs,
 }

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use super::body::json_object;
 use super::errors::ApiError;
+use super::params::Generation;
 use super::sse::{Api, StreamJob};
 use super::state::{now, response_id, AppState};
 use super::{auth, chat, completions, events, limits, models, sse};
@@ -56,6 +57,30 @@ fn deadline(state: &AppState) -> (Instant, u64) {
     (Instant::now() + limit, limit.as_secs())
 }
 
+/// What a streamed answer of `choices` replies needs: the endpoint's shape, the response's id,
+/// the model and prompt length, what the request asked (usage, log-probs), and its deadline.
+fn stream_job(
+    api: Api,
+    id: String,
+    (model, prompt_tokens): (&str, usize),
+    generation: &Generation,
+    choices: usize,
+    (deadline, timeout_s): (Instant, u64),
+) -> StreamJob {
+    StreamJob {
+        api,
+        id,
+        model: model.to_string(),
+        created: now(),
+        choices,
+        prompt_tokens,
+        include_usage: generation.include_usage,
+        logprobs: generation.params.logprobs.is_some(),
+        deadline,
+        timeout_s,
+    }
+}
+
 async fn chat_completions(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
     answer_chat(state, body).await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -68,18 +93,14 @@ async fn answer_chat(state: AppState, body: Result<Bytes, BytesRejection>) -> Re
     let id = response_id("chatcmpl");
     let rx = events::submit(&state.engine, vec![request], choices, "messages")?;
     if job.generation.stream {
-        let stream = StreamJob {
-            api: Api::Chat { tools: job.tools },
+        let stream = stream_job(
+            Api::Chat { tools: job.tools },
             id,
-            model: job.model.clone(),
-            created: now(),
+            (&job.model, job.prompt_tokens),
+            &job.generation,
             choices,
-            prompt_tokens: job.prompt_tokens,
-            include_usage: job.generation.include_usage,
-            logprobs: job.generation.params.logprobs.is_some(),
-            deadline,
-            timeout_s,
-        };
+            (deadline, timeout_s),
+        );
         return Ok(sse::respond(stream, rx, state.tokenizer.clone()));
     }
     let gathered = events::collect(rx, choices, deadline, timeout_s).await?;
@@ -103,18 +124,14 @@ async fn answer_completions(
     let id = response_id("cmpl");
     let rx = events::submit(&state.engine, std::mem::take(&mut job.requests), per_prompt, "prompt")?;
     if job.generation.stream {
-        let stream = StreamJob {
-            api: Api::Completion,
+        let stream = stream_job(
+            Api::Completion,
             id,
-            model: job.model.clone(),
-            created: now(),
+            (&job.model, job.prompt_tokens),
+            &job.generation,
             choices,
-            prompt_tokens: job.prompt_tokens,
-            include_usage: job.generation.include_usage,
-            logprobs: job.generation.params.logprobs.is_some(),
-            deadline,
-            timeout_s,
-        };
+            (deadline, timeout_s),
+        );
         return Ok(sse::respond(stream, rx, state.tokenizer.clone()));
     }
     let gathered = events::collect(rx, choices, deadline, timeout_s).await?;
