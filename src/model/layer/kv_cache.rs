@@ -34,15 +34,6 @@ impl KvCache {
         }
     }
 
-    /// A copy of the cache that grows apart from it (the samples of one prompt, each continuing
-    /// the prompt's keys and values): its own buffers, as `append` writes into them in place.
-    pub fn fork(&self) -> Result<KvCache> {
-        let copy = |buffer: &Option<Tensor>| -> Result<Option<Tensor>> {
-            buffer.as_ref().map(|b| b.copy()).transpose()
-        };
-        Ok(KvCache { k: copy(&self.k)?, v: copy(&self.v)?, len: self.len })
-    }
-
     fn capacity(&self) -> usize {
         self.k.as_ref().map_or(0, |k| k.dim(2).unwrap_or(0))
     }
@@ -86,7 +77,7 @@ fn grown(old: Option<&Tensor>, new: &Tensor, len: usize, capacity: usize) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{DType, Device};
+    use candle_core::Device;
 
     /// Appended a few positions at a time, past the first capacity, the cache holds what one
     /// concatenation of every step holds.
@@ -111,28 +102,6 @@ mod tests {
             assert!(same(&all_v.contiguous()?, &Tensor::cat(&vs, 2)?)?, "values at step {step}");
         }
         assert_eq!(cache.len(), 314);
-        Ok(())
-    }
-
-    /// A fork holds the cache's positions and grows apart: what one appends the other never sees.
-    #[test]
-    fn forks_grow_apart() -> Result<()> {
-        let dev = Device::Cpu;
-        let mut cache = KvCache::default();
-        let prompt = Tensor::randn(0f32, 1.0, (1, 2, 5, 4), &dev)?;
-        cache.append(&prompt, &prompt)?;
-        let mut fork = cache.fork()?;
-        let (a, b) =
-            (Tensor::ones((1, 2, 1, 4), DType::F32, &dev)?, Tensor::zeros((1, 2, 1, 4), DType::F32, &dev)?);
-        let (k1, _) = cache.append(&a, &a)?;
-        let (k2, _) = fork.append(&b, &b)?;
-        let values = |k: &Tensor, from: usize, len: usize| {
-            k.narrow(2, from, len)?.contiguous()?.flatten_all()?.to_vec1::<f32>()
-        };
-        assert_eq!(values(&k1, 0, 5)?, values(&prompt, 0, 5)?, "the prompt's keys");
-        assert_eq!(values(&k2, 0, 5)?, values(&prompt, 0, 5)?, "the prompt's keys");
-        assert!(values(&k1, 5, 1)?.iter().all(|&x| x == 1.0));
-        assert!(values(&k2, 5, 1)?.iter().all(|&x| x == 0.0));
         Ok(())
     }
 }

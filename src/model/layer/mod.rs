@@ -356,10 +356,7 @@ impl DecoderLayer {
             candle_core::bail!("{} decode rows for {} rows", rows.len(), q.dim(0)?);
         }
         let limit = cache.capacity();
-        let (q, k) = (
-            input.rope.apply_rows(q, &rows.positions_t, limit)?,
-            input.rope.apply_rows(k, &rows.positions_t, limit)?,
-        );
+        let (q, k) = input.rope.apply_rows((q, k), &rows.positions_t, limit)?;
         cache.write(&k, v, rows)?;
         let rule = &input.scores;
         #[cfg(feature = "cuda")]

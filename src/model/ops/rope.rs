@@ -151,13 +151,20 @@ impl Rope {
         section("rope", x.device(), || rotate(x, &cos, &sin, false))
     }
 
-    /// x `[b, heads, 1, d]`, row r at position `positions[r]` (u32 `[b]`, each below `limit`):
-    /// rows decoded together, each at its own length.
-    pub fn apply_rows(&self, x: &Tensor, positions: &Tensor, limit: usize) -> Result<Tensor> {
+    /// q and k `[b, heads, 1, d]`, row r at position `positions[r]` (u32 `[b]`, each below
+    /// `limit`): rows decoded together, each at its own length; the rows' tables gathered once
+    /// for both.
+    pub fn apply_rows(
+        &self,
+        (q, k): (&Tensor, &Tensor),
+        positions: &Tensor,
+        limit: usize,
+    ) -> Result<(Tensor, Tensor)> {
         let (cos, sin) = self.tables(0, limit)?;
-        let b = x.dim(0)?;
+        let b = q.dim(0)?;
         let at = |table: &Tensor| table.index_select(positions, 0)?.reshape((b, 1, ()));
-        section("rope", x.device(), || rotate(x, &at(&cos)?, &at(&sin)?, false))
+        let (cos, sin) = (at(&cos)?, at(&sin)?);
+        section("rope", q.device(), || Ok((rotate(q, &cos, &sin, false)?, rotate(k, &cos, &sin, false)?)))
     }
 
     /// The backward of `apply_at`.
