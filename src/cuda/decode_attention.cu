@@ -90,3 +90,29 @@ __device__ void decode_attention(const T* __restrict__ q, const T* __restrict__ 
 DECODE_ATTENTION_DTYPES(2, 64)
 DECODE_ATTENTION_DTYPES(4, 128)
 DECODE_ATTENTION_DTYPES(8, 256)
+
+// One decode step's new keys and values into the cache: row r's `width` values (kv_heads · d,
+// contiguous in `k` and `v`, [b, width]) at position positions[r] of slot slots[r]. One block a
+// row; the slots and positions are read on the GPU, so a step's indices are a few bytes a row.
+template <typename T>
+__device__ void write_slots(const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ kc,
+                            T* __restrict__ vc, const uint32_t* __restrict__ slots,
+                            const uint32_t* __restrict__ positions, int capacity, int width) {
+    const int r = blockIdx.x;
+    const size_t at = ((size_t)slots[r] * capacity + positions[r]) * width;
+    const T* kr = k + (size_t)r * width;
+    const T* vr = v + (size_t)r * width;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) {
+        kc[at + j] = kr[j];
+        vc[at + j] = vr[j];
+    }
+}
+
+#define WRITE_SLOTS(NAME, T)                                                                              \
+    extern "C" __global__ void NAME(const T* k, const T* v, T* kc, T* vc, const uint32_t* slots,           \
+                                    const uint32_t* positions, int capacity, int width) {                 \
+        write_slots<T>(k, v, kc, vc, slots, positions, capacity, width);                                   \
+    }
+WRITE_SLOTS(write_slots_f32, float)
+WRITE_SLOTS(write_slots_f16, __half)
+WRITE_SLOTS(write_slots_bf16, __nv_bfloat16)

@@ -85,6 +85,58 @@ fn typed<T: CudaDType + WithDType + DeviceRepr>(
     Ok(wrap(out, &dev, &[b, heads, d]))
 }
 
+/// Writes row r of `k`, `v` (`[b, kv_heads · d]`, contiguous) at position `positions[r]` of slot
+/// `slots[r]` of the caches `[slots, capacity, kv_heads, d]` (u32 tensors `[b]`), in place.
+pub fn write_slots(
+    (k, v): (&Tensor, &Tensor),
+    (k_cache, v_cache): (&Tensor, &Tensor),
+    (slots, positions): (&Tensor, &Tensor),
+) -> Result<()> {
+    let (b, width) = k.dims2()?;
+    let (_, capacity, kv_heads, d) = k_cache.dims4()?;
+    let dtype = k_cache.dtype();
+    let same = |t: &Tensor| t.is_contiguous() && t.dtype() == dtype;
+    if v.dims() != [b, width]
+        || kv_heads * d != width
+        || v_cache.dims() != k_cache.dims()
+        || ![k, v, k_cache, v_cache].into_iter().all(same)
+    {
+        bail!(
+            "KV write: rows k {:?} v {:?} into caches {:?} {:?} of one dtype, all contiguous",
+            k.dims(),
+            v.dims(),
+            k_cache.dims(),
+            v_cache.dims()
+        );
+    }
+    let index = |t: &Tensor| t.dims() == [b] && t.dtype() == DType::U32;
+    if !index(slots) || !index(positions) {
+        bail!("KV write: slots and positions are u32 [{b}]");
+    }
+    if b == 0 {
+        return Ok(());
+    }
+    let (slots, positions) = (slots.contiguous()?, positions.contiguous()?);
+    let dev = cuda_device(k)?;
+    let stream = dev.cuda_stream();
+    let func = KERNELS.function(&dev, &format!("write_slots_{}", suffix(dtype)?))?;
+    let [ka, va, kca, vca, sa, pa] =
+        [k, v, k_cache, v_cache, &slots, &positions].map(|t| super::address(t, &stream));
+    let (ka, va, kca, vca, sa, pa) = (ka?, va?, kca?, vca?, sa?, pa?);
+    let (capacity, width) = (capacity as i32, width as i32);
+    let mut l = func.builder();
+    l.arg(&ka).arg(&va).arg(&kca).arg(&vca).arg(&sa).arg(&pa).arg(&capacity).arg(&width);
+    let config = candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+        grid_dim: (b as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: every address is a live tensor of the checked shape held across the launch; the
+    // caches are written only on this stream.
+    unsafe { l.launch(config) }.w()?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::{DType, Device, Tensor, D};

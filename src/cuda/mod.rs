@@ -33,6 +33,7 @@ pub mod dropout;
 pub mod elementwise;
 pub mod flash;
 pub mod gemm;
+pub mod graph;
 pub mod lora_weights;
 pub mod mapped;
 pub mod module;

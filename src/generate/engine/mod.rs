@@ -8,6 +8,7 @@
 mod request;
 pub mod scheduler;
 mod sequence;
+mod step_graphs;
 #[cfg(test)]
 mod tests;
 pub mod text;

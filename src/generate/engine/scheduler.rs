@@ -19,6 +19,7 @@ use crate::model::{CausalLm, DecodeRows, DecoderLayer, KvCache, SlotCache};
 
 use super::request::{Event, Request, SubmitError};
 use super::sequence::{Job, Sequence};
+use super::step_graphs::{StepGraphs, StepRows};
 use super::text::ReplyText;
 
 pub struct Scheduler<'m> {
@@ -32,6 +33,8 @@ pub struct Scheduler<'m> {
     free: Vec<usize>,
     waiting: VecDeque<(Arc<Job>, Vec<Sampler>)>,
     live: Vec<Sequence>,
+    /// The decode step replayed from CUDA graphs (on a GPU, unless `enforce_eager`).
+    graphs: StepGraphs,
 }
 
 /// The samplers of a request's samples, or what is wrong with it, for a context of `max_pos`
@@ -72,7 +75,14 @@ impl<'m> Scheduler<'m> {
         let (slots, capacity) = (slots.max(1), capacity.clamp(1, model.config().max_position_embeddings));
         let caches = model.slot_caches(slots, capacity).context("allocating the KV cache")?;
         let free = (0..slots).rev().collect();
-        Ok(Self { model, text, stop_ids, caches, free, waiting: VecDeque::new(), live: Vec::new() })
+        let graphs = StepGraphs::new(model, slots, true);
+        Ok(Self { model, text, stop_ids, caches, free, waiting: VecDeque::new(), live: Vec::new(), graphs })
+    }
+
+    /// Every decode step launched kernel by kernel, none replayed from a CUDA graph (vLLM's
+    /// `--enforce-eager`).
+    pub fn enforce_eager(&mut self) {
+        self.graphs = StepGraphs::new(self.model, self.caches[0].slots(), false);
     }
 
     /// Queues a request on the model's own layers (an adapter by name is the engine's).
@@ -261,12 +271,19 @@ impl<'m> Scheduler<'m> {
     /// The next token of live sequences `rows` (of one adapter), in one forward.
     fn decode_rows(&mut self, rows: &[usize], ended: &mut [bool]) -> anyhow::Result<()> {
         let last: Vec<u32> = rows.iter().map(|&r| self.live[r].last_token().unwrap_or(0)).collect();
-        let ids = Tensor::new(last.as_slice(), self.model.device())?.unsqueeze(1)?;
-        let slots = rows.iter().map(|&r| self.live[r].slot).collect();
-        let positions = rows.iter().map(|&r| self.live[r].position()).collect();
-        let places = DecodeRows::new(slots, positions, &self.caches[0])?;
+        let slots: Vec<usize> = rows.iter().map(|&r| self.live[r].slot).collect();
+        let positions: Vec<usize> = rows.iter().map(|&r| self.live[r].position()).collect();
         let job = self.live[rows[0]].job.clone();
-        let logits = self.model.forward_slots_of(self.layers(&job), &ids, &self.caches, &places)?;
+        let layers = job.layers.as_deref().map_or(&self.model.layers[..], |l| &l[..]);
+        let step = StepRows { ids: &last, slots: &slots, positions: &positions };
+        let logits = match self.graphs.decode(self.model, (&job.layers, layers), &self.caches, step)? {
+            Some(logits) => logits,
+            None => {
+                let ids = Tensor::new(last.as_slice(), self.model.device())?.unsqueeze(1)?;
+                let places = DecodeRows::new(slots, positions, &self.caches[0])?;
+                self.model.forward_slots_of(layers, &ids, &self.caches, &places)?
+            }
+        };
         let max_pos = self.max_pos();
         let mut seqs: Vec<&mut Sequence> = self
             .live

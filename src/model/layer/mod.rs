@@ -370,6 +370,9 @@ impl DecoderLayer {
             })?;
             return context.unsqueeze(2);
         }
+        if !rows.on_host() {
+            candle_core::bail!("decode rows given on the device run on CUDA only");
+        }
         let contexts = (0..rows.len())
             .map(|r| {
                 let (k, v) = cache.seen(rows.slots[r], rows.positions[r] + 1)?;

@@ -16,16 +16,19 @@ pub struct SlotCache {
 /// Where each row of a decode step reads and writes: its slot and its position (the slot's
 /// length before the step), as the kernels take them.
 pub struct DecodeRows {
+    /// Host copies of the same (the CPU path's); empty for rows given on the device.
     pub slots: Vec<usize>,
     pub positions: Vec<usize>,
+    len: usize,
     /// u32 `[b]` tensors of the same, and each row's length after the step (the CUDA kernel's).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(super) slots_t: Tensor,
     pub(super) positions_t: Tensor,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(super) lens_t: Tensor,
-    /// u32 `[b, kv_heads · d]`: each row's place in a buffer seen as `[slots · capacity, kv · d]`.
-    write_at: Tensor,
+    /// The CPU's scatter: u32 `[b, kv_heads · d]`, each row's place in a buffer seen as
+    /// `[slots · capacity, kv · d]` (on CUDA a kernel reads the slots and positions instead).
+    write_at: Option<Tensor>,
 }
 
 impl DecodeRows {
@@ -42,27 +45,58 @@ impl DecodeRows {
         }
         let device = cache.k.device();
         let u32s = |values: Vec<u32>| Tensor::from_vec(values, slots.len(), device);
-        let places: Vec<u32> = slots
-            .iter()
-            .zip(&positions)
-            .flat_map(|(&s, &p)| std::iter::repeat_n((s * capacity + p) as u32, width))
-            .collect();
+        let write_at = match device.is_cpu() {
+            true => {
+                let places: Vec<u32> = slots
+                    .iter()
+                    .zip(&positions)
+                    .flat_map(|(&s, &p)| std::iter::repeat_n((s * capacity + p) as u32, width))
+                    .collect();
+                Some(Tensor::from_vec(places, (slots.len(), width), device)?)
+            }
+            false => None,
+        };
         Ok(Self {
             slots_t: u32s(slots.iter().map(|&s| s as u32).collect())?,
             positions_t: u32s(positions.iter().map(|&p| p as u32).collect())?,
             lens_t: u32s(positions.iter().map(|&p| p as u32 + 1).collect())?,
-            write_at: Tensor::from_vec(places, (slots.len(), width), device)?,
+            write_at,
+            len: slots.len(),
             slots,
             positions,
         })
     }
 
+    /// Rows whose slots, positions and lengths after the step are already u32 `[b]` tensors on a
+    /// CUDA device (a captured step's inputs, refilled between replays), unchecked: the caller
+    /// keeps them inside the cache.
+    pub fn on_device(slots: Tensor, positions: Tensor, lens: Tensor) -> Result<Self> {
+        let len = slots.dim(0)?;
+        if slots.device().is_cpu() || [&positions, &lens].iter().any(|t| t.dims() != [len]) {
+            candle_core::bail!("rows on the device are CUDA u32 tensors [b] of slots, positions and lengths");
+        }
+        Ok(Self {
+            slots: Vec::new(),
+            positions: Vec::new(),
+            len,
+            slots_t: slots,
+            positions_t: positions,
+            lens_t: lens,
+            write_at: None,
+        })
+    }
+
     pub fn len(&self) -> usize {
-        self.slots.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.len == 0
+    }
+
+    /// Whether the host copies are here (the CPU path reads them).
+    pub(super) fn on_host(&self) -> bool {
+        self.slots.len() == self.len
     }
 }
 
@@ -141,9 +175,20 @@ impl SlotCache {
         let width = self.width();
         let b = rows.len();
         let as_rows = |x: &Tensor| x.transpose(1, 2)?.contiguous()?.reshape((b, width));
+        #[cfg(feature = "cuda")]
+        if self.k.device().is_cuda() {
+            return crate::cuda::decode_attention::write_slots(
+                (&as_rows(k)?, &as_rows(v)?),
+                (&self.k, &self.v),
+                (&rows.slots_t, &rows.positions_t),
+            );
+        }
+        let Some(write_at) = &rows.write_at else {
+            candle_core::bail!("decode rows given on the device write a CUDA cache only");
+        };
         let (k2, v2) = (self.k.reshape(((), width))?, self.v.reshape(((), width))?);
-        k2.scatter_set(&rows.write_at, &as_rows(k)?, 0)?;
-        v2.scatter_set(&rows.write_at, &as_rows(v)?, 0)
+        k2.scatter_set(write_at, &as_rows(k)?, 0)?;
+        v2.scatter_set(write_at, &as_rows(v)?, 0)
     }
 
     /// The first `len` positions of `slot` as `[1, kv, len, d]` views.
