@@ -61,7 +61,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         }
         None => context.min(DEFAULT_MAX_MODEL_LEN),
     };
-    let config = EngineConfig { max_batch: args.max_batch, max_seq_len };
+    let config = EngineConfig { max_batch: args.max_batch, max_seq_len, enforce_eager: args.enforce_eager };
     let engine =
         Engine::start(model, tokenizer.tokenizer().clone(), stop, config).context("starting the engine")?;
     tracing::info!("{} sequences of at most {max_seq_len} positions at a time", args.max_batch);

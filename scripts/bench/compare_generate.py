@@ -3,9 +3,11 @@
 lora-ft's tokens/s (end to end, prefill included; and its decode steps alone), its step time,
 the bytes a step reads and its share of the GPU's memory-bandwidth limit (those bytes at the
 GPU's peak bandwidth: the fastest a step can be), beside transformers + PEFT + bitsandbytes
-`generate` measured in the same command, and the ratio; then the time to the first token.
+`generate` measured in the same command, and the ratio; then the time to the first token, and
+where given lora-ft's decode steps launched kernel by kernel (--enforce-eager) beside the
+steps replayed from CUDA graphs.
 
-    compare_generate.py LORA_FT.jsonl REFERENCE.jsonl --gpu NAME [--arch NAME]
+    compare_generate.py LORA_FT.jsonl REFERENCE.jsonl --gpu NAME [--arch NAME] [--eager EAGER.jsonl]
 """
 import argparse
 import json
@@ -15,6 +17,7 @@ ap.add_argument("ours")
 ap.add_argument("reference")
 ap.add_argument("--gpu", default="")
 ap.add_argument("--arch", default="")
+ap.add_argument("--eager", help="lora-ft's rows run with --enforce-eager")
 args = ap.parse_args()
 
 # peak memory bandwidth, bytes/s (the SXM parts' datasheets)
@@ -73,3 +76,16 @@ if ttft:
 if bandwidth:
     print(f"\nBandwidth limit: the step's bytes (weights as stored, the adapter, lm_head, the KV cache at the "
           f"mean length) at {bandwidth / 1e12:.2f} TB/s.")
+if args.eager:
+    eager = {r["batch"]: r for r in rows(args.eager) if "batch" in r}
+    graphs = {r["batch"]: r for r in ours if "batch" in r}
+    print("\nCUDA graphs: lora-ft's decode steps replayed from recorded graphs against the same steps "
+          "launched kernel by kernel (--enforce-eager).\n")
+    print("| batch | graphs step ms | eager step ms | graphs decode tok/s | eager decode tok/s | speed-up |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for b, e in sorted(eager.items()):
+        g = graphs.get(b, {})
+        speedup = (e["step_ms"] / g["step_ms"]) if g.get("step_ms") and e.get("step_ms") else None
+        print(f"| {b} | {fmt(g.get('step_ms'), '.2f')} | {fmt(e.get('step_ms'), '.2f')} | "
+              f"{fmt(g.get('decode_tokens_per_s'), '.1f')} | {fmt(e.get('decode_tokens_per_s'), '.1f')} | "
+              f"{fmt(speedup, '.2f')}× |")

@@ -7,7 +7,9 @@
 # (scripts/bench/compare_generate.py) with each stack's share of the GPU's memory-bandwidth limit.
 #   bash scripts/device/bench_generate.sh MODEL [BATCHES]    (after `mv .gpu-bench .gpu`, pack.sh bench)
 # MODEL: llama3.1-8b (default) | qwen3-8b | any bench_models.py name. Environment: BUDGET_S (default
-# 570), REF_BATCHES (the reference's batch sizes, default BATCHES), NEW_TOKENS (default 256).
+# 570), REF_BATCHES (the reference's batch sizes, default BATCHES), NEW_TOKENS (default 256),
+# EAGER_BATCHES (lora-ft again at these batch sizes with --enforce-eager, no CUDA graphs; default
+# none).
 # BENCH_DEVICE=cpu: a dry run on the toy-sized config without a GPU (lora-ft alone, f32).
 source scripts/device/bench_setup.sh   # device=cuda|cpu, strict mode
 arch=${1:-llama3.1-8b}
@@ -29,6 +31,10 @@ echo "{\"model_written_at_s\": $SECONDS, \"dtype\": \"$dtype\", \"arch\": \"$arc
 # lora-ft first, then the reference in what is left (a slow reference is cut, never lora-ft)
 timeout $((budget - SECONDS - 90)) lora-ft bench generate --model $dir "${ours[@]}" --batches $batches \
   --new-tokens $new 2>&1 | grep '^{' | tee $OUT/lora_ft_generate_$arch.jsonl || true
+if [ -n "${EAGER_BATCHES:-}" ]; then
+  timeout $((budget - SECONDS - 90)) lora-ft bench generate --model $dir "${ours[@]}" --batches $EAGER_BATCHES \
+    --new-tokens $new --ttft-prompt 0 --enforce-eager 2>&1 | grep '^{' | tee $OUT/lora_ft_generate_${arch}_eager.jsonl || true
+fi
 echo "{\"lora_ft_done_at_s\": $SECONDS}"
 if [ "$device" = cuda ]; then
   ref_s=$((budget - SECONDS - 15)); [ $ref_s -gt 60 ] || ref_s=60
@@ -39,5 +45,6 @@ if [ "$device" = cuda ]; then
 else
   : > $OUT/ref_generate_$arch.jsonl; gpu=cpu
 fi
+eager=(); [ -s $OUT/lora_ft_generate_${arch}_eager.jsonl ] && eager=(--eager $OUT/lora_ft_generate_${arch}_eager.jsonl)
 python3 scripts/bench/compare_generate.py $OUT/lora_ft_generate_$arch.jsonl $OUT/ref_generate_$arch.jsonl \
-  --gpu "$gpu" --arch $arch | tee $OUT/table_generate_$arch.md
+  --gpu "$gpu" --arch $arch "${eager[@]}" | tee $OUT/table_generate_$arch.md
