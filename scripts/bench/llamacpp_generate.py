@@ -104,7 +104,7 @@ def adapter(model_dir: str, out_dir: str):
 
 # "load_tensors:        CUDA0 model buffer size =  4403.49 MiB", "CUDA0 KV buffer size", "CUDA0
 # compute buffer size", "CUDA0 LoRA buffer size" (host-side CPU/CUDA_Host buffers are not device memory)
-BUFFER = re.compile(r"\b(CUDA\d+|CPU)\s+(?:\w+\s+)?buffer size\s*=\s*([\d.]+) MiB")
+BUFFER = re.compile(r"\b(CUDA\d+|CPU)\s+(\w+\s+)?buffer size\s*=\s*([\d.]+) MiB")
 
 
 # "print_info: file size   = 4.58 GiB (4.89 BPW)": the whole file (embeddings and lm_head too)
@@ -126,8 +126,11 @@ def rows(paths, prompt_len: int, new_tokens: int, device: str, version: str, bui
             break
     print(json.dumps(stack))
     for path, text in zip(paths, texts):
-        mib = sum(float(m.group(2)) for m in BUFFER.finditer(text)
-                  if m.group(1).startswith("CUDA" if device == "cuda" else "CPU"))
+        # each kind of buffer once per device: the compute buffers are reserved again once the
+        # adapter is set, and the last reservation is the one in use
+        buffers = {(m.group(1), m.group(2)): float(m.group(3)) for m in BUFFER.finditer(text)
+                   if m.group(1).startswith("CUDA" if device == "cuda" else "CPU")}
+        mib = sum(buffers.values())
         for line in text.splitlines():
             line = line.strip()
             if not (line.startswith("{") and '"speed_tg"' in line):

@@ -8,6 +8,9 @@
 #   bash scripts/device/bench_generate.sh MODEL [BATCHES]    (after `mv .gpu-bench .gpu`, pack.sh bench)
 # MODEL: llama3.1-8b (default) | qwen3-8b | any bench_models.py name. Environment: BUDGET_S (default
 # 570), REF_BATCHES (the reference's batch sizes, default BATCHES), NEW_TOKENS (default 256).
+# LLAMACPP=1: llama.cpp too (scripts/device/bench_llamacpp.sh; carry .gpu-llamacpp), after lora-ft
+# and before the reference, in at most LLAMACPP_S seconds (default 240; its build, when no built
+# binaries are carried, counts in them and is reported as its own row), and its columns in the table.
 # BENCH_DEVICE=cpu: a dry run on the toy-sized config without a GPU (lora-ft alone, f32).
 source scripts/device/bench_setup.sh   # device=cuda|cpu, strict mode
 arch=${1:-llama3.1-8b}
@@ -30,6 +33,17 @@ echo "{\"model_written_at_s\": $SECONDS, \"dtype\": \"$dtype\", \"arch\": \"$arc
 timeout $((budget - SECONDS - 90)) lora-ft bench generate --model $dir "${ours[@]}" --batches $batches \
   --new-tokens $new 2>&1 | grep '^{' | tee $OUT/lora_ft_generate_$arch.jsonl || true
 echo "{\"lora_ft_done_at_s\": $SECONDS}"
+llamacpp=()
+if [ "${LLAMACPP:-0}" = 1 ]; then
+  # the reference keeps at least two minutes; llama.cpp's own script stops itself at its budget
+  llama_s=$(( budget - SECONDS - 120 )); [ $llama_s -lt ${LLAMACPP_S:-240} ] || llama_s=${LLAMACPP_S:-240}
+  if [ $llama_s -gt 30 ]; then
+    BUDGET_S=$llama_s NEW_TOKENS=$new bash scripts/device/bench_llamacpp.sh $arch $batches || true
+  fi
+  [ -e $OUT/llamacpp_generate_$arch.jsonl ] || : > $OUT/llamacpp_generate_$arch.jsonl
+  llamacpp=(--llamacpp $OUT/llamacpp_generate_$arch.jsonl)
+  echo "{\"llamacpp_done_at_s\": $SECONDS}"
+fi
 if [ "$device" = cuda ]; then
   ref_s=$((budget - SECONDS - 15)); [ $ref_s -gt 60 ] || ref_s=60
   timeout $ref_s python3 scripts/bench/generate_ref.py --model $dir --batches $ref_batches --new-tokens $new \
@@ -40,4 +54,4 @@ else
   : > $OUT/ref_generate_$arch.jsonl; gpu=cpu
 fi
 python3 scripts/bench/compare_generate.py $OUT/lora_ft_generate_$arch.jsonl $OUT/ref_generate_$arch.jsonl \
-  --gpu "$gpu" --arch $arch | tee $OUT/table_generate_$arch.md
+  --gpu "$gpu" --arch $arch "${llamacpp[@]}" | tee $OUT/table_generate_$arch.md

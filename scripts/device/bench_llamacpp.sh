@@ -108,7 +108,7 @@ fi
 
 # 3. llama-batched-bench: one run per batch size (the KV cache holds that batch's sequences), then
 # the time to the first token (two runs of one prompt, the best kept)
-common=(-m $q4 --lora $gguf/lora.gguf -b 2048 -ub $ubatch -ngl $ngl -fa on --output-format jsonl)
+common=(-m $q4 --lora $gguf/lora.gguf -b 2048 -ub $ubatch -ngl $ngl -fa on --output-format jsonl -lv 4)
 [ "$device" = cuda ] || common+=(-t $jobs)
 logs=(); skipped=()
 for b in ${batches//,/ }; do
@@ -123,7 +123,7 @@ if [ "$ttft" -gt 0 ] && [ $((budget - SECONDS)) -gt 30 ]; then
     > $work/bench_ttft.log 2>&1 || true
   logs+=($work/bench_ttft.log)
 fi
-for f in "${logs[@]}"; do echo "== $(basename $f)" >> "$log"; grep -v '^{' $f | grep -E "BPW|buffer size|lora|error|failed" >> "$log" || true; done
+for f in "${logs[@]}"; do echo "== $(basename $f)" >> "$log"; grep -v '^{' $f | grep -E "BPW|buffer size|applied|error|failed" >> "$log" || true; done
 python3 scripts/bench/llamacpp_generate.py rows "${logs[@]}" --prompt-len $prompt --new-tokens $new --device $device \
   --version "$version" --build-s $build_s --skipped "$(IFS=,; echo "${skipped[*]}")" \
   | tee $OUT/llamacpp_generate_$arch.jsonl

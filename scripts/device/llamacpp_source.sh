@@ -53,6 +53,44 @@ add_subdirectory(batched-bench)
 add_subdirectory(llama-bench)
 add_subdirectory(quantize)
 EOF
+# Two changes to llama-batched-bench at this commit: it parses --lora but loads the model without
+# common_init_from_params, so the adapter was never applied (now loaded and set on the context as
+# common_init_from_params does); and its logger thread is left running at exit, so the last lines
+# (the result of the last run) could be lost (now flushed by pausing the logger before exit).
+python3 - "$dst/tools/batched-bench" <<'PY'
+import sys
+d = sys.argv[1]
+path = d + "/batched-bench.cpp"
+src = open(path).read()
+anchor = "    const llama_vocab * vocab   = llama_model_get_vocab(model);\n"
+assert src.count(anchor) == 1, "batched-bench.cpp changed: the LoRA patch's anchor is missing"
+lora = """    // lora-ft's benchmark: apply --lora adapters, as common_init_from_params does
+    for (auto & la : params.lora_adapters) {
+        la.ptr = llama_adapter_lora_init(model, la.path.c_str());
+        if (la.ptr == nullptr) {
+            fprintf(stderr, "%s: error: failed to load lora adapter '%s'\\n", __func__, la.path.c_str());
+            return 1;
+        }
+        LOG_INF("%s: lora adapter '%s' applied, scale %.2f\\n", __func__, la.path.c_str(), la.scale);
+    }
+    if (!params.lora_adapters.empty()) {
+        common_set_adapter_lora(ctx, params.lora_adapters);
+    }
+
+"""
+open(path, "w").write(src.replace(anchor, lora + anchor))
+open(d + "/main.cpp", "w").write("""#include "log.h"
+
+int llama_batched_bench(int argc, char ** argv);
+
+int main(int argc, char ** argv) {
+    const int ret = llama_batched_bench(argc, argv);
+    // lora-ft's benchmark: flush the logger's queue (the results) before exit
+    common_log_pause(common_log_main());
+    return ret;
+}
+""")
+PY
 echo "$LLAMACPP_COMMIT (llama-cpp-python $VERSION)" > "$dst/LLAMACPP_VERSION"
 find "$dst" -name __pycache__ -prune -exec rm -rf {} +
 mkdir -p $out
