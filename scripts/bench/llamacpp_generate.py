@@ -163,7 +163,7 @@ def main():
         p.add_argument("model_dir")
         p.add_argument("out_dir")
     p = sub.add_parser("rows")
-    p.add_argument("logs", nargs="+")
+    p.add_argument("logs", nargs="*")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])

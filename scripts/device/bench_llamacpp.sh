@@ -33,6 +33,7 @@ else
 fi
 gguf=$dir-gguf
 step() { echo "{\"llamacpp_step\": \"$1\", \"at_s\": $SECONDS}"; }
+left() { local t=$((budget - SECONDS - ${1:-0})); [ $t -gt 1 ] && echo $t || echo 1; }   # for timeout
 
 # 1. the binaries: carried ones from an earlier call, a build left on this machine, or a build now
 build_s=0
@@ -50,23 +51,26 @@ if [ ! -x $bin/llama-batched-bench ]; then
   if [ "$device" = cuda ]; then
     nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     flags+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER=$nvcc)
-    # cuBLAS: the toolkit's own if it has the link library, else the CUDA 13 wheels PyTorch uses
-    # (headers and versioned libraries; LD_LIBRARY_PATH already points at them)
+    # cuBLAS: the toolkit's own if it has the link library, else the CUDA 13 wheel PyTorch uses
+    # (its cublas headers alone, beside the toolkit's others, and its versioned libraries, which
+    # LD_LIBRARY_PATH already points at)
     root=$(dirname "$(dirname "$(readlink -f $nvcc)")")
     if ! ls $root/lib64/libcublas.so $root/lib/libcublas.so $root/targets/x86_64-linux/lib/libcublas.so >/dev/null 2>&1; then
       cu=$(python3 -c "import nvidia,os;print(os.path.join(nvidia.__path__[0],'cu13'))")
-      mkdir -p $work/cudalib
-      for l in cublas cublasLt cudart; do ln -sf $cu/lib/lib$l.so.13 $work/cudalib/lib$l.so; done
+      mkdir -p $work/cudalib $work/cudainc
+      for l in cublas cublasLt; do ln -sf $cu/lib/lib$l.so.13 $work/cudalib/lib$l.so; done
+      ln -sf $cu/include/cublas*.h $work/cudainc/
       flags+=(-DCUDA_cublas_LIBRARY=$work/cudalib/libcublas.so -DCUDA_cublasLt_LIBRARY=$work/cudalib/libcublasLt.so
-              -DCMAKE_CUDA_FLAGS=-I$cu/include -DCMAKE_CXX_FLAGS=-I$cu/include)
-      echo "cuBLAS from $cu" >> "$log"
+              -DCMAKE_CUDA_FLAGS=-I$work/cudainc -DCMAKE_CXX_FLAGS=-I$work/cudainc)
+      echo "cuBLAS from $cu" | tee -a "$log"
     fi
   else
     flags+=(-DGGML_CUDA=OFF)
   fi
   t0=$SECONDS
+  { cmake --version | head -1; [ "$device" = cuda ] && $nvcc --version | tail -2; } >> "$log" || true
   cmake -S $work/llama.cpp -B $build "${flags[@]}" > $work/build.log 2>&1 || { tail -40 $work/build.log | tee -a "$log"; exit 1; }
-  ok=0; timeout $((budget - SECONDS - 60)) nice cmake --build $build -j $jobs --target llama-batched-bench llama-quantize \
+  ok=0; timeout $(left 60) nice cmake --build $build -j $jobs --target llama-batched-bench llama-quantize \
     >> $work/build.log 2>&1 || ok=$?
   build_s=$((SECONDS - t0)); tail -5 $work/build.log >> "$log"
   echo "{\"llamacpp_build_s\": $build_s, \"jobs\": $jobs, \"rc\": $ok}"
@@ -82,7 +86,8 @@ version=$(cat $src/LLAMACPP_VERSION)
 
 # 2. the random model (bench_generate.sh's) and its GGUF files; the f16 file only on the way to Q4_K_M
 q4=$gguf/model-Q4_K_M.gguf
-need=$(( ([ -e $dir/config.json ] && echo 0 || echo $size_gib) + ([ -e $q4 ] && echo 0 || echo $((size_gib * 4 / 3))) + 2 ))
+need=2   # GiB of /tmp still to write: the model unless written, the f16 GGUF and Q4_K_M unless quantized
+[ -e $dir/config.json ] || need=$((need + size_gib)); [ -e $q4 ] || need=$((need + size_gib * 4 / 3))
 if [ "$device" = cuda ] && [ "$(df -BG --output=avail /tmp | tail -1 | tr -dc 0-9)" -lt $need ]; then
   for other in $(python3 scripts/bench/bench_models.py --names); do [ "$other" = "$arch" ] || rm -rf "/tmp/$other" "/tmp/$other-gguf"; done
 fi
@@ -90,10 +95,10 @@ python3 scripts/bench/load_memory_ref.py --model $dir --create $arch "${create[@
 step "model ready"
 if [ ! -e $q4 ]; then
   python3 scripts/bench/llamacpp_generate.py source $dir $gguf/src
-  python3 $src/convert_hf_to_gguf.py $gguf/src --outtype f16 --outfile $gguf/model-f16.gguf > $work/convert.log 2>&1 \
+  timeout $(left 30) python3 $src/convert_hf_to_gguf.py $gguf/src --outtype f16 --outfile $gguf/model-f16.gguf > $work/convert.log 2>&1 \
     || { tail -30 $work/convert.log | tee -a "$log"; exit 1; }
   tail -3 $work/convert.log >> "$log"; step "converted to GGUF f16"
-  $bin/llama-quantize $gguf/model-f16.gguf $q4.part Q4_K_M $jobs > $work/quantize.log 2>&1 \
+  timeout $(left 30) $bin/llama-quantize $gguf/model-f16.gguf $q4.part Q4_K_M $jobs > $work/quantize.log 2>&1 \
     || { tail -30 $work/quantize.log | tee -a "$log"; exit 1; }
   mv $q4.part $q4; rm -f $gguf/model-f16.gguf
   grep -E "model size|quant size|fallback" $work/quantize.log | head -5 >> "$log" || true
@@ -119,7 +124,7 @@ for b in ${batches//,/ }; do
   logs+=($work/bench_$b.log); grep '^{' $work/bench_$b.log || tail -20 $work/bench_$b.log
 done
 if [ "$ttft" -gt 0 ] && [ $((budget - SECONDS)) -gt 30 ]; then
-  timeout $((budget - SECONDS - 5)) $bin/llama-batched-bench "${common[@]}" -c $((ttft + 1)) -npp $ttft,$ttft -ntg 1 -npl 1 \
+  timeout $(left 5) $bin/llama-batched-bench "${common[@]}" -c $((ttft + 1)) -npp $ttft,$ttft -ntg 1 -npl 1 \
     > $work/bench_ttft.log 2>&1 || true
   logs+=($work/bench_ttft.log)
 fi
