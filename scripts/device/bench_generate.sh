@@ -10,6 +10,9 @@
 # 570), REF_BATCHES (the reference's batch sizes, default BATCHES), NEW_TOKENS (default 256),
 # EAGER_BATCHES (lora-ft again at these batch sizes with --enforce-eager, no CUDA graphs; default
 # none).
+# LLAMACPP=1: llama.cpp too (scripts/device/bench_llamacpp.sh; carry .gpu-llamacpp), after lora-ft
+# and before the reference, in at most LLAMACPP_S seconds (default 240; its build, when no built
+# binaries are carried, counts in them and is reported as its own row), and its columns in the table.
 # BENCH_DEVICE=cpu: a dry run on the toy-sized config without a GPU (lora-ft alone, f32).
 source scripts/device/bench_setup.sh   # device=cuda|cpu, strict mode
 arch=${1:-llama3.1-8b}
@@ -36,6 +39,17 @@ if [ -n "${EAGER_BATCHES:-}" ]; then
     --new-tokens $new --ttft-prompt 0 --enforce-eager 2>&1 | grep '^{' | tee $OUT/lora_ft_generate_${arch}_eager.jsonl || true
 fi
 echo "{\"lora_ft_done_at_s\": $SECONDS}"
+llamacpp=()
+if [ "${LLAMACPP:-0}" = 1 ]; then
+  # the reference keeps at least two minutes; llama.cpp's own script stops itself at its budget
+  llama_s=$(( budget - SECONDS - 120 )); [ $llama_s -lt ${LLAMACPP_S:-240} ] || llama_s=${LLAMACPP_S:-240}
+  if [ $llama_s -gt 30 ]; then
+    BUDGET_S=$llama_s NEW_TOKENS=$new bash scripts/device/bench_llamacpp.sh $arch $batches || true
+  fi
+  [ -e $OUT/llamacpp_generate_$arch.jsonl ] || : > $OUT/llamacpp_generate_$arch.jsonl
+  llamacpp=(--llamacpp $OUT/llamacpp_generate_$arch.jsonl)
+  echo "{\"llamacpp_done_at_s\": $SECONDS}"
+fi
 if [ "$device" = cuda ]; then
   ref_s=$((budget - SECONDS - 15)); [ $ref_s -gt 60 ] || ref_s=60
   timeout $ref_s python3 scripts/bench/generate_ref.py --model $dir --batches $ref_batches --new-tokens $new \
@@ -47,4 +61,4 @@ else
 fi
 eager=(); [ -s $OUT/lora_ft_generate_${arch}_eager.jsonl ] && eager=(--eager $OUT/lora_ft_generate_${arch}_eager.jsonl)
 python3 scripts/bench/compare_generate.py $OUT/lora_ft_generate_$arch.jsonl $OUT/ref_generate_$arch.jsonl \
-  --gpu "$gpu" --arch $arch "${eager[@]}" | tee $OUT/table_generate_$arch.md
+  --gpu "$gpu" --arch $arch "${eager[@]}" "${llamacpp[@]}" | tee $OUT/table_generate_$arch.md
