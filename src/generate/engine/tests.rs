@@ -364,6 +364,7 @@ fn wide_head_model(dir: &Path) -> PathBuf {
 /// every device), in `dtype` on `device`.
 #[cfg(feature = "cuda")]
 fn wide_head_lora_model(dir: &Path, dtype: DType, device: &Device) -> CausalLm {
+    use rand::{Rng, SeedableRng};
     let (config, weights) = crate::hub::local_weights(dir).unwrap();
     let spec = crate::model::LoraSpec {
         r: 4,
@@ -374,10 +375,12 @@ fn wide_head_lora_model(dir: &Path, dtype: DType, device: &Device) -> CausalLm {
     };
     let mut model = CausalLm::load(&config, &weights, dtype, Quantization::None, device).unwrap();
     model.add_lora(&spec, 3).unwrap();
+    // the same values on every device: drawn from a seeded generator
     for (i, (_, var)) in model.lora_params().into_iter().enumerate() {
-        let values = Tensor::randn(0f32, 0.05, var.shape(), &Device::Cpu).unwrap();
-        let values = (values + i as f64 * 1e-3).unwrap();
-        var.set(&values.to_device(device).unwrap()).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(40 + i as u64);
+        let values: Vec<f32> = (0..var.elem_count()).map(|_| rng.random_range(-0.08f32..0.08)).collect();
+        let values = Tensor::from_vec(values, var.shape(), &Device::Cpu).unwrap();
+        var.set(&values.to_device(device).unwrap().to_dtype(var.dtype()).unwrap()).unwrap();
     }
     model
 }
