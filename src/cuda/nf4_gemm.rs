@@ -42,6 +42,10 @@ fn stages(tiles: usize) -> usize {
     }
 }
 
+/// Static shared memory of the kernel (its codebook and dynamic map, 1088 bytes), rounded up:
+/// the per-block limit counts it beside the dynamic part.
+const STATIC_SMEM: usize = 2048;
+
 /// Dynamic shared memory of a launch over `tiles` m tiles: the stages' x tiles (16-bit, padded
 /// rows), the decoded W tile, the stages' packed codes.
 fn smem_bytes(tiles: usize) -> usize {
@@ -71,7 +75,7 @@ pub fn supports(x: &Tensor, out_dim: usize, in_dim: usize) -> bool {
     }
     match x.device() {
         candle_core::Device::Cuda(dev) => {
-            attribute(dev, OPTIN).is_ok_and(|limit| smem_bytes(m.div_ceil(16)) <= limit)
+            attribute(dev, OPTIN).is_ok_and(|limit| smem_bytes(m.div_ceil(16)) + STATIC_SMEM <= limit)
         }
         _ => false,
     }
