@@ -8,8 +8,8 @@
 #   bash scripts/device/bench_generate.sh MODEL [BATCHES]    (after `mv .gpu-bench .gpu`, pack.sh bench)
 # MODEL: llama3.1-8b (default) | qwen3-8b | any bench_models.py name. Environment: BUDGET_S (default
 # 570), REF_BATCHES (the reference's batch sizes, default BATCHES), NEW_TOKENS (default 256),
-# EAGER_BATCHES (lora-ft again at these batch sizes with --enforce-eager, no CUDA graphs; default
-# none).
+# OURS_ARGS (more flags for lora-ft's main run, e.g. --enforce-eager), EAGER_BATCHES (lora-ft
+# again at these batch sizes with --enforce-eager, no CUDA graphs; default none).
 # LLAMACPP=1: llama.cpp too (scripts/device/bench_llamacpp.sh; carry .gpu-llamacpp), after lora-ft
 # and before the reference, in at most LLAMACPP_S seconds (default 240; its build, when no built
 # binaries are carried, counts in them and is reported as its own row), and its columns in the table.
@@ -33,7 +33,7 @@ python3 scripts/bench/load_memory_ref.py --model $dir --create $arch "${create[@
 echo "{\"model_written_at_s\": $SECONDS, \"dtype\": \"$dtype\", \"arch\": \"$arch\"}"
 # lora-ft first, then the reference in what is left (a slow reference is cut, never lora-ft)
 timeout $((budget - SECONDS - 90)) lora-ft bench generate --model $dir "${ours[@]}" --batches $batches \
-  --new-tokens $new 2>&1 | grep '^{' | tee $OUT/lora_ft_generate_$arch.jsonl || true
+  --new-tokens $new ${OURS_ARGS:-} 2>&1 | grep '^{' | tee $OUT/lora_ft_generate_$arch.jsonl || true
 if [ -n "${EAGER_BATCHES:-}" ]; then
   timeout $((budget - SECONDS - 90)) lora-ft bench generate --model $dir "${ours[@]}" --batches $EAGER_BATCHES \
     --new-tokens $new --ttft-prompt 0 --enforce-eager 2>&1 | grep '^{' | tee $OUT/lora_ft_generate_${arch}_eager.jsonl || true

@@ -240,6 +240,10 @@ pub const GEMM_MAX_ROWS: usize = 256;
 #[cfg(feature = "cuda")]
 const _: () = assert!(GEMM_MAX_ROWS == crate::cuda::nf4_gemm::MAX_ROWS);
 
+/// The most rows a forward sends through the NF4 GEMM: past 64, dequantize + cuBLAS is the faster
+/// on an H200 (benches/issue38/nf4_gemm_bench.log), so the GEMM's 65-256 rows serve its tests.
+pub const GEMM_ROUTED_ROWS: usize = 64;
+
 /// Whether `nf4_gemm` takes x against w: both on one CUDA device, x `[m, in]` f16 or bf16,
 /// contiguous, 1 to `GEMM_MAX_ROWS` rows, and `in` a multiple of 64 (one absmax block of each
 /// row per pipeline stage of the kernel).

@@ -140,6 +140,15 @@ impl StepGraphs {
     ) -> anyhow::Result<Tensor> {
         let n = inputs.len() / 4;
         let device = model.device();
+        // candle uploads small host data as it runs an op (layouts, index lists); a recording
+        // cannot hold those copies, whose host buffers are gone when it replays. With candle's
+        // cache on, the eager run uploads each once and the recording copies from those uploads,
+        // which stay for the program's life (a recording that misses one fails, and steps run
+        // eagerly).
+        let _host_copies = match device {
+            candle_core::Device::Cuda(d) => Some(d.enable_cuda_graph_htod_cache()),
+            _ => None,
+        };
         let section = |i: usize| &inputs[i * n..(i + 1) * n];
         let ids = Tensor::from_slice(section(0), (n, 1), device)?;
         let as_usize = |i: usize| section(i).iter().map(|&v| v as usize).collect::<Vec<_>>();

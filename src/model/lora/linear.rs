@@ -153,16 +153,16 @@ impl LoraLinear {
 
     /// out += x·Wᵀ straight from an NF4 base's codes on CUDA, where a kernel takes x: the NF4
     /// GEMV for a decode batch of at most `GEMV_MAX_ROWS` rows, the NF4 GEMM (tensor cores) for
-    /// up to `GEMM_MAX_ROWS`; each reads the 4-bit weight instead of writing and reading a 16-bit
+    /// up to `GEMM_ROUTED_ROWS`; each reads the 4-bit weight instead of writing and reading a 16-bit
     /// copy. Returns whether one did (else the dequantize + GEMM path runs).
     fn nf4_direct_into(&self, x: &Tensor, out: &mut ProductSum) -> Result<bool> {
         #[cfg(feature = "cuda")]
         if let BaseWeight::Nf4(q) = &self.base {
-            use crate::quant::{nf4_gemm_applies, nf4_gemm_into, nf4_gemv_applies, nf4_gemv_into};
+            use crate::quant::{nf4_gemm_applies, nf4_gemm_into, nf4_gemv_applies, nf4_gemv_into, GEMM_ROUTED_ROWS};
             type Launch = unsafe fn(&Tensor, &crate::quant::Nf4Tensor, u64, bool) -> Result<()>;
             let kernel: Option<(&'static str, Launch)> = if nf4_gemv_applies(x, q) {
                 Some(("nf4.gemv", nf4_gemv_into))
-            } else if nf4_gemm_applies(x, q) {
+            } else if x.dim(0)? <= GEMM_ROUTED_ROWS && nf4_gemm_applies(x, q) {
                 Some(("nf4.gemm", nf4_gemm_into))
             } else {
                 None
