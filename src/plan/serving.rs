@@ -45,17 +45,24 @@ pub struct ServingPlan {
     pub weights: u64,
     /// The adapters' A and B (f32).
     pub adapters: u64,
-    /// The largest prefill's transients: the prompts' keys and values for every layer before
-    /// they go into their slots, one layer's activations (through the training path's attention:
-    /// the composed one's query chunk of scores where no fused kernel takes it), the largest
-    /// weight dequantized at once, and cuBLAS's workspace.
-    pub prefill: u64,
+    /// A prefill's transients per prompt token: the prompts' keys and values for every layer
+    /// before they go into their slots, and one layer's activations.
+    pub prefill_per_token: u64,
+    /// A prefill's transients whatever its length: the composed attention's query chunk of scores
+    /// over the longest prompt (none where a fused kernel takes the training path's attention)
+    /// and cuBLAS's workspace; the largest weight dequantized at once comes on top
+    /// (`prefill`).
+    pub prefill_fixed: u64,
     /// A decode step's bytes per sequence: its row of logits in the model's dtype and in f32,
     /// one layer's activations, and its attention scores over `max_seq_len` keys (f32).
     pub step_per_sequence: u64,
     /// The KV cache's bytes per position of one sequence: layers × kv heads × head_dim × 2 (keys
     /// and values) × the dtype's bytes.
     pub kv_bytes_per_token: u64,
+    /// What sizes the dequantized weight: the largest projection's values, the MLP's width and
+    /// the dtype's bytes.
+    #[serde(skip)]
+    dequantized: (u64, u64, u64),
 }
 
 impl ServingPlan {
@@ -71,7 +78,6 @@ impl ServingPlan {
         // output
         let layer_values = d.h + (2 * d.h + 2 * d.q + 2 * d.kv).max(2 * d.h + 3 * d.i);
         let kv_bytes_per_token = kv_bytes_per_token(m, shape.dtype);
-        let t = PREFILL_TOKENS.max(max_seq_len) as u64;
         // the training path's attention: fused on a GPU in 16 bits where a kernel takes the layers
         let fused = shape.gpu && b == 2 && fused_kernel_takes(&ArchExtras::of(m), &d);
         let scores = match fused {
@@ -80,14 +86,16 @@ impl ServingPlan {
             false => d.heads * QUERY_CHUNK.min(max_seq_len) as u64 * max_seq_len as u64 * 2 * 4,
         };
         let largest_weight = projection_dims(m).iter().map(|&(o, n)| (o * n) as u64).max().unwrap_or(0);
-        let prefill = t * kv_bytes_per_token
-            + t * layer_values * b
-            + scores
-            + FIXED_WORKSPACE
-            + dequantized_slice(largest_weight, t as usize, d.i) * b;
-        let step_per_sequence =
-            m.vocab_size as u64 * (b + 4) + layer_values * b + d.heads * max_seq_len as u64 * 4;
-        Self { max_seq_len, weights, adapters, prefill, step_per_sequence, kv_bytes_per_token }
+        Self {
+            max_seq_len,
+            weights,
+            adapters,
+            prefill_per_token: kv_bytes_per_token + layer_values * b,
+            prefill_fixed: scores + FIXED_WORKSPACE,
+            step_per_sequence: m.vocab_size as u64 * (b + 4) + layer_values * b + d.heads * max_seq_len as u64 * 4,
+            kv_bytes_per_token,
+            dequantized: (largest_weight, d.i, b),
+        }
     }
 
     /// The KV cache's bytes for one sequence of `max_seq_len` positions.
@@ -95,9 +103,25 @@ impl ServingPlan {
         self.kv_bytes_per_token * self.max_seq_len as u64
     }
 
-    /// What stays whatever the number of sequences: the weights, the adapters and the prefill.
+    /// Prompt tokens the largest prefill takes with `sequences` slots: the engine admits a
+    /// request only into a free slot and prefills prompts of one length together up to
+    /// `PREFILL_TOKENS` (a longer prompt alone), so as many as the slots' prompts, within those
+    /// bounds.
+    pub fn prefill_tokens(&self, sequences: usize) -> usize {
+        let l = self.max_seq_len;
+        sequences.saturating_mul(l).clamp(l, PREFILL_TOKENS.max(l))
+    }
+
+    /// The largest prefill's transients with `sequences` slots.
+    pub fn prefill(&self, sequences: usize) -> u64 {
+        let t = self.prefill_tokens(sequences);
+        let (largest, i, b) = self.dequantized;
+        t as u64 * self.prefill_per_token + self.prefill_fixed + dequantized_slice(largest, t, i) * b
+    }
+
+    /// What stays whatever the number of sequences: the weights and the adapters.
     pub fn fixed(&self) -> u64 {
-        self.weights + self.adapters + self.prefill
+        self.weights + self.adapters
     }
 
     /// Each sequence's share: its slot of the KV cache and its part of a decode step.
@@ -105,15 +129,30 @@ impl ServingPlan {
         self.kv_bytes_per_sequence() + self.step_per_sequence
     }
 
-    /// The planner's bytes with `sequences` sequences decoded together.
+    /// The planner's bytes with `sequences` sequences decoded together: the fixed parts, the
+    /// largest prefill, and each sequence's share.
     pub fn total(&self, sequences: usize) -> u64 {
-        self.fixed() + sequences as u64 * self.per_sequence()
+        self.fixed() + self.prefill(sequences) + sequences as u64 * self.per_sequence()
     }
 
-    /// The most sequences whose `total` is within `budget` bytes (0 if not even one).
+    /// The most sequences whose `total` is within `budget` bytes (0 if not even one); `total`
+    /// grows with the sequences.
     pub fn largest_batch(&self, budget: u64) -> usize {
-        let room = budget.saturating_sub(self.fixed());
-        (room / self.per_sequence().max(1)) as usize
+        if self.total(1) > budget {
+            return 0;
+        }
+        let (mut lo, mut hi) = (1usize, 2usize);
+        while self.total(hi) <= budget {
+            (lo, hi) = (hi, hi * 2);
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            match self.total(mid) <= budget {
+                true => lo = mid,
+                false => hi = mid,
+            }
+        }
+        lo
     }
 
     /// This plan with `bytes` in place of the predicted weights and adapters: on a device where
@@ -182,9 +221,11 @@ pub fn choose(
     let fits = p.largest_batch(budget);
     if fits == 0 {
         return Err(format!(
-            "not even one sequence of {max_seq_len} positions fits: the planner counts {:.2} GiB for the weights, \
-             adapters and prefill and {:.2} GiB a sequence, within {:.2} GiB (pass a shorter --max-model-len)",
+            "not even one sequence of {max_seq_len} positions fits: the planner counts {:.2} GiB for the weights \
+             and adapters, {:.2} GiB for its prefill and {:.2} GiB for its KV cache and decode step, within {:.2} GiB \
+             (pass a shorter --max-model-len)",
             gib(p.fixed()),
+            gib(p.prefill(1)),
             gib(p.per_sequence()),
             gib(budget)
         ));
@@ -192,7 +233,7 @@ pub fn choose(
     let max_batch = max_batch.unwrap_or(fits.min(MAX_PLANNED_BATCH));
     let reason = format!(
         "{max_batch} sequences of {max_seq_len} positions: the planner fits {fits} within {:.2} GiB \
-         ({:.2} GiB resident and prefill, KV cache {:.1} KiB a position, {:.2} GiB at {max_batch})",
+         ({:.2} GiB weights and adapters, KV cache {:.1} KiB a position, {:.2} GiB in all at {max_batch})",
         gib(budget),
         gib(p.fixed()),
         p.kv_bytes_per_token as f64 / 1024.0,
@@ -216,9 +257,9 @@ pub fn report(m: &ModelConfig, shape: &ServingShape, budget: u64) -> String {
         [one] => format!("adapter (rank {}, {} modules, f32)", one.r, one.target_modules.len()),
         many => format!("{} adapters (f32)", many.len()),
     };
-    let prefill = format!("prefill of {} tokens (transient)", PREFILL_TOKENS.max(p.max_seq_len));
+    let prefill = format!("prefill of one {}-token prompt (transient)", p.max_seq_len);
     let mut out = format!("serving (lora-ft serve, lora-ft generate) on a GPU in {}:\n", shape.dtype.as_str());
-    for (what, bytes) in [(weights.as_str(), p.weights), (adapters.as_str(), p.adapters), (prefill.as_str(), p.prefill)] {
+    for (what, bytes) in [(weights.as_str(), p.weights), (adapters.as_str(), p.adapters), (prefill.as_str(), p.prefill(1))] {
         out += &format!("  {what:<52} {:>8.2} GiB\n", gib(bytes));
     }
     out += &format!(
@@ -241,7 +282,8 @@ pub fn report(m: &ModelConfig, shape: &ServingShape, budget: u64) -> String {
         let p = ServingPlan::new(m, shape, n);
         let fits = p.largest_batch(budget);
         let kv = gib(p.kv_bytes_per_sequence() * fits as u64);
-        out += &format!("  context {n:>6}: {fits:>5} sequences   (KV cache {kv:.2} GiB)\n");
+        let all = if fits > 0 { format!(", {:.2} GiB in all", gib(p.total(fits))) } else { String::new() };
+        out += &format!("  context {n:>6}: {fits:>5} sequences   (KV cache {kv:.2} GiB{all})\n");
     }
     match choose(context, |n| ServingPlan::new(m, shape, n), budget, (None, None)) {
         Ok(c) => out += &format!("lora-ft serve on this budget: --max-model-len {} --max-batch {}\n", c.max_seq_len, c.max_batch),
