@@ -62,13 +62,14 @@ pub fn load_base(model: &str, loading: &LoadingArgs) -> anyhow::Result<(CausalLm
 /// planner's (`lora_ft::plan::serving::choose`) for the memory the device has left once the
 /// model is loaded — `VramBudget`'s share of the card, less what the device already holds (the
 /// weights, the CUDA context, other processes) and the adapters still to load (`pending`); on
-/// the CPU `cpu` for what is not given. The choice and its reason go to the log.
+/// the CPU `cpu` for what is not given. The choice and its reason go to the log; where nothing
+/// fits, the error ends with `hint` (what the user can shorten).
 pub fn plan_serving(
     model: &CausalLm,
     loading: &LoadingArgs,
     pending: &[LoraSpec],
-    given: (Option<usize>, Option<usize>),
-    cpu: (usize, usize),
+    (given, cpu): ((Option<usize>, Option<usize>), (usize, usize)),
+    hint: &str,
 ) -> anyhow::Result<(usize, usize)> {
     use lora_ft::plan::serving::{adapter_bytes, choose, ServingPlan, ServingShape};
     let Some(memory) = lora_ft::memory::device_memory(model.device()) else {
@@ -83,7 +84,8 @@ pub fn plan_serving(
     let (used, pending_bytes) = (memory.used as u64, pending.iter().map(|s| adapter_bytes(m, s)).sum());
     let plan = |n: usize| ServingPlan::new(m, &shape, n).with_resident(used, pending_bytes);
     let budget = lora_ft::memory::VramBudget::new(memory.total as u64, None);
-    let choice = choose(m.max_position_embeddings, plan, budget.bytes(), given).map_err(anyhow::Error::msg)?;
+    let choice = choose(m.max_position_embeddings, plan, budget.bytes(), given)
+        .map_err(|e| anyhow::anyhow!("{e}: {hint}"))?;
     let gib = |b: u64| b as f64 / lora_ft::memory::GIB;
     tracing::info!(
         "{} (the budget: {:.2} of the GPU's {:.2} GiB; {:.2} GiB held already: the weights, the CUDA context and \
@@ -155,12 +157,19 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     };
     if args.batch.is_none() && loaded.model.device().is_cuda() {
         // the planner's batch for the longest prompt and its reply
-        let longest = prompts.iter().map(|p| run.prompt_ids(p).map(|ids| ids.len())).try_fold(0, |a, n| {
-            n.map(|n| a.max(n))
-        })?;
+        let longest = prompts
+            .iter()
+            .map(|p| run.prompt_ids(p).map(|ids| ids.len()))
+            .try_fold(0, |a, n| n.map(|n| a.max(n)))?;
         let context = loaded.model.config().max_position_embeddings;
         let length = longest.saturating_add(args.max_new_tokens).min(context);
-        let (_, batch) = plan_serving(&loaded.model, &args.loading, &[], (Some(length), None), (length, DEFAULT_BATCH))?;
+        let (_, batch) = plan_serving(
+            &loaded.model,
+            &args.loading,
+            &[],
+            ((Some(length), None), (length, DEFAULT_BATCH)),
+            "shorten the prompts or --max-new-tokens",
+        )?;
         run.batch = batch.min(prompts.len() * args.n).max(1);
     }
     run.run(&prompts, &mut |rows| {

@@ -68,8 +68,13 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         );
     }
     let cpu = (context.min(DEFAULT_MAX_MODEL_LEN), DEFAULT_MAX_BATCH);
-    let (max_seq_len, max_batch) =
-        plan_serving(&model, &args.loading, &pending, (args.max_model_len, args.max_batch), cpu)?;
+    let (max_seq_len, max_batch) = plan_serving(
+        &model,
+        &args.loading,
+        &pending,
+        ((args.max_model_len, args.max_batch), cpu),
+        "pass a shorter --max-model-len",
+    )?;
     let config = EngineConfig { max_batch, max_seq_len };
     let engine =
         Engine::start(model, tokenizer.tokenizer().clone(), stop, config).context("starting the engine")?;

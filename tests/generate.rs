@@ -114,7 +114,14 @@ fn a_text_prompt_is_continued_without_the_chat_template() {
     let out = dir.join("out.jsonl");
     let run = Command::new(env!("CARGO_BIN_EXE_lora-ft"))
         .args(["generate", "--model", model_dir.to_str().unwrap(), "--quantization", "none"])
-        .args(["--input", input.to_str().unwrap(), "--output", out.to_str().unwrap(), "--max-new-tokens", "6"])
+        .args([
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--max-new-tokens",
+            "6",
+        ])
         .arg("--chat-template")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/templates/chatml-tools.jinja"))
         .output()

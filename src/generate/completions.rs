@@ -132,11 +132,14 @@ mod tests {
     fn a_text_prompt_is_completed_from_its_own_tokens() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-chat");
         let (config, weights) = crate::hub::local_weights(&dir).unwrap();
-        let mut model = CausalLm::load(&config, &weights, DType::F32, Quantization::None, &Device::Cpu).unwrap();
+        let mut model =
+            CausalLm::load(&config, &weights, DType::F32, Quantization::None, &Device::Cpu).unwrap();
         crate::peft_adapter::load_adapter(&mut model, &dir.join("adapter")).unwrap();
         let tokenizer = ChatTokenizer::load(&dir, None).unwrap();
-        let settings = GenerationSettings { max_new_tokens: 7, temperature: 1.0, seed: 5, ..Default::default() };
-        let chat = Conversation { messages: vec![Message::new("user", "Where is my order?")], tools: None, line: 1 };
+        let settings =
+            GenerationSettings { max_new_tokens: 7, temperature: 1.0, seed: 5, ..Default::default() };
+        let chat =
+            Conversation { messages: vec![Message::new("user", "Where is my order?")], tools: None, line: 1 };
         let text = "The parcel left the depot on";
         let prompts = [Prompt::Chat(chat), Prompt::Text { text: text.into(), line: 3 }];
         let run = Completions {

@@ -277,7 +277,8 @@ pub fn replies_to_ids(
 /// the tokenizer's special tokens (its BOS where its post-processor adds one), no chat template.
 /// The error says why where the text cannot be tokenized or comes to no tokens.
 pub fn text_prompt_ids(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, String> {
-    let ids = tokenizer.encode(text, true).map_err(|e| format!("tokenizing the prompt: {e}"))?.get_ids().to_vec();
+    let ids =
+        tokenizer.encode(text, true).map_err(|e| format!("tokenizing the prompt: {e}"))?.get_ids().to_vec();
     if ids.is_empty() {
         return Err("a prompt must not be empty".into());
     }

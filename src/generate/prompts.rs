@@ -33,7 +33,9 @@ impl Prompt {
     pub fn parse(row: &str, line: usize) -> Result<Self, String> {
         let json: Json = serde_json::from_str(row).map_err(|e| format!("invalid JSON: {e}"))?;
         let Json::Object(map) = &json else {
-            return Err(r#"expected an object with "messages" (a chat prompt) or "prompt" (a text prompt)"#.into());
+            return Err(
+                r#"expected an object with "messages" (a chat prompt) or "prompt" (a text prompt)"#.into()
+            );
         };
         match (map.get("messages"), map.get("prompt")) {
             (Some(_), Some(_)) => Err(
@@ -80,8 +82,11 @@ pub fn read_prompts(path: &Path) -> anyhow::Result<Vec<Prompt>> {
         if line.trim().is_empty() {
             continue;
         }
-        let prompt = Prompt::parse(&line, i + 1)
-            .map_err(|message| LineError { file: path.to_path_buf(), line: i + 1, message })?;
+        let prompt = Prompt::parse(&line, i + 1).map_err(|message| LineError {
+            file: path.to_path_buf(),
+            line: i + 1,
+            message,
+        })?;
         prompts.push(prompt);
     }
     anyhow::ensure!(!prompts.is_empty(), "{}: no prompts", path.display());
@@ -107,7 +112,9 @@ mod tests {
         let prompts = read_prompts(&path).unwrap();
         assert_eq!(prompts.len(), 2);
         match &prompts[0] {
-            Prompt::Chat(c) => assert_eq!((c.line, c.messages[0].content.as_str()), (1, "Where is my order?")),
+            Prompt::Chat(c) => {
+                assert_eq!((c.line, c.messages[0].content.as_str()), (1, "Where is my order?"))
+            }
             other => panic!("a chat prompt expected: {other:?}"),
         }
         assert_eq!(prompts[1], Prompt::Text { text: "Once upon a time".into(), line: 3 });
@@ -136,7 +143,10 @@ mod tests {
                 r#""tools" on a text prompt: tools go with "messages" (the chat template renders them)"#,
             ),
             (r#"{"messages": 3}"#, r#"expected a "messages" array"#),
-            (r#"["prompt"]"#, r#"expected an object with "messages" (a chat prompt) or "prompt" (a text prompt)"#),
+            (
+                r#"["prompt"]"#,
+                r#"expected an object with "messages" (a chat prompt) or "prompt" (a text prompt)"#,
+            ),
         ];
         for (i, (row, message)) in cases.iter().enumerate() {
             let path = file(&format!("bad{i}"), &[good, row]);

@@ -146,8 +146,10 @@ pub(super) fn stored_model_bytes(
     seq: usize,
 ) -> u64 {
     let b = dtype_bytes as u64;
-    let projections: u64 =
-        projection_dims(m).iter().map(|&(o, n)| stored_weight_bytes((o * n) as u64, (nf4, dtype_bytes))).sum();
+    let projections: u64 = projection_dims(m)
+        .iter()
+        .map(|&(o, n)| stored_weight_bytes((o * n) as u64, (nf4, dtype_bytes)))
+        .sum();
     let table = m.vocab_size as u64 * m.hidden_size as u64 * b;
     let tables = (table_on_device as u64 + head_on_device as u64) * table;
     m.num_hidden_layers as u64 * projections + tables + small_tensors(m, &ArchExtras::of(m), seq) * b
@@ -161,10 +163,7 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
     let (b, t) = (run.dtype_bytes as u64, tokens as u64);
     let dims = projection_dims(m);
     let streamed = run.streams_lm_head(m);
-    let on_device = (
-        m.tied_embeddings() || !run.embeddings_on_host,
-        !(m.tied_embeddings() || streamed),
-    );
+    let on_device = (m.tied_embeddings() || !run.embeddings_on_host, !(m.tied_embeddings() || streamed));
     let base_weights = stored_model_bytes(m, (run.nf4, run.dtype_bytes), on_device, seq);
 
     let adapted = |name: &str| run.lora.target_modules.iter().any(|t| t == name);

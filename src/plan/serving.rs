@@ -92,7 +92,9 @@ impl ServingPlan {
             adapters,
             prefill_per_token: kv_bytes_per_token + layer_values * b,
             prefill_fixed: scores + FIXED_WORKSPACE,
-            step_per_sequence: m.vocab_size as u64 * (b + 4) + layer_values * b + d.heads * max_seq_len as u64 * 4,
+            step_per_sequence: m.vocab_size as u64 * (b + 4)
+                + layer_values * b
+                + d.heads * max_seq_len as u64 * 4,
             kv_bytes_per_token,
             dequantized: (largest_weight, d.i, b),
         }
@@ -210,20 +212,21 @@ pub fn choose(
     let lengths: Vec<usize> = match max_seq_len {
         Some(n) => vec![n],
         None => {
-            let mut l: Vec<usize> = [context, 32768, 16384, 8192, 4096].into_iter().map(|n| n.min(context)).collect();
+            let mut l: Vec<usize> =
+                [context, 32768, 16384, 8192, 4096].into_iter().map(|n| n.min(context)).collect();
             l.dedup();
             l
         }
     };
     let fitting = |n: usize| plan(n).largest_batch(budget);
-    let max_seq_len = *lengths.iter().find(|&&n| fitting(n) >= MIN_PLANNED_BATCH).unwrap_or(&lengths[lengths.len() - 1]);
+    let max_seq_len =
+        *lengths.iter().find(|&&n| fitting(n) >= MIN_PLANNED_BATCH).unwrap_or(&lengths[lengths.len() - 1]);
     let p = plan(max_seq_len);
     let fits = p.largest_batch(budget);
     if fits == 0 {
         return Err(format!(
             "not even one sequence of {max_seq_len} positions fits: the planner counts {:.2} GiB for the weights \
-             and adapters, {:.2} GiB for its prefill and {:.2} GiB for its KV cache and decode step, within {:.2} GiB \
-             (pass a shorter --max-model-len)",
+             and adapters, {:.2} GiB for its prefill and {:.2} GiB for its KV cache and decode step, within {:.2} GiB",
             gib(p.fixed()),
             gib(p.prefill(1)),
             gib(p.per_sequence()),
@@ -258,8 +261,11 @@ pub fn report(m: &ModelConfig, shape: &ServingShape, budget: u64) -> String {
         many => format!("{} adapters (f32)", many.len()),
     };
     let prefill = format!("prefill of one {}-token prompt (transient)", p.max_seq_len);
-    let mut out = format!("serving (lora-ft serve, lora-ft generate) on a GPU in {}:\n", shape.dtype.as_str());
-    for (what, bytes) in [(weights.as_str(), p.weights), (adapters.as_str(), p.adapters), (prefill.as_str(), p.prefill(1))] {
+    let mut out =
+        format!("serving (lora-ft serve, lora-ft generate) on a GPU in {}:\n", shape.dtype.as_str());
+    for (what, bytes) in
+        [(weights.as_str(), p.weights), (adapters.as_str(), p.adapters), (prefill.as_str(), p.prefill(1))]
+    {
         out += &format!("  {what:<52} {:>8.2} GiB\n", gib(bytes));
     }
     out += &format!(
@@ -286,7 +292,12 @@ pub fn report(m: &ModelConfig, shape: &ServingShape, budget: u64) -> String {
         out += &format!("  context {n:>6}: {fits:>5} sequences   (KV cache {kv:.2} GiB{all})\n");
     }
     match choose(context, |n| ServingPlan::new(m, shape, n), budget, (None, None)) {
-        Ok(c) => out += &format!("lora-ft serve on this budget: --max-model-len {} --max-batch {}\n", c.max_seq_len, c.max_batch),
+        Ok(c) => {
+            out += &format!(
+                "lora-ft serve on this budget: --max-model-len {} --max-batch {}\n",
+                c.max_seq_len, c.max_batch
+            )
+        }
         Err(e) => out += &format!("lora-ft serve on this budget: {e}\n"),
     }
     out

@@ -27,7 +27,8 @@ fn gpu_shape(adapters: usize) -> ServingShape {
 /// engine's slot caches hold for every tiny family, in f32 and bf16.
 #[test]
 fn kv_bytes_equal_the_slot_caches_allocation() {
-    let families = ["tiny-chat", "tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-mistral"];
+    let families =
+        ["tiny-chat", "tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-mistral"];
     for family in families {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(family);
         let (config, weights) = crate::hub::local_weights(&dir).unwrap();

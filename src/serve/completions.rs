@@ -73,7 +73,8 @@ pub fn prepare(state: &AppState, body: &Value) -> Result<CompletionJob, ApiError
     let mut requests = Vec::with_capacity(prompts.len());
     let mut prompt_tokens = 0;
     for text in &prompts {
-        let ids = text_prompt_ids(state.tokenizer.tokenizer(), text).map_err(|e| ApiError::field("prompt", e))?;
+        let ids =
+            text_prompt_ids(state.tokenizer.tokenizer(), text).map_err(|e| ApiError::field("prompt", e))?;
         let max_new_tokens =
             generation.budget(ids.len(), state.engine.max_context(), state.options.max_tokens, "prompt")?;
         prompt_tokens += ids.len();
