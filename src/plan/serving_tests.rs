@@ -73,6 +73,11 @@ fn the_largest_batch_is_the_last_that_fits() {
     assert_eq!(plan.largest_batch(plan.fixed()), 0, "nothing beside the fixed parts");
     assert_eq!(plan.largest_batch(plan.total(7)), 7);
     assert_eq!(plan.largest_batch(plan.total(7) - 1), 6);
+    // on a loaded GPU: what the device holds in place of the predicted weights, plus the
+    // adapters still to load
+    let loaded = plan.clone().with_resident(6 << 30, 1 << 28);
+    assert_eq!(loaded.fixed(), (6 << 30) + (1 << 28));
+    assert_eq!(loaded.total(3) - plan.total(3), loaded.fixed() - plan.fixed());
 }
 
 /// Serving's choice where the flags leave it: the longest context at which 16 sequences fit,
