@@ -1,7 +1,6 @@
 //! `POST /v1/completions`: a raw `prompt` (a string or a list of them, each tokenized with the
 //! tokenizer's special tokens as vLLM does, `generate::text_prompt_ids`) continued without the
-//! chat template, and the whole
-//! `text_completion` response.
+//! chat template, and the whole `text_completion` response.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
