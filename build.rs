@@ -4,9 +4,10 @@
 //! GPUs users train on: A100, RTX 3090/A6000, RTX 4090/L40, H100/H200, B200, RTX 5090; a GPU of a
 //! listed major runs the code of the nearest listed minor below it), and compute_80 PTX that the
 //! driver compiles only for a GPU none of those fit. `LORA_FT_CUDA_ARCHS=90` (a comma-separated
-//! list) builds fewer, for a quicker development build. The NF4 kernels (and the NF4 GEMV, which
-//! decodes weights as they do) and the 8-bit AdamW step get `--use_fast_math`, as bitsandbytes'
-//! build does, which bit-exactness with its NF4 codes and 8-bit optimizer state needs.
+//! list) builds fewer, for a quicker development build. The NF4 kernels (and the NF4 GEMV and
+//! GEMM, which decode weights as they do) and the 8-bit AdamW step get `--use_fast_math`, as
+//! bitsandbytes' build does, which bit-exactness with its NF4 codes and 8-bit optimizer state
+//! needs.
 //!
 //! It also compiles the eight modules of candle-kernels a training step loads (affine, binary,
 //! cast, fill, indexing, reduce, ternary, unary; from its source in the cargo registry, or
@@ -24,9 +25,10 @@ use std::process::Command;
 const ARCHS: &str = "80,86,89,90,100,120";
 
 /// The kernels of src/cuda/, each compiled to `$OUT_DIR/<name>.fatbin`.
-const KERNELS: [&str; 14] = [
+const KERNELS: [&str; 15] = [
     "nf4",
     "nf4_gemv",
+    "nf4_gemm",
     "adafactor",
     "adamw",
     "adamw8bit",
@@ -70,8 +72,11 @@ fn main() {
     for kernel in KERNELS {
         let src = format!("src/cuda/{kernel}.cu");
         // as bitsandbytes builds its kernels: the NF4 ones and the 8-bit optimizer's
-        let flags: &[&str] =
-            if matches!(kernel, "nf4" | "nf4_gemv" | "adamw8bit") { &["--use_fast_math"] } else { &[] };
+        let flags: &[&str] = if matches!(kernel, "nf4" | "nf4_gemv" | "nf4_gemm" | "adamw8bit") {
+            &["--use_fast_math"]
+        } else {
+            &[]
+        };
         compile_fatbin(&nvcc, (&archs, None), &src, &out.join(format!("{kernel}.fatbin")), flags);
     }
     let candle = candle_kernels_src();

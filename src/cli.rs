@@ -323,6 +323,9 @@ pub enum BenchCommand {
         /// The prompt length of the time-to-first-token row (0: none).
         #[arg(long, default_value_t = 2048)]
         ttft_prompt: usize,
+        /// Every decode step launched kernel by kernel, none replayed from a CUDA graph.
+        #[arg(long)]
+        enforce_eager: bool,
     },
     /// Load a model and report load time and memory.
     Load {

@@ -161,7 +161,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Bench {
             command:
-                BenchCommand::Generate { model: m, batches, prompt_len, new_tokens, lora_rank, ttft_prompt },
+                BenchCommand::Generate {
+                    model: m,
+                    batches,
+                    prompt_len,
+                    new_tokens,
+                    lora_rank,
+                    ttft_prompt,
+                    enforce_eager,
+                },
         } => {
             let device = parse_device(&m.device)?;
             let (q, dtype) = (parse_quantization(&m.quantization), parse_dtype(&m.dtype));
@@ -171,8 +179,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     b.trim().parse::<usize>().with_context(|| format!("--batches: {b:?} is not a number"))
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let options =
-                lora_ft::bench::GenerateOptions { batches, prompt_len, new_tokens, lora_rank, ttft_prompt };
+            let options = lora_ft::bench::GenerateOptions {
+                batches,
+                prompt_len,
+                new_tokens,
+                lora_rank,
+                ttft_prompt,
+                enforce_eager,
+            };
             lora_ft::bench::generate(&m.model, (q, dtype, &device), &options, |row| println!("{row}"))
         }
         Command::Bench { command: BenchCommand::Load { model: m } } => {

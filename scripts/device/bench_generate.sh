@@ -7,7 +7,12 @@
 # (scripts/bench/compare_generate.py) with each stack's share of the GPU's memory-bandwidth limit.
 #   bash scripts/device/bench_generate.sh MODEL [BATCHES]    (after `mv .gpu-bench .gpu`, pack.sh bench)
 # MODEL: llama3.1-8b (default) | qwen3-8b | any bench_models.py name. Environment: BUDGET_S (default
-# 570), REF_BATCHES (the reference's batch sizes, default BATCHES), NEW_TOKENS (default 256).
+# 570), REF_BATCHES (the reference's batch sizes, default BATCHES), NEW_TOKENS (default 256),
+# EAGER_BATCHES (lora-ft again at these batch sizes with --enforce-eager, no CUDA graphs; default
+# none).
+# LLAMACPP=1: llama.cpp too (scripts/device/bench_llamacpp.sh; carry .gpu-llamacpp), after lora-ft
+# and before the reference, in at most LLAMACPP_S seconds (default 240; its build, when no built
+# binaries are carried, counts in them and is reported as its own row), and its columns in the table.
 # BENCH_DEVICE=cpu: a dry run on the toy-sized config without a GPU (lora-ft alone, f32).
 source scripts/device/bench_setup.sh   # device=cuda|cpu, strict mode
 arch=${1:-llama3.1-8b}
@@ -29,7 +34,22 @@ echo "{\"model_written_at_s\": $SECONDS, \"dtype\": \"$dtype\", \"arch\": \"$arc
 # lora-ft first, then the reference in what is left (a slow reference is cut, never lora-ft)
 timeout $((budget - SECONDS - 90)) lora-ft bench generate --model $dir "${ours[@]}" --batches $batches \
   --new-tokens $new 2>&1 | grep '^{' | tee $OUT/lora_ft_generate_$arch.jsonl || true
+if [ -n "${EAGER_BATCHES:-}" ]; then
+  timeout $((budget - SECONDS - 90)) lora-ft bench generate --model $dir "${ours[@]}" --batches $EAGER_BATCHES \
+    --new-tokens $new --ttft-prompt 0 --enforce-eager 2>&1 | grep '^{' | tee $OUT/lora_ft_generate_${arch}_eager.jsonl || true
+fi
 echo "{\"lora_ft_done_at_s\": $SECONDS}"
+llamacpp=()
+if [ "${LLAMACPP:-0}" = 1 ]; then
+  # the reference keeps at least two minutes; llama.cpp's own script stops itself at its budget
+  llama_s=$(( budget - SECONDS - 120 )); [ $llama_s -lt ${LLAMACPP_S:-240} ] || llama_s=${LLAMACPP_S:-240}
+  if [ $llama_s -gt 30 ]; then
+    BUDGET_S=$llama_s NEW_TOKENS=$new bash scripts/device/bench_llamacpp.sh $arch $batches || true
+  fi
+  [ -e $OUT/llamacpp_generate_$arch.jsonl ] || : > $OUT/llamacpp_generate_$arch.jsonl
+  llamacpp=(--llamacpp $OUT/llamacpp_generate_$arch.jsonl)
+  echo "{\"llamacpp_done_at_s\": $SECONDS}"
+fi
 if [ "$device" = cuda ]; then
   ref_s=$((budget - SECONDS - 15)); [ $ref_s -gt 60 ] || ref_s=60
   timeout $ref_s python3 scripts/bench/generate_ref.py --model $dir --batches $ref_batches --new-tokens $new \
@@ -39,5 +59,6 @@ if [ "$device" = cuda ]; then
 else
   : > $OUT/ref_generate_$arch.jsonl; gpu=cpu
 fi
+eager=(); [ -s $OUT/lora_ft_generate_${arch}_eager.jsonl ] && eager=(--eager $OUT/lora_ft_generate_${arch}_eager.jsonl)
 python3 scripts/bench/compare_generate.py $OUT/lora_ft_generate_$arch.jsonl $OUT/ref_generate_$arch.jsonl \
-  --gpu "$gpu" --arch $arch | tee $OUT/table_generate_$arch.md
+  --gpu "$gpu" --arch $arch "${eager[@]}" "${llamacpp[@]}" | tee $OUT/table_generate_$arch.md

@@ -26,12 +26,16 @@ pub struct GenerateOptions {
     pub lora_rank: usize,
     /// The prompt length of the time-to-first-token row (0: none).
     pub ttft_prompt: usize,
+    /// Decode steps launched kernel by kernel, none replayed from a CUDA graph.
+    pub enforce_eager: bool,
 }
 
 /// One batch size's numbers.
 #[derive(Debug, Serialize)]
 pub struct GenerateRow {
     pub batch: usize,
+    /// Whether the decode steps were replayed from CUDA graphs (else launched kernel by kernel).
+    pub cuda_graphs: bool,
     pub prompt_len: usize,
     pub new_tokens: usize,
     /// Tokens generated per second from submission to the last token, prefill included (what a
@@ -87,12 +91,14 @@ pub fn generate(
     }
     let vocab = lm.config().vocab_size as u32;
     // the kernels' first use, outside the timings
-    time_batch(&lm, vocab, (1, options.prompt_len.min(16), 4))?;
+    time_batch(&lm, vocab, (1, options.prompt_len.min(16), 4), options.enforce_eager)?;
     for &batch in &options.batches {
-        let row = match time_batch(&lm, vocab, (batch, options.prompt_len, options.new_tokens)) {
+        let shape = (batch, options.prompt_len, options.new_tokens);
+        let row = match time_batch(&lm, vocab, shape, options.enforce_eager) {
             Ok(row) => row,
             Err(e) => GenerateRow {
                 batch,
+                cuda_graphs: false,
                 prompt_len: options.prompt_len,
                 new_tokens: options.new_tokens,
                 tokens_per_s: None,
@@ -149,15 +155,30 @@ fn request(prompt: Vec<u32>, new_tokens: usize) -> Request {
     }
 }
 
-/// `batch` prompts of `prompt_len` decoded to `new_tokens` each.
+/// `batch` prompts of `prompt_len` decoded to `new_tokens` each, after a short run of the same
+/// batch that records its step's CUDA graph (as an engine does once when it starts).
 fn time_batch(
     lm: &CausalLm,
     vocab: u32,
     (batch, prompt_len, new_tokens): (usize, usize, usize),
+    enforce_eager: bool,
 ) -> anyhow::Result<GenerateRow> {
     let device = lm.device();
     let capacity = prompt_len + new_tokens;
     let mut scheduler = Scheduler::new(lm, None, Vec::new(), (batch, capacity))?;
+    if enforce_eager {
+        scheduler.enforce_eager();
+    }
+    let mut warm = Vec::new();
+    for prompt in random_prompts(vocab, (batch, prompt_len.min(8)), u64::MAX - batch as u64) {
+        let (sink, events) = tokio::sync::mpsc::unbounded_channel();
+        scheduler.add(request(prompt, 3), sink).map_err(anyhow::Error::msg)?;
+        warm.push(events);
+    }
+    while !scheduler.is_idle() {
+        scheduler.step()?;
+    }
+    drop(warm);
     let arch = &lm.arch;
     let kv_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * lm.dtype().size_in_bytes();
     let kv_cache_gib = (batch * capacity * kv_per_token) as f64 / GIB;
@@ -195,6 +216,7 @@ fn time_batch(
     let mean_len = prompt_len + new_tokens / 2;
     Ok(GenerateRow {
         batch,
+        cuda_graphs: scheduler.replays_graphs(),
         prompt_len,
         new_tokens,
         tokens_per_s: Some(generated as f64 / total_s),

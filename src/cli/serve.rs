@@ -51,6 +51,10 @@ pub struct ServeArgs {
     /// model's context, at most 4096].
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<usize>,
+    /// Launches every decode step kernel by kernel instead of replaying it from a recorded CUDA
+    /// graph (vLLM's flag): slower at small batches; for checking the graphs.
+    #[arg(long)]
+    pub enforce_eager: bool,
     #[command(flatten)]
     pub loading: LoadingArgs,
 }

@@ -5,9 +5,13 @@
 //! between replays, its outputs buffers written in place; everything allocated while recording
 //! must be freed before it ends (then the graph owns that memory and reuses it each replay).
 
-use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use candle_core::cuda_backend::cudarc::cublas::sys as cublas;
+use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph, CudaSlice, DevicePtr};
 use candle_core::cuda_backend::WrapErr;
-use candle_core::{bail, Device, Result};
+use candle_core::{bail, CudaDevice, Device, Result};
 
 pub struct Graph {
     graph: CudaGraph,
@@ -24,6 +28,7 @@ impl Graph {
         if dev.is_event_tracking() && dev.cuda_stream().context().is_in_multi_stream_mode() {
             bail!("the device tracks buffers with events across streams, which a graph cannot record");
         }
+        pin_cublas_workspace(dev)?;
         let stream = dev.cuda_stream();
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).w()?;
         let recorded = record();
@@ -43,4 +48,32 @@ impl Graph {
     pub fn launch(&self) -> Result<()> {
         self.graph.launch().w()
     }
+}
+
+/// Bytes of cuBLAS's workspace (PyTorch's default on Hopper).
+const CUBLAS_WORKSPACE: usize = 32 << 20;
+
+/// Gives the device's cuBLAS handle a workspace allocated outside any recording and never freed.
+/// Without one, cuBLAS allocates its own the first time it runs while a graph records: memory
+/// the graph owns, which replays and the calls after it then reach at an address that is no
+/// longer theirs (an illegal address). PyTorch sets one for the same reason.
+fn pin_cublas_workspace(dev: &CudaDevice) -> Result<()> {
+    static WORKSPACES: Mutex<Option<HashMap<usize, CudaSlice<u8>>>> = Mutex::new(None);
+    let blas = dev.cublas_handle();
+    let handle = *blas.handle();
+    let stream = dev.cuda_stream();
+    let mut workspaces = WORKSPACES.lock().map_err(|_| candle_core::Error::Msg("cuBLAS workspaces poisoned".into()))?;
+    let workspaces = workspaces.get_or_insert_with(HashMap::new);
+    let buffer = match workspaces.entry(handle as usize) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        // SAFETY: cuBLAS writes the workspace before it reads it.
+        std::collections::hash_map::Entry::Vacant(e) => e.insert(unsafe { stream.alloc::<u8>(CUBLAS_WORKSPACE) }.w()?),
+    };
+    let (ptr, _ordered) = buffer.device_ptr(&stream);
+    // SAFETY: the buffer lives as long as the program (never removed from the map).
+    let status = unsafe { cublas::cublasSetWorkspace_v2(handle, ptr as *mut std::ffi::c_void, CUBLAS_WORKSPACE) };
+    if status != cublas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        bail!("setting cuBLAS's workspace: {status:?}");
+    }
+    Ok(())
 }

@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | `nf4.cu` | `nf4.rs` | `quant` (quantize, dequantize, NF4 GEMM inputs) |
 //! | `nf4_gemv.cu` | `nf4_gemv.rs` | `quant` (x·Wᵀ from the NF4 parts, ≤ 8 rows) |
+//! | `nf4_gemm.cu` | `nf4_gemm.rs` | `quant` (x·Wᵀ from the NF4 parts on tensor cores, ≤ 256 rows) |
 //! | `adafactor.cu` | `adafactor.rs` | `optim` (the fused Adafactor step, the global norm) |
 //! | `adamw.cu`, `adamw8bit.cu` | `adamw.rs` | `optim` (the fused AdamW and 8-bit AdamW steps) |
 //! | `flash_attention.cu` | `flash.rs` | `model::ops::attention` |
@@ -38,6 +39,7 @@ pub mod lora_weights;
 pub mod mapped;
 pub mod module;
 pub mod nf4;
+pub mod nf4_gemm;
 pub mod nf4_gemv;
 pub mod rope;
 pub mod softmax;

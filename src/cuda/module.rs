@@ -99,11 +99,12 @@ impl Kernels {
 }
 
 /// Every fatbin of the build, for `lora-ft bench kernels`.
-pub fn all() -> [&'static Kernels; 11] {
+pub fn all() -> [&'static Kernels; 12] {
     use super::*;
     [
         &nf4::KERNELS,
         &nf4_gemv::KERNELS,
+        &nf4_gemm::KERNELS,
         &adafactor::KERNELS,
         &adamw::KERNELS,
         &adamw::KERNELS_8BIT,

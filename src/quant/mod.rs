@@ -233,9 +233,66 @@ pub unsafe fn nf4_gemv_into(x: &Tensor, w: &Nf4Tensor, y: u64, accumulate: bool)
     crate::cuda::nf4_gemv::gemv_into(x, &w.packed, w.gemv_scales(), out_dim, y, accumulate)
 }
 
+/// The most rows of x the NF4 GEMM takes (decode batches past the GEMV's, short prefills); more
+/// go through dequantize + GEMM.
+pub const GEMM_MAX_ROWS: usize = 256;
+
+#[cfg(feature = "cuda")]
+const _: () = assert!(GEMM_MAX_ROWS == crate::cuda::nf4_gemm::MAX_ROWS);
+
+/// Whether `nf4_gemm` takes x against w: both on one CUDA device, x `[m, in]` f16 or bf16,
+/// contiguous, 1 to `GEMM_MAX_ROWS` rows, and `in` a multiple of 64 (one absmax block of each
+/// row per pipeline stage of the kernel).
+#[cfg(feature = "cuda")]
+pub fn nf4_gemm_applies(x: &Tensor, w: &Nf4Tensor) -> bool {
+    let Ok((out_dim, in_dim)) = w.shape.dims2() else { return false };
+    x.device().same_device(w.device()) && crate::cuda::nf4_gemm::supports(x, out_dim, in_dim)
+}
+
+/// Whether `nf4_gemm` takes x against w: never without CUDA.
+#[cfg(not(feature = "cuda"))]
+pub fn nf4_gemm_applies(_x: &Tensor, _w: &Nf4Tensor) -> bool {
+    false
+}
+
+/// x `[m, in]` · wᵀ `[m, out]` in x's dtype on tensor cores, read straight from w's NF4 codes
+/// and absmax (no 16-bit copy of w): each weight the value `w.dequantize(x.dtype())` holds, the
+/// sums in f32. An error where `nf4_gemm_applies` is false.
+pub fn nf4_gemm(x: &Tensor, w: &Nf4Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if nf4_gemm_applies(x, w) {
+        let (out_dim, _) = w.shape.dims2()?;
+        return crate::cuda::nf4_gemm::gemm(x, &w.packed, w.gemv_scales(), out_dim);
+    }
+    bail!(
+        "the NF4 GEMM takes a CUDA f16/bf16 x of 1 to {GEMM_MAX_ROWS} rows and a multiple of 64 columns, not {:?} \
+         {:?} on {:?} against {:?}",
+        x.dims(),
+        x.dtype(),
+        x.device().location(),
+        w.shape.dims()
+    )
+}
+
+/// `nf4_gemm` written to device address `y` (`[m, out]`, x's dtype), or added to it with
+/// `accumulate` (the sum taken in f32, rounded once): the product accumulated in place into a
+/// sum of products.
+///
+/// # Safety
+/// `y` must address `m · out` elements of x's dtype on x's device that no other work uses
+/// until the launch has run on the device's stream.
+#[cfg(feature = "cuda")]
+pub unsafe fn nf4_gemm_into(x: &Tensor, w: &Nf4Tensor, y: u64, accumulate: bool) -> Result<()> {
+    if !nf4_gemm_applies(x, w) {
+        bail!("the NF4 GEMM does not take x {:?} {:?} against {:?}", x.dims(), x.dtype(), w.shape.dims());
+    }
+    let (out_dim, _) = w.shape.dims2()?;
+    crate::cuda::nf4_gemm::gemm_into(x, &w.packed, w.gemv_scales(), out_dim, y, accumulate)
+}
+
 #[cfg(feature = "cuda")]
 impl Nf4Tensor {
-    /// The absmax parts as the GEMV kernel reads them.
+    /// The absmax parts as the GEMV and GEMM kernels read them.
     fn gemv_scales(&self) -> crate::cuda::nf4_gemv::Scales<'_> {
         use crate::cuda::nf4_gemv::Scales;
         match &self.absmax {

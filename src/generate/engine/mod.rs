@@ -35,6 +35,9 @@ pub struct EngineConfig {
     /// Positions a sequence may reach, prompt and reply (the KV cache's slot length); the
     /// model's context at most.
     pub max_seq_len: usize,
+    /// Every decode step launched kernel by kernel, none replayed from a recorded CUDA graph
+    /// (vLLM's `--enforce-eager`): slower at small batches, for checking the graphs.
+    pub enforce_eager: bool,
 }
 
 /// A handle to the engine's thread; clones share it. The thread ends when the last handle goes.
@@ -66,7 +69,7 @@ impl Engine {
         let own = model.clone();
         std::thread::Builder::new()
             .name("lora-ft-engine".into())
-            .spawn(move || run(&own, &tokenizer, stop_ids, (config.max_batch, max_seq_len), &queue, ready))
+            .spawn(move || run(&own, &tokenizer, stop_ids, (config, max_seq_len), &queue, ready))
             .context("starting the engine's thread")?;
         started.recv().context("the engine's thread ended while starting")??;
         let inner = Inner { model, jobs, adapters: RwLock::new(BTreeMap::new()), max_seq_len };
@@ -138,14 +141,18 @@ fn run(
     model: &CausalLm,
     tokenizer: &Tokenizer,
     stop_ids: Vec<u32>,
-    shape: (usize, usize),
+    (config, max_seq_len): (EngineConfig, usize),
     queue: &std::sync::mpsc::Receiver<(Job, Vec<Sampler>)>,
     ready: std::sync::mpsc::Sender<anyhow::Result<()>>,
 ) {
     let text = ReplyText::new(tokenizer);
+    let shape = (config.max_batch, max_seq_len);
     let scheduler = bind_device(model).and_then(|()| Scheduler::new(model, Some(&text), stop_ids, shape));
     let mut scheduler = match scheduler {
-        Ok(s) => {
+        Ok(mut s) => {
+            if config.enforce_eager {
+                s.enforce_eager();
+            }
             let _ = ready.send(Ok(()));
             s
         }

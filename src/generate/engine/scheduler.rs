@@ -87,6 +87,12 @@ impl<'m> Scheduler<'m> {
         self.graphs = StepGraphs::new(self.model, self.caches[0].slots(), false);
     }
 
+    /// Whether decode steps are replayed from CUDA graphs (on a GPU, not `enforce_eager`, and no
+    /// recording has failed).
+    pub fn replays_graphs(&self) -> bool {
+        self.graphs.on()
+    }
+
     /// Queues a request on the model's own layers (an adapter by name is the engine's).
     pub fn add(
         &mut self,

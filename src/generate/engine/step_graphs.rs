@@ -65,6 +65,11 @@ impl StepGraphs {
         Self { on, max_rows, inputs: None, logits: None, recorded: Vec::new() }
     }
 
+    /// Whether steps are recorded and replayed (else they run eagerly).
+    pub fn on(&self) -> bool {
+        self.on
+    }
+
     /// The logits `[b, vocab]` (f32) of one step of `rows` through `layers` (of adapter
     /// `adapter`; `None`: the model's), replayed or recorded; `None` where steps run eagerly
     /// (the caller runs the step itself).

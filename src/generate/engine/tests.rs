@@ -114,7 +114,7 @@ fn batched_requests_of_several_adapters_equal_each_generated_alone() {
         tiny_model(None),
         tokenizer(),
         vec![2],
-        EngineConfig { max_batch: 3, max_seq_len: 1024 },
+        EngineConfig { max_batch: 3, max_seq_len: 1024, enforce_eager: false },
     )
     .unwrap();
     engine.add_adapter("chat", &chat).unwrap();
@@ -233,7 +233,7 @@ fn bad_requests_are_refused_and_adapters_come_and_go() {
         tiny_model(None),
         tokenizer(),
         vec![2],
-        EngineConfig { max_batch: 4, max_seq_len: 1024 },
+        EngineConfig { max_batch: 4, max_seq_len: 1024, enforce_eager: false },
     )
     .unwrap();
     let ok = request(vec![5, 6, 7], SamplingParams::greedy(), vec![0], 3);
@@ -360,6 +360,96 @@ fn wide_head_model(dir: &Path) -> PathBuf {
     out
 }
 
+/// `wide_head_model` with a random rank-4 adapter on every projection (the same values on
+/// every device), in `dtype` on `device`.
+#[cfg(feature = "cuda")]
+fn wide_head_lora_model(dir: &Path, dtype: DType, device: &Device) -> CausalLm {
+    use rand::{Rng, SeedableRng};
+    let (config, weights) = crate::hub::local_weights(dir).unwrap();
+    let spec = crate::model::LoraSpec {
+        r: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        target_modules: crate::model::PROJECTIONS.iter().map(|p| p.to_string()).collect(),
+        rslora: false,
+    };
+    let mut model = CausalLm::load(&config, &weights, dtype, Quantization::None, device).unwrap();
+    model.add_lora(&spec, 3).unwrap();
+    // the same values on every device: drawn from a seeded generator
+    for (i, (_, var)) in model.lora_params().into_iter().enumerate() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(40 + i as u64);
+        let values: Vec<f32> = (0..var.elem_count()).map(|_| rng.random_range(-0.08f32..0.08)).collect();
+        let values = Tensor::from_vec(values, var.shape(), &Device::Cpu).unwrap();
+        var.set(&values.to_device(device).unwrap().to_dtype(var.dtype()).unwrap()).unwrap();
+    }
+    model
+}
+
+/// A decode step replayed from its recorded CUDA graph gives the logits of the step launched
+/// kernel by kernel: over several steps (new positions at every replay, so a replay reading
+/// stale inputs fails), with rows leaving and coming back (a second recording, then the first
+/// replayed again), each row within the crate's multiple of the eager step's own error against
+/// the CPU's f32 forward of the whole sequence, in f32 and bf16.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_graph_steps_match_eager_steps() {
+    use super::step_graphs::{StepGraphs, StepRows};
+    use crate::model::{DecodeRows, KvCache};
+    use crate::testing::assert_within_reference_error;
+    let gpu = Device::new_cuda(0).unwrap();
+    // as every command's device: a graph cannot record cudarc's cross-stream events
+    crate::cuda::order_by_stream(&gpu);
+    let scratch = tempdir("engine-graphs");
+    let dir = wide_head_model(&scratch);
+    let cpu_model = wide_head_lora_model(&dir, DType::F32, &Device::Cpu);
+    let exact_next = |ids: &[u32]| {
+        let t = Tensor::new(ids, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        cpu_model.forward(&t, None).unwrap().squeeze(0).unwrap().get(ids.len() - 1).unwrap()
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let model = wide_head_lora_model(&dir, dtype, &gpu);
+        let caches = model.slot_caches(4, 64).unwrap();
+        let mut seqs: Vec<Vec<u32>> = vec![(3..30).collect(), (9..20).collect(), (3..30).collect()];
+        let slots = [2usize, 0, 3];
+        for r in 0..2 {
+            let mut prompt_caches: Vec<KvCache> = (0..model.layers.len()).map(|_| KvCache::default()).collect();
+            let ids = Tensor::new(seqs[r].as_slice(), &gpu).unwrap().unsqueeze(0).unwrap();
+            model.forward_last_of(&model.layers, &ids, Some(&mut prompt_caches)).unwrap();
+            for (cache, prompt) in caches.iter().zip(&prompt_caches) {
+                cache.fill(slots[r], (prompt, 0)).unwrap();
+            }
+        }
+        for cache in &caches {
+            cache.copy_slot(slots[0], slots[2], seqs[2].len()).unwrap();
+        }
+        for seq in seqs.iter_mut() {
+            let next = exact_next(seq).argmax(0).unwrap().to_scalar::<u32>().unwrap();
+            seq.push(next);
+        }
+        let mut graphs = StepGraphs::new(&model, 4, true);
+        let schedule: [&[usize]; 7] = [&[0, 1, 2], &[0, 1, 2], &[0, 1, 2], &[0, 2], &[0, 2], &[0, 1, 2], &[0, 1, 2]];
+        for (step, active) in schedule.into_iter().enumerate() {
+            let ids: Vec<u32> = active.iter().map(|&r| *seqs[r].last().unwrap()).collect();
+            let at: Vec<usize> = active.iter().map(|&r| slots[r]).collect();
+            let positions: Vec<usize> = active.iter().map(|&r| seqs[r].len() - 1).collect();
+            let rows = StepRows { ids: &ids, slots: &at, positions: &positions };
+            let replayed =
+                graphs.decode(&model, (&None, &model.layers), &caches, rows).unwrap().expect("graphs on CUDA");
+            // the eager step writes the same keys and values to the same places again
+            let places = DecodeRows::new(at.clone(), positions.clone(), &caches[0]).unwrap();
+            let ids_t = Tensor::new(ids.as_slice(), &gpu).unwrap().unsqueeze(1).unwrap();
+            let eager = model.forward_slots_of(&model.layers, &ids_t, &caches, &places).unwrap();
+            for (i, &r) in active.iter().enumerate() {
+                let exact = exact_next(&seqs[r]);
+                let what = format!("{dtype:?} step {step} row {r}");
+                assert_within_reference_error(&what, &replayed.get(i).unwrap(), &eager.get(i).unwrap(), &exact);
+                seqs[r].push(exact.argmax(0).unwrap().to_scalar::<u32>().unwrap());
+            }
+        }
+        assert!(graphs.on(), "a recording failed: the steps ran eagerly");
+    }
+}
+
 /// On the GPU, a decode step through the slots (the decode attention kernel, the scatter into
 /// the cache) gives the logits the whole sequence's forward gives at its last position: against
 /// the CPU's f32 forward, within the crate's multiple of that forward's own error on the GPU, in
@@ -373,24 +463,7 @@ fn cuda_decode_steps_match_the_uncached_forward() {
     let gpu = Device::new_cuda(0).unwrap();
     let scratch = tempdir("engine-wide-heads");
     let dir = wide_head_model(&scratch);
-    let (config, weights) = crate::hub::local_weights(&dir).unwrap();
-    let spec = crate::model::LoraSpec {
-        r: 4,
-        alpha: 8.0,
-        dropout: 0.0,
-        target_modules: crate::model::PROJECTIONS.iter().map(|p| p.to_string()).collect(),
-        rslora: false,
-    };
-    let load = |dtype: DType, device: &Device| {
-        let mut model = CausalLm::load(&config, &weights, dtype, Quantization::None, device).unwrap();
-        model.add_lora(&spec, 3).unwrap();
-        for (i, (_, var)) in model.lora_params().into_iter().enumerate() {
-            let values = Tensor::randn(0f32, 0.05, var.shape(), &Device::Cpu).unwrap();
-            let values = (values + i as f64 * 1e-3).unwrap();
-            var.set(&values.to_device(device).unwrap()).unwrap();
-        }
-        model
-    };
+    let load = |dtype: DType, device: &Device| wide_head_lora_model(&dir, dtype, device);
     let cpu_model = load(DType::F32, &Device::Cpu);
     let prompts: Vec<Vec<u32>> = vec![(3..40).collect(), (9..20).collect(), (3..40).collect()];
     let next = [17u32, 200, 5];
@@ -425,4 +498,19 @@ fn cuda_decode_steps_match_the_uncached_forward() {
             assert_within_reference_error(&what, &ours.get(r).unwrap(), &reference, &exact[r]);
         }
     }
+}
+
+/// Every batch size is padded to a recorded size at least as large and no larger than the
+/// cache's slots, and few sizes are recorded: powers of two to 8, then steps of 8, 32 and 64.
+#[test]
+fn decode_steps_pad_to_few_batch_sizes() {
+    use super::step_graphs::padded_rows;
+    let sizes: std::collections::BTreeSet<usize> = (1..=300).map(|b| padded_rows(b, 300)).collect();
+    for b in 1..=300 {
+        let n = padded_rows(b, 300);
+        assert!(b <= n && n <= 300, "{b} rows padded to {n}");
+    }
+    let expected = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 96, 128, 160, 192, 224, 256, 300];
+    assert_eq!(sizes.into_iter().collect::<Vec<_>>(), expected);
+    assert_eq!((padded_rows(3, 3), padded_rows(65, 80), padded_rows(257, 1024)), (3, 80, 320));
 }

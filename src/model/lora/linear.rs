@@ -137,7 +137,7 @@ impl LoraLinear {
 
     /// out += x·Wᵀ (+ bias), the frozen part alone (a `LoraGroup` adds the low-rank part).
     pub fn base_forward_into(&self, x: &Tensor, out: &mut ProductSum) -> Result<()> {
-        if !self.nf4_gemv_into(x, out)? {
+        if !self.nf4_direct_into(x, out)? {
             self.base_forward_sliced(x, out, self.rows_per_slice(x))?;
         }
         match &self.bias {
@@ -151,19 +151,29 @@ impl LoraLinear {
         }
     }
 
-    /// out += x·Wᵀ by the NF4 GEMV where it applies (an NF4 base, x a CUDA decode batch of at
-    /// most `GEMV_MAX_ROWS` rows), reading the 4-bit weight once instead of writing and reading
-    /// a 16-bit copy; returns whether it did (else the dequantize + GEMM path runs).
-    fn nf4_gemv_into(&self, x: &Tensor, out: &mut ProductSum) -> Result<bool> {
+    /// out += x·Wᵀ straight from an NF4 base's codes on CUDA, where a kernel takes x: the NF4
+    /// GEMV for a decode batch of at most `GEMV_MAX_ROWS` rows, the NF4 GEMM (tensor cores) for
+    /// up to `GEMM_MAX_ROWS`; each reads the 4-bit weight instead of writing and reading a 16-bit
+    /// copy. Returns whether one did (else the dequantize + GEMM path runs).
+    fn nf4_direct_into(&self, x: &Tensor, out: &mut ProductSum) -> Result<bool> {
         #[cfg(feature = "cuda")]
         if let BaseWeight::Nf4(q) = &self.base {
-            if crate::quant::nf4_gemv_applies(x, q) && out.takes_in_place(x.device()) {
+            use crate::quant::{nf4_gemm_applies, nf4_gemm_into, nf4_gemv_applies, nf4_gemv_into};
+            type Launch = unsafe fn(&Tensor, &crate::quant::Nf4Tensor, u64, bool) -> Result<()>;
+            let kernel: Option<(&'static str, Launch)> = if nf4_gemv_applies(x, q) {
+                Some(("nf4.gemv", nf4_gemv_into))
+            } else if nf4_gemm_applies(x, q) {
+                Some(("nf4.gemm", nf4_gemm_into))
+            } else {
+                None
+            };
+            if let Some((name, launch)) = kernel.filter(|_| out.takes_in_place(x.device())) {
                 let dims = (x.dim(0)?, q.shape().dims2()?.0);
-                section("nf4.gemv", x.device(), || {
+                section(name, x.device(), || {
                     out.add_in_place(x, dims, |y, accumulate| {
                         // SAFETY: `y` is the sum's own [n, out] buffer in x's dtype (checked by
                         // add_in_place), which nothing else touches until the launch has run.
-                        unsafe { crate::quant::nf4_gemv_into(x, q, y, accumulate) }
+                        unsafe { launch(x, q, y, accumulate) }
                     })
                 })?;
                 return Ok(true);

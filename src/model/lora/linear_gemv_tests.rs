@@ -1,5 +1,5 @@
-//! `LoraLinear`'s forward through the NF4 GEMV on CUDA (decode batches) against the dequantize
-//! path it replaces there.
+//! `LoraLinear`'s forward through the NF4 GEMV and GEMM on CUDA (decode batches, short prefills)
+//! against the dequantize path they replace there.
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 
@@ -16,6 +16,25 @@ use crate::quant::Nf4Tensor;
 /// operands to the compute dtype and each GEMM output once; only f32 summation orders differ.
 #[test]
 fn nf4_gemv_forward_is_within_twice_the_dequantize_path_error() -> Result<()> {
+    forward_is_within_twice_the_dequantize_path_error(&[1, 3, 8], crate::quant::nf4_gemv_applies)
+}
+
+/// The same for batches of 9 to 256 rows, which take the NF4 GEMM (64 rows: `in` split over
+/// blocks for 4096 × 4096, so the reduce kernel adds onto the low-rank product; 1000 × 576 with
+/// a partial last block of columns and a bias), with the same bound.
+#[test]
+fn cuda_nf4_gemm_forward_is_within_twice_the_dequantize_path_error() -> Result<()> {
+    forward_is_within_twice_the_dequantize_path_error(&[17, 64], |x, q| {
+        crate::quant::nf4_gemm_applies(x, q) && !crate::quant::nf4_gemv_applies(x, q)
+    })
+}
+
+/// The forward of `rows`-row batches against the dequantize path, each batch first checked to
+/// take the kernel under test (`takes`).
+fn forward_is_within_twice_the_dequantize_path_error(
+    rows: &[usize],
+    takes: fn(&Tensor, &Nf4Tensor) -> bool,
+) -> Result<()> {
     let gpu = Device::new_cuda(0)?;
     let f64 = |t: &Tensor| t.to_device(&Device::Cpu)?.to_dtype(DType::F64);
     let err = |a: &Tensor, b: &Tensor| -> Result<f64> { (f64(a)? - f64(b)?)?.abs()?.max_all()?.to_scalar() };
@@ -38,10 +57,10 @@ fn nf4_gemv_forward_is_within_twice_the_dequantize_path_error() -> Result<()> {
                 bias: bias_d,
                 lora: Some(lora()?),
             };
-            for n in [1usize, 3, 8] {
+            for &n in rows {
                 let x = randn(&[n, in_dim], 11 + n as u64).to_dtype(dtype)?;
                 let xg = x.to_device(&gpu)?;
-                assert!(crate::quant::nf4_gemv_applies(&xg, &q));
+                assert!(takes(&xg, &q), "{n} rows do not take the kernel under test");
                 let (ours, stack) = (gemv.forward(&xg, None)?, dequantized.forward(&xg, None)?);
                 let x64 = f64(&x)?;
                 let low_rank = (x64.matmul(&f64(&a)?.t()?)?.matmul(&f64(&b)?.t()?)? * 2.0)?;
