@@ -6,14 +6,18 @@ use std::path::Path;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use lora_ft::data::{read_prompts_jsonl, ChatTokenizer, Message};
+use lora_ft::data::{ChatTokenizer, Message};
 use lora_ft::generate::completions::{write_jsonl, Completions};
+use lora_ft::generate::prompts::read_prompts;
 use lora_ft::generate::{reply_with_tools, stop_ids};
-use lora_ft::model::CausalLm;
+use lora_ft::model::{CausalLm, LoraSpec};
 use lora_ft::train::select_device;
 use minijinja::Value;
 
 use crate::cli::{parse_quantization, ChatArgs, GenerateArgs, LoadingArgs};
+
+/// `--batch` where it is not given on the CPU.
+const DEFAULT_BATCH: usize = 16;
 
 /// A model ready to answer: loaded on the device, its adapter added, its tokenizer and template,
 /// the tools of `--tools` and its stop ids.
@@ -54,6 +58,46 @@ pub fn load_base(model: &str, loading: &LoadingArgs) -> anyhow::Result<(CausalLm
     Ok((model, tokenizer, stop))
 }
 
+/// Sequence length and batch where the flags (`given`) leave them: on a GPU the serving
+/// planner's (`lora_ft::plan::serving::choose`) for the memory the device has left once the
+/// model is loaded — `VramBudget`'s share of the card, less what the device already holds (the
+/// weights, the CUDA context, other processes) and the adapters still to load (`pending`); on
+/// the CPU `cpu` for what is not given. The choice and its reason go to the log; where nothing
+/// fits, the error ends with `hint` (what the user can shorten).
+pub fn plan_serving(
+    model: &CausalLm,
+    loading: &LoadingArgs,
+    pending: &[LoraSpec],
+    (given, cpu): ((Option<usize>, Option<usize>), (usize, usize)),
+    hint: &str,
+) -> anyhow::Result<(usize, usize)> {
+    use lora_ft::plan::serving::{adapter_bytes, choose, ServingPlan, ServingShape};
+    let Some(memory) = lora_ft::memory::device_memory(model.device()) else {
+        return Ok((given.0.unwrap_or(cpu.0), given.1.unwrap_or(cpu.1)));
+    };
+    let m = model.config();
+    let nf4 = match parse_quantization(&loading.quantization) {
+        lora_ft::quant::Quantization::Nf4 { double_quant } => Some(double_quant),
+        _ => None,
+    };
+    let shape = ServingShape { dtype: model.dtype(), nf4, adapters: pending.to_vec(), gpu: true };
+    let (used, pending_bytes) = (memory.used as u64, pending.iter().map(|s| adapter_bytes(m, s)).sum());
+    let plan = |n: usize| ServingPlan::new(m, &shape, n).with_resident(used, pending_bytes);
+    let budget = lora_ft::memory::VramBudget::new(memory.total as u64, None);
+    let choice = choose(m.max_position_embeddings, plan, budget.bytes(), given)
+        .map_err(|e| anyhow::anyhow!("{e}: {hint}"))?;
+    let gib = |b: u64| b as f64 / lora_ft::memory::GIB;
+    tracing::info!(
+        "{} (the budget: {:.2} of the GPU's {:.2} GiB; {:.2} GiB held already: the weights, the CUDA context and \
+         any other process)",
+        choice.reason,
+        budget.fraction,
+        gib(budget.total),
+        gib(used)
+    );
+    Ok((choice.max_seq_len, choice.max_batch))
+}
+
 pub fn chat(args: &ChatArgs) -> anyhow::Result<()> {
     // a flag out of range is an error before the model loads
     let settings = args.sampling.settings(args.max_new_tokens)?;
@@ -92,8 +136,8 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     // the flags and the prompts file are checked before the model loads
     let settings = args.sampling.settings(args.max_new_tokens)?;
     anyhow::ensure!(args.n >= 1, "--n must be at least 1");
-    anyhow::ensure!(args.batch >= 1, "--batch must be at least 1");
-    let prompts = read_prompts_jsonl(&args.input)?;
+    anyhow::ensure!(args.batch.is_none_or(|b| b >= 1), "--batch must be at least 1");
+    let prompts = read_prompts(&args.input)?;
     let loaded = Loaded::load(&args.model, &args.loading, args.adapter.as_deref(), args.tools.as_deref())?;
     let file = std::fs::File::create(&args.output)
         .with_context(|| format!("{}: cannot create", args.output.display()))?;
@@ -102,15 +146,32 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} replies, {msg} [{elapsed_precise}]")?);
     let started = std::time::Instant::now();
     let mut tokens = 0usize;
-    let run = Completions {
+    let mut run = Completions {
         model: &loaded.model,
         tokenizer: &loaded.tokenizer,
         tools: loaded.tools.as_deref(),
         stop: &loaded.stop,
         settings: &settings,
         n: args.n,
-        batch: args.batch,
+        batch: args.batch.unwrap_or(DEFAULT_BATCH),
     };
+    if args.batch.is_none() && loaded.model.device().is_cuda() {
+        // the planner's batch for the longest prompt and its reply
+        let longest = prompts
+            .iter()
+            .map(|p| run.prompt_ids(p).map(|ids| ids.len()))
+            .try_fold(0, |a, n| n.map(|n| a.max(n)))?;
+        let context = loaded.model.config().max_position_embeddings;
+        let length = longest.saturating_add(args.max_new_tokens).min(context);
+        let (_, batch) = plan_serving(
+            &loaded.model,
+            &args.loading,
+            &[],
+            ((Some(length), None), (length, DEFAULT_BATCH)),
+            "shorten the prompts or --max-new-tokens",
+        )?;
+        run.batch = batch.min(prompts.len() * args.n).max(1);
+    }
     run.run(&prompts, &mut |rows| {
         write_jsonl(&mut out, rows)?;
         out.flush().with_context(|| format!("{}: cannot write", args.output.display()))?;

@@ -129,11 +129,15 @@ pub fn read_adapter_config(dir: &Path) -> anyhow::Result<PeftLoraConfig> {
     serde_json::from_str(&text).with_context(|| format!("{}: not a PEFT LoRA config", file.display()))
 }
 
+/// The settings of the adapter in `dir` (its adapter_config.json), checked as loading checks them.
+pub fn read_adapter_spec(dir: &Path) -> anyhow::Result<LoraSpec> {
+    read_adapter_config(dir)?.to_spec(&dir.join(ADAPTER_CONFIG))
+}
+
 /// Adds the adapter in `dir` (PEFT layout) to the model and returns its settings. Every tensor
 /// the model expects must be in the file with the right shape, and nothing else may be.
 pub fn load_adapter(model: &mut CausalLm, dir: &Path) -> anyhow::Result<LoraSpec> {
-    let config_file = dir.join(ADAPTER_CONFIG);
-    let spec = read_adapter_config(dir)?.to_spec(&config_file)?;
+    let spec = read_adapter_spec(dir)?;
     model.add_lora(&spec, 0)?;
     set_adapter_values(model, dir)?;
     Ok(spec)
@@ -143,8 +147,7 @@ pub fn load_adapter(model: &mut CausalLm, dir: &Path) -> anyhow::Result<LoraSpec
 /// base weights shared, not copied): one adapter of several served over one base. Checked as
 /// `load_adapter` checks.
 pub fn adapter_layers(model: &CausalLm, dir: &Path) -> anyhow::Result<(LoraSpec, Vec<DecoderLayer>)> {
-    let config_file = dir.join(ADAPTER_CONFIG);
-    let spec = read_adapter_config(dir)?.to_spec(&config_file)?;
+    let spec = read_adapter_spec(dir)?;
     let mut layers = model.layers.clone();
     for proj in layers.iter_mut().flat_map(|l| l.proj.iter_mut()) {
         proj.lora = None;

@@ -11,8 +11,9 @@ use lora_ft::plan::run::Run;
 use crate::cli::{parse_gib, parse_size};
 
 /// `lora-ft estimate`: the planner's parts of the peak at the config's shape (with
-/// `train.checkpointing = "auto"`, the layers it keeps), the largest batch per sequence length and
-/// the longest row per card, from config.json alone. `host_mem`: the training machine's memory,
+/// `train.checkpointing = "auto"`, the layers it keeps), the largest batch per sequence length,
+/// the longest row per card, and serving's memory and sequences per context length on the card,
+/// from config.json alone. `host_mem`: the training machine's memory,
 /// half of which offloaded layers may take (else half of this machine's available memory).
 pub fn estimate(config: &Path, gpu_mem: &str, attention: &str, host_mem: Option<&str>) -> anyhow::Result<()> {
     let cfg = Config::from_file(config)?;
@@ -35,6 +36,14 @@ pub fn estimate(config: &Path, gpu_mem: &str, attention: &str, host_mem: Option<
         })
         .collect();
     print!("\n{}", lora_ft::plan::longest_rows(&run.model, &run.run_shape, &cards));
+    // serving the tuned model on the same card: bf16 on a GPU, the config's storage and adapter
+    let serving = lora_ft::plan::serving::ServingShape {
+        dtype: candle_core::DType::BF16,
+        nf4: run.run_shape.nf4,
+        adapters: vec![run.lora().clone()],
+        gpu: true,
+    };
+    print!("\n{}", lora_ft::plan::serving::report(&run.model, &serving, budget.bytes()));
     Ok(())
 }
 

@@ -9,11 +9,14 @@ use lora_ft::generate::engine::{Engine, EngineConfig};
 use lora_ft::serve::{AppState, ServeOptions};
 
 use crate::cli::ServeArgs;
-use crate::generation_commands::load_base;
+use crate::generation_commands::{load_base, plan_serving};
 
-/// `--max-model-len` where it is not given, for a model whose context is longer: the KV cache of
-/// 16 sequences of 128k positions would not fit beside the weights.
+/// `--max-model-len` where it is not given on the CPU, for a model whose context is longer: the
+/// KV cache of 16 sequences of 128k positions would not fit beside the weights.
 const DEFAULT_MAX_MODEL_LEN: usize = 4096;
+
+/// `--max-batch` where it is not given on the CPU.
+const DEFAULT_MAX_BATCH: usize = 16;
 
 /// `--adapter NAME=DIR` as its name and folder.
 fn parse_adapter(spec: &str) -> anyhow::Result<(String, PathBuf)> {
@@ -29,7 +32,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     // the flags are checked before the model loads
     let adapters = args.adapter.iter().map(|s| parse_adapter(s)).collect::<anyhow::Result<Vec<_>>>()?;
     anyhow::ensure!(args.max_tokens >= 1, "--max-tokens must be at least 1");
-    anyhow::ensure!(args.max_batch >= 1, "--max-batch must be at least 1");
+    anyhow::ensure!(args.max_batch.is_none_or(|b| b >= 1), "--max-batch must be at least 1");
     anyhow::ensure!(args.request_timeout_s >= 1, "--request-timeout-s must be at least 1");
     let adapter_dir = args
         .adapter_dir
@@ -49,22 +52,33 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         request_timeout: Duration::from_secs(args.request_timeout_s),
         adapter_dir,
     };
+    let pending = adapters
+        .iter()
+        .map(|(name, dir)| {
+            lora_ft::peft_adapter::read_adapter_spec(dir)
+                .with_context(|| format!("--adapter {name}={}", dir.display()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let (model, tokenizer, stop) = load_base(&args.model, &args.loading)?;
     let context = model.config().max_position_embeddings;
-    let max_seq_len = match args.max_model_len {
-        Some(n) => {
-            anyhow::ensure!(
-                (2..=context).contains(&n),
-                "--max-model-len {n}: the model's context is {context} positions (and a reply needs 2 at least)"
-            );
-            n
-        }
-        None => context.min(DEFAULT_MAX_MODEL_LEN),
-    };
-    let config = EngineConfig { max_batch: args.max_batch, max_seq_len, enforce_eager: args.enforce_eager };
+    if let Some(n) = args.max_model_len {
+        anyhow::ensure!(
+            (2..=context).contains(&n),
+            "--max-model-len {n}: the model's context is {context} positions (and a reply needs 2 at least)"
+        );
+    }
+    let cpu = (context.min(DEFAULT_MAX_MODEL_LEN), DEFAULT_MAX_BATCH);
+    let (max_seq_len, max_batch) = plan_serving(
+        &model,
+        &args.loading,
+        &pending,
+        ((args.max_model_len, args.max_batch), cpu),
+        "pass a shorter --max-model-len",
+    )?;
+    let config = EngineConfig { max_batch, max_seq_len, enforce_eager: args.enforce_eager };
     let engine =
         Engine::start(model, tokenizer.tokenizer().clone(), stop, config).context("starting the engine")?;
-    tracing::info!("{} sequences of at most {max_seq_len} positions at a time", args.max_batch);
+    tracing::info!("{max_batch} sequences of at most {max_seq_len} positions at a time");
     for (name, dir) in &adapters {
         engine.add_adapter(name, dir).with_context(|| format!("--adapter {name}={}", dir.display()))?;
         tracing::info!("adapter {name} from {}", dir.display());

@@ -1,7 +1,8 @@
 //! `lora-ft generate` end to end on the tiny random Llama (`common::tiny_smollm2_dir`) on the CPU:
 //! every prompt answered `--n` times, one JSON line a reply; the file does not depend on
 //! `--batch` (each reply draws with its own seed), greedy samples of a prompt are equal, seeded
-//! samples are not; a malformed prompts file is refused naming its line, before the model loads.
+//! samples are not; a text prompt is continued from its own tokens without the chat template; a
+//! malformed prompts file is refused naming its line, before the model loads.
 
 mod common;
 
@@ -94,5 +95,71 @@ fn a_malformed_prompts_file_is_refused_naming_its_line() {
     assert!(err.contains("bad.jsonl:2"), "the file and line: {err}");
     assert!(!err.contains("panicked"), "{err}");
     assert!(!dir.join("out.jsonl").exists(), "nothing written before the prompts are read");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A text prompt (`{"prompt": ...}`) beside a chat prompt: continued from its own tokens, without
+/// the chat template, into the completion the library's `generate` gives those tokens; its row
+/// has no `tool_calls`. A bad text row is refused naming its line and field before the model
+/// loads.
+#[test]
+fn a_text_prompt_is_continued_without_the_chat_template() {
+    let dir = std::env::temp_dir().join(format!("lora-ft-generate-text-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let chat = std::fs::read_to_string(prompts(&dir)).unwrap().lines().next().unwrap().to_string();
+    let text = "Thank you for contacting";
+    let input = dir.join("mixed.jsonl");
+    std::fs::write(&input, format!("{chat}\n{{\"prompt\": {text:?}, \"id\": \"t-1\"}}\n")).unwrap();
+    let model_dir = common::tiny_smollm2_dir();
+    let out = dir.join("out.jsonl");
+    let run = Command::new(env!("CARGO_BIN_EXE_lora-ft"))
+        .args(["generate", "--model", model_dir.to_str().unwrap(), "--quantization", "none"])
+        .args([
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--max-new-tokens",
+            "6",
+        ])
+        .arg("--chat-template")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/templates/chatml-tools.jinja"))
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let rows: Vec<Value> =
+        std::fs::read_to_string(&out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2);
+    assert!(rows[0]["tool_calls"].is_array(), "{}", rows[0]);
+    assert_eq!(rows[1]["line"], 2);
+    assert!(rows[1].get("tool_calls").is_none(), "no tool calls parsed out of text: {}", rows[1]);
+
+    let (config, weights) = lora_ft::hub::local_weights(&model_dir).unwrap();
+    let model = lora_ft::model::CausalLm::load(
+        &config,
+        &weights,
+        candle_core::DType::F32,
+        lora_ft::quant::Quantization::None,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let tokenizer = lora_ft::data::ChatTokenizer::load(&model_dir, None).unwrap();
+    let ids = lora_ft::generate::text_prompt_ids(tokenizer.tokenizer(), text).unwrap();
+    let stop = lora_ft::generate::stop_ids(&model_dir, &tokenizer);
+    let settings = lora_ft::generate::GenerationSettings { max_new_tokens: 6, ..Default::default() };
+    let reply = lora_ft::generate::generate(&model, &ids, &stop, &settings).unwrap();
+    assert_eq!(rows[1]["prompt_tokens"], ids.len());
+    assert_eq!(rows[1]["completion_tokens"], reply.len());
+    assert_eq!(rows[1]["text"], lora_ft::generate::decode_reply(tokenizer.tokenizer(), &reply).unwrap());
+
+    std::fs::write(&input, format!("{chat}\n{{\"prompt\": 42}}\n")).unwrap();
+    let bad = Command::new(env!("CARGO_BIN_EXE_lora-ft"))
+        .args(["generate", "--model", "/nonexistent/model", "--input", input.to_str().unwrap()])
+        .args(["--output", dir.join("bad-out.jsonl").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success());
+    assert!(err.contains(r#"mixed.jsonl:2: "prompt" must be a string (got a number)"#), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -224,6 +224,11 @@ fn estimate_plans_for_the_host_memory_it_is_given() {
         "{big}"
     );
     assert!(big.contains("of the 32.00 GiB allowed") && big.contains("0 are recomputed"), "{big}");
+    // serving on the same card: 800 KiB of KV cache a token (Llama-2-13B has no GQA), two
+    // sequences of its 4096 positions beside the 6.4 GiB of NF4 weights
+    assert!(big.contains("KV cache per token                                      800.0 KiB   (40 layers x 40 kv heads x 128 x 2 x 2 bytes)"), "{big}");
+    assert!(big.contains("context   4096:     2 sequences"), "{big}");
+    assert!(big.contains("lora-ft serve on this budget: --max-model-len 4096 --max-batch 2"), "{big}");
     let (ok, small, err) = estimate("8GB");
     assert!(ok, "{err}");
     assert!(

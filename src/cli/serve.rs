@@ -41,11 +41,14 @@ pub struct ServeArgs {
     /// stream).
     #[arg(long, default_value_t = 600)]
     pub request_timeout_s: u64,
-    /// Sequences decoded together (each holds a KV cache of --max-model-len positions).
-    #[arg(long, default_value_t = 16)]
-    pub max_batch: usize,
+    /// Sequences decoded together (each holds a KV cache of --max-model-len positions) [default:
+    /// on a GPU the most the planner fits in its memory, 256 at most; on the CPU 16].
+    #[arg(long, value_name = "N")]
+    pub max_batch: Option<usize>,
     /// Positions a prompt and its reply may reach together: the KV cache's length per sequence,
-    /// allocated up front for --max-batch sequences [default: the model's context, at most 4096].
+    /// allocated up front for --max-batch sequences [default: on a GPU the longest of the model's
+    /// context, 32768, 16384, 8192 and 4096 at which the planner fits 16 sequences; on the CPU the
+    /// model's context, at most 4096].
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<usize>,
     /// Launches every decode step kernel by kernel instead of replaying it from a recorded CUDA

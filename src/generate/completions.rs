@@ -1,15 +1,17 @@
-//! `lora-ft generate`: every prompt of a prompts file answered `n` times, prompts generated
-//! together a batch at a time, each reply a JSON line with its tool calls parsed out, its finish
-//! reason and its token counts. Sample k of the prompt on line L draws with its own seed (the
+//! `lora-ft generate`: every prompt of a prompts file (`prompts.rs`: chat or text) answered `n`
+//! times, prompts generated together a batch at a time, each reply a JSON line with its finish
+//! reason and its token counts, and a chat prompt's with its tool calls parsed out. Sample k of the prompt on line L draws with its own seed (the
 //! settings' seed, L and k), so a reply does not depend on the batch it was generated in.
 
 use std::io::Write;
 
+use anyhow::Context;
 use minijinja::Value;
 use serde::Serialize;
 
-use super::{replies_detailed, GenerationSettings};
-use crate::data::{parse_tool_calls, ChatTokenizer, Conversation, ToolCall};
+use super::prompts::Prompt;
+use super::{chat_prompt_ids, replies_to_ids, text_prompt_ids, GenerationSettings};
+use crate::data::{parse_tool_calls, ChatTokenizer, ToolCall};
 use crate::model::ops::dropout_mask::mix;
 use crate::model::CausalLm;
 
@@ -21,7 +23,10 @@ pub struct Completion {
     /// Which of the prompt's `n` samples this is, from 0.
     pub sample: usize,
     pub text: String,
-    pub tool_calls: Vec<ToolCall>,
+    /// The calls a chat prompt's reply makes; absent for a text prompt (its completion is text,
+    /// no tool calls are parsed out of it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
     /// "stop" (a stop token or string) or "length" (`max_new_tokens` or the model's context).
     pub finish_reason: &'static str,
     pub prompt_tokens: usize,
@@ -53,34 +58,31 @@ impl Completions<'_> {
     /// completions to `done` as they are made.
     pub fn run(
         &self,
-        prompts: &[Conversation],
+        prompts: &[Prompt],
         done: &mut dyn FnMut(&[Completion]) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
         anyhow::ensure!(self.n >= 1, "--n must be at least 1");
         anyhow::ensure!(self.batch >= 1, "--batch must be at least 1");
-        let jobs: Vec<(&Conversation, usize)> =
-            prompts.iter().flat_map(|c| (0..self.n).map(move |k| (c, k))).collect();
+        let jobs: Vec<(&Prompt, usize)> =
+            prompts.iter().flat_map(|p| (0..self.n).map(move |k| (p, k))).collect();
         for chunk in jobs.chunks(self.batch) {
-            let conversations: Vec<_> = chunk
-                .iter()
-                .map(|(c, _)| (c.messages.as_slice(), c.tools.as_deref().or(self.tools)))
-                .collect();
+            let ids = chunk.iter().map(|(p, _)| self.prompt_ids(p)).collect::<anyhow::Result<Vec<_>>>()?;
             let seeds: Vec<u64> =
-                chunk.iter().map(|(c, k)| sample_seed(self.settings.seed, c.line, *k)).collect();
-            let replies = replies_detailed(
+                chunk.iter().map(|(p, k)| sample_seed(self.settings.seed, p.line(), *k)).collect();
+            let replies = replies_to_ids(
                 self.model,
-                self.tokenizer,
-                &conversations,
+                self.tokenizer.tokenizer(),
+                &ids,
                 (self.stop, Some(&seeds)),
                 self.settings,
             )?;
             let rows: Vec<Completion> = chunk
                 .iter()
                 .zip(replies)
-                .map(|((c, k), (text, prompt_tokens, g))| Completion {
-                    line: c.line,
+                .map(|((p, k), (text, prompt_tokens, g))| Completion {
+                    line: p.line(),
                     sample: *k,
-                    tool_calls: parse_tool_calls(&text),
+                    tool_calls: matches!(p, Prompt::Chat(_)).then(|| parse_tool_calls(&text)),
                     text,
                     finish_reason: g.finish.as_str(),
                     prompt_tokens,
@@ -91,6 +93,19 @@ impl Completions<'_> {
         }
         Ok(())
     }
+
+    /// A prompt's ids: a chat prompt rendered with the template (its row's tools, else the
+    /// run's), a text prompt as it is; an error names the prompt's line.
+    pub fn prompt_ids(&self, prompt: &Prompt) -> anyhow::Result<Vec<u32>> {
+        match prompt {
+            Prompt::Chat(c) => {
+                chat_prompt_ids(self.tokenizer, &c.messages, c.tools.as_deref().or(self.tools))
+                    .with_context(|| format!("the prompt on line {}", c.line))
+            }
+            Prompt::Text { text, line } => text_prompt_ids(self.tokenizer.tokenizer(), text)
+                .map_err(|e| anyhow::anyhow!("the prompt on line {line}: {e}")),
+        }
+    }
 }
 
 /// Writes completions as JSON lines.
@@ -100,4 +115,63 @@ pub fn write_jsonl(out: &mut impl Write, rows: &[Completion]) -> anyhow::Result<
         out.write_all(b"\n")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::{Conversation, Message};
+    use crate::generate::{decode_reply, generate_detailed};
+    use crate::quant::Quantization;
+    use candle_core::{DType, Device};
+
+    /// A text prompt among chat prompts: each of its samples is the engine's completion of the
+    /// text's own tokens (no chat template) with that sample's seed, and its row has no
+    /// `tool_calls`; the chat prompt's row has them.
+    #[test]
+    fn a_text_prompt_is_completed_from_its_own_tokens() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-chat");
+        let (config, weights) = crate::hub::local_weights(&dir).unwrap();
+        let mut model =
+            CausalLm::load(&config, &weights, DType::F32, Quantization::None, &Device::Cpu).unwrap();
+        crate::peft_adapter::load_adapter(&mut model, &dir.join("adapter")).unwrap();
+        let tokenizer = ChatTokenizer::load(&dir, None).unwrap();
+        let settings =
+            GenerationSettings { max_new_tokens: 7, temperature: 1.0, seed: 5, ..Default::default() };
+        let chat =
+            Conversation { messages: vec![Message::new("user", "Where is my order?")], tools: None, line: 1 };
+        let text = "The parcel left the depot on";
+        let prompts = [Prompt::Chat(chat), Prompt::Text { text: text.into(), line: 3 }];
+        let run = Completions {
+            model: &model,
+            tokenizer: &tokenizer,
+            tools: None,
+            stop: &[],
+            settings: &settings,
+            n: 2,
+            batch: 3,
+        };
+        let mut rows = Vec::new();
+        run.run(&prompts, &mut |batch| {
+            rows.extend_from_slice(batch);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(rows.len(), 4);
+        let ids = tokenizer.tokenizer().encode(text, true).unwrap().get_ids().to_vec();
+        assert_eq!(text_prompt_ids(tokenizer.tokenizer(), text).unwrap(), ids);
+        for (k, row) in rows[2..].iter().enumerate() {
+            let own = GenerationSettings { seed: sample_seed(5, 3, k), ..settings.clone() };
+            let alone = generate_detailed(&model, &ids, &[], &own).unwrap();
+            assert_eq!((row.line, row.sample), (3, k));
+            assert_eq!((row.prompt_tokens, row.completion_tokens), (ids.len(), 7));
+            assert_eq!(row.text, decode_reply(tokenizer.tokenizer(), &alone.tokens).unwrap());
+            let json = serde_json::to_value(row).unwrap();
+            assert!(json.get("tool_calls").is_none(), "{json}");
+        }
+        assert_ne!(rows[2].text, rows[3].text, "two seeded samples of one prompt");
+        let chat_row = serde_json::to_value(&rows[0]).unwrap();
+        assert!(chat_row["tool_calls"].is_array(), "{chat_row}");
+        assert!(rows[0].prompt_tokens > ids.len(), "the chat template's tokens are in the chat prompt");
+    }
 }

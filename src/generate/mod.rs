@@ -5,6 +5,7 @@
 
 pub mod completions;
 pub mod engine;
+pub mod prompts;
 #[cfg(test)]
 mod replies_tests;
 pub mod sampling;
@@ -250,19 +251,43 @@ pub fn replies_detailed(
     (stop, seeds): (&[u32], Option<&[u64]>),
     settings: &GenerationSettings,
 ) -> anyhow::Result<Vec<(String, usize, Generation)>> {
-    anyhow::ensure!(seeds.is_none_or(|s| s.len() == conversations.len()), "a seed per conversation");
     let prompts = conversations
         .iter()
-        .map(|(messages, tools)| prompt_ids(tokenizer, messages, *tools))
+        .map(|(messages, tools)| chat_prompt_ids(tokenizer, messages, *tools))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let text = ReplyText::new(tokenizer.tokenizer());
-    let replies = run_to_end(model, Some(&text), &prompts, (stop, seeds), settings)?;
+    replies_to_ids(model, tokenizer.tokenizer(), &prompts, (stop, seeds), settings)
+}
+
+/// `replies_detailed` of prompts already tokenized (rendered conversations, or raw text):
+/// each reply's text, its prompt's length, its tokens and finish reason.
+pub fn replies_to_ids(
+    model: &CausalLm,
+    tokenizer: &Tokenizer,
+    prompts: &[Vec<u32>],
+    (stop, seeds): (&[u32], Option<&[u64]>),
+    settings: &GenerationSettings,
+) -> anyhow::Result<Vec<(String, usize, Generation)>> {
+    anyhow::ensure!(seeds.is_none_or(|s| s.len() == prompts.len()), "a seed per prompt");
+    let text = ReplyText::new(tokenizer);
+    let replies = run_to_end(model, Some(&text), prompts, (stop, seeds), settings)?;
     Ok(prompts.iter().zip(replies).map(|(prompt, (g, text))| (text, prompt.len(), g)).collect())
+}
+
+/// A raw text prompt's ids, as vLLM's and OpenAI's completions take `prompt`: tokenized with
+/// the tokenizer's special tokens (its BOS where its post-processor adds one), no chat template.
+/// The error says why where the text cannot be tokenized or comes to no tokens.
+pub fn text_prompt_ids(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, String> {
+    let ids =
+        tokenizer.encode(text, true).map_err(|e| format!("tokenizing the prompt: {e}"))?.get_ids().to_vec();
+    if ids.is_empty() {
+        return Err("a prompt must not be empty".into());
+    }
+    Ok(ids)
 }
 
 /// The conversation rendered with the chat template (tools given, generation prompt on) and
 /// tokenized.
-fn prompt_ids(
+pub fn chat_prompt_ids(
     tokenizer: &ChatTokenizer,
     messages: &[Message],
     tools: Option<&[Value]>,

@@ -73,9 +73,14 @@ impl Dims {
 /// head_dim 64 or 128 without a soft cap where cuDNN is absent; the composed path otherwise, and
 /// everywhere without `run.fused_attention`. The same for every layer: windows do not decide it.
 pub(super) fn fused(f: &ArchExtras, d: &Dims, run: &RunShape) -> bool {
+    run.fused_attention && fused_kernel_takes(f, d)
+}
+
+/// Whether a fused kernel takes the layers' attention where fused attention is on (`fused`).
+pub(super) fn fused_kernel_takes(f: &ArchExtras, d: &Dims) -> bool {
     let cudnn = d.head_dim.is_multiple_of(8) && d.head_dim <= 256;
     let flash = matches!(d.head_dim, 64 | 128) && !f.attention_softcap;
-    run.fused_attention && (cudnn || flash)
+    cudnn || flash
 }
 
 /// One backward layer's largest working set (bytes), at `batch` rows of `seq` tokens: the gated

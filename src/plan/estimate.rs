@@ -116,7 +116,7 @@ impl Estimate {
 }
 
 /// cuBLAS workspace and other per-run buffers the pool holds.
-const FIXED_WORKSPACE: u64 = 8 << 20;
+pub(super) const FIXED_WORKSPACE: u64 = 8 << 20;
 
 /// The seven projections' (out, in) dims.
 pub(super) fn projection_dims(m: &ModelConfig) -> [(usize, usize); 7] {
@@ -125,13 +125,34 @@ pub(super) fn projection_dims(m: &ModelConfig) -> [(usize, usize); 7] {
     [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
 }
 
-fn stored_weight_bytes(n: u64, run: &RunShape) -> u64 {
-    match run.nf4 {
+/// Bytes of a projection weight of `n` values as stored: NF4 (`Some(double_quant)`) or dense in
+/// `dtype_bytes`.
+fn stored_weight_bytes(n: u64, (nf4, dtype_bytes): (Option<bool>, usize)) -> u64 {
+    match nf4 {
         // packed codes, one absmax code per 64 values, one f32 scale per 256 codes
         Some(true) => n.div_ceil(2) + n.div_ceil(64) + n.div_ceil(64 * 256) * 4,
         Some(false) => n.div_ceil(2) + n.div_ceil(64) * 4,
-        None => n * run.dtype_bytes as u64,
+        None => n * dtype_bytes as u64,
     }
+}
+
+/// Bytes of the frozen model on the device: every layer's projections as stored (`nf4`, else
+/// dense in `dtype_bytes`), the 16-bit embedding table and lm_head where they are on the device
+/// (`(table, head)`), the norms, biases and RoPE tables as far as `seq` fills them.
+pub(super) fn stored_model_bytes(
+    m: &ModelConfig,
+    (nf4, dtype_bytes): (Option<bool>, usize),
+    (table_on_device, head_on_device): (bool, bool),
+    seq: usize,
+) -> u64 {
+    let b = dtype_bytes as u64;
+    let projections: u64 = projection_dims(m)
+        .iter()
+        .map(|&(o, n)| stored_weight_bytes((o * n) as u64, (nf4, dtype_bytes)))
+        .sum();
+    let table = m.vocab_size as u64 * m.hidden_size as u64 * b;
+    let tables = (table_on_device as u64 + head_on_device as u64) * table;
+    m.num_hidden_layers as u64 * projections + tables + small_tensors(m, &ArchExtras::of(m), seq) * b
 }
 
 /// Predicts the parts of the peak for `batch` rows of `seq` tokens per step.
@@ -141,13 +162,9 @@ pub fn estimate(m: &ModelConfig, run: &RunShape, (seq, batch): (usize, usize)) -
     let (layers, h, i) = (m.num_hidden_layers as u64, m.hidden_size as u64, m.intermediate_size as u64);
     let (b, t) = (run.dtype_bytes as u64, tokens as u64);
     let dims = projection_dims(m);
-    let projections: u64 = dims.iter().map(|&(o, n)| stored_weight_bytes((o * n) as u64, run)).sum();
-    let table = m.vocab_size as u64 * h * b;
-    let tables_on_device = if m.tied_embeddings() || !run.embeddings_on_host { 1 } else { 0 };
     let streamed = run.streams_lm_head(m);
-    let lm_head = if m.tied_embeddings() || streamed { 0 } else { table };
-    let base_weights =
-        layers * projections + lm_head + tables_on_device * table + small_tensors(m, &f, seq) * b;
+    let on_device = (m.tied_embeddings() || !run.embeddings_on_host, !(m.tied_embeddings() || streamed));
+    let base_weights = stored_model_bytes(m, (run.nf4, run.dtype_bytes), on_device, seq);
 
     let adapted = |name: &str| run.lora.target_modules.iter().any(|t| t == name);
     let r = run.lora.r as u64;
@@ -257,7 +274,7 @@ fn lora_params_per_layer(m: &ModelConfig, run: &RunShape) -> u64 {
 /// Values of the largest weight dequantized at once (linear.rs `rows_per_slice`): whole from
 /// `WHOLE_WEIGHT_TOKENS` tokens on, else a slice no larger than the largest activation (at least
 /// 2^24 values).
-fn dequantized_slice(largest_weight: u64, tokens: usize, intermediate: u64) -> u64 {
+pub(super) fn dequantized_slice(largest_weight: u64, tokens: usize, intermediate: u64) -> u64 {
     if tokens >= WHOLE_WEIGHT_TOKENS {
         return largest_weight;
     }

@@ -11,7 +11,8 @@
 //! moments. Checked against the peaks measured on the H100 (benches/train_*.md,
 //! benches/issue18/) in this folder's tests. `shape.rs` holds what a run is, `estimate.rs` the
 //! prediction, `fits.rs` what fits a budget, `keep.rs` the layers kept whole, `report.rs` the
-//! printed plan.
+//! printed plan. `serving.rs` sizes serving: the decoding engine's weights, transients and KV
+//! cache, and how many sequences of a length fit.
 //!
 //! `run.rs` puts a training run together once — the config, the model's config.json and the
 //! memory budget — into the `Run` that training, `estimate`, `init` and `bench` read.
@@ -24,6 +25,7 @@ mod keep;
 mod optimizer_state;
 mod report;
 pub mod run;
+pub mod serving;
 mod shape;
 
 pub use estimate::{estimate, Estimate};
@@ -33,5 +35,7 @@ pub use optimizer_state::OptimizerState;
 pub use report::report;
 pub use shape::RunShape;
 
+#[cfg(test)]
+mod serving_tests;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,6 @@
 //! `POST /v1/completions`: a raw `prompt` (a string or a list of them, each tokenized with the
-//! tokenizer's special tokens, as vLLM does) continued without the chat template, and the whole
-//! `text_completion` response.
+//! tokenizer's special tokens as vLLM does, `generate::text_prompt_ids`) continued without the
+//! chat template, and the whole `text_completion` response.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -13,6 +13,7 @@ use super::logprobs;
 use super::params::{Generation, GenerationFields, MAX_TOP_LOGPROBS};
 use super::state::{now, AppState};
 use crate::generate::engine::Request;
+use crate::generate::text_prompt_ids;
 
 /// `prompt`: a string or a list of strings (token-id prompts are not taken).
 #[derive(Debug, Deserialize)]
@@ -71,16 +72,8 @@ pub fn prepare(state: &AppState, body: &Value) -> Result<CompletionJob, ApiError
     let mut requests = Vec::with_capacity(prompts.len());
     let mut prompt_tokens = 0;
     for text in &prompts {
-        let ids = state
-            .tokenizer
-            .tokenizer()
-            .encode(text.as_str(), true)
-            .map_err(|e| ApiError::field("prompt", format!("tokenizing the prompt: {e}")))?
-            .get_ids()
-            .to_vec();
-        if ids.is_empty() {
-            return Err(ApiError::field("prompt", "a prompt must not be empty"));
-        }
+        let ids =
+            text_prompt_ids(state.tokenizer.tokenizer(), text).map_err(|e| ApiError::field("prompt", e))?;
         let max_new_tokens =
             generation.budget(ids.len(), state.engine.max_context(), state.options.max_tokens, "prompt")?;
         prompt_tokens += ids.len();

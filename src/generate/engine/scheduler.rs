@@ -16,6 +16,8 @@ use rayon::prelude::*;
 use crate::generate::sampling::{Sampled, Sampler};
 use crate::generate::stop::{check_stop_strings, FinishReason};
 use crate::model::{CausalLm, DecodeRows, DecoderLayer, KvCache, SlotCache};
+// the planner sizes the prefill's transients by it (plan/serving.rs)
+use crate::plan::serving::PREFILL_TOKENS;
 
 use super::request::{Event, Request, SubmitError};
 use super::sequence::{Job, Sequence};
@@ -306,10 +308,6 @@ impl<'m> Scheduler<'m> {
         Ok(())
     }
 }
-
-/// Prompt tokens one prefill forward takes at most: requests of one length and one adapter share
-/// a forward up to this many (it bounds the forward's activations).
-const PREFILL_TOKENS: usize = 16384;
 
 /// The admitted requests in groups that share a prefill forward: one prompt length, one adapter,
 /// `PREFILL_TOKENS` tokens at most (a longer prompt alone), in the order they came.

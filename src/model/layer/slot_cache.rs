@@ -121,6 +121,11 @@ impl SlotCache {
         2 * slots * capacity * kv_heads * head_dim * dtype.size_in_bytes()
     }
 
+    /// Bytes this cache's buffers hold (keys and values), as allocated.
+    pub fn allocated_bytes(&self) -> usize {
+        [&self.k, &self.v].iter().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum()
+    }
+
     pub fn slots(&self) -> usize {
         self.k.dim(0).unwrap_or(0)
     }
