@@ -62,16 +62,20 @@ fn pin_cublas_workspace(dev: &CudaDevice) -> Result<()> {
     let blas = dev.cublas_handle();
     let handle = *blas.handle();
     let stream = dev.cuda_stream();
-    let mut workspaces = WORKSPACES.lock().map_err(|_| candle_core::Error::Msg("cuBLAS workspaces poisoned".into()))?;
+    let mut workspaces =
+        WORKSPACES.lock().map_err(|_| candle_core::Error::Msg("cuBLAS workspaces poisoned".into()))?;
     let workspaces = workspaces.get_or_insert_with(HashMap::new);
     let buffer = match workspaces.entry(handle as usize) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         // SAFETY: cuBLAS writes the workspace before it reads it.
-        std::collections::hash_map::Entry::Vacant(e) => e.insert(unsafe { stream.alloc::<u8>(CUBLAS_WORKSPACE) }.w()?),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            e.insert(unsafe { stream.alloc::<u8>(CUBLAS_WORKSPACE) }.w()?)
+        }
     };
     let (ptr, _ordered) = buffer.device_ptr(&stream);
     // SAFETY: the buffer lives as long as the program (never removed from the map).
-    let status = unsafe { cublas::cublasSetWorkspace_v2(handle, ptr as *mut std::ffi::c_void, CUBLAS_WORKSPACE) };
+    let status =
+        unsafe { cublas::cublasSetWorkspace_v2(handle, ptr as *mut std::ffi::c_void, CUBLAS_WORKSPACE) };
     if status != cublas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         bail!("setting cuBLAS's workspace: {status:?}");
     }

@@ -412,7 +412,8 @@ fn cuda_graph_steps_match_eager_steps() {
         let mut seqs: Vec<Vec<u32>> = vec![(3..30).collect(), (9..20).collect(), (3..30).collect()];
         let slots = [2usize, 0, 3];
         for r in 0..2 {
-            let mut prompt_caches: Vec<KvCache> = (0..model.layers.len()).map(|_| KvCache::default()).collect();
+            let mut prompt_caches: Vec<KvCache> =
+                (0..model.layers.len()).map(|_| KvCache::default()).collect();
             let ids = Tensor::new(seqs[r].as_slice(), &gpu).unwrap().unsqueeze(0).unwrap();
             model.forward_last_of(&model.layers, &ids, Some(&mut prompt_caches)).unwrap();
             for (cache, prompt) in caches.iter().zip(&prompt_caches) {
@@ -427,14 +428,17 @@ fn cuda_graph_steps_match_eager_steps() {
             seq.push(next);
         }
         let mut graphs = StepGraphs::new(&model, 4, true);
-        let schedule: [&[usize]; 7] = [&[0, 1, 2], &[0, 1, 2], &[0, 1, 2], &[0, 2], &[0, 2], &[0, 1, 2], &[0, 1, 2]];
+        let schedule: [&[usize]; 7] =
+            [&[0, 1, 2], &[0, 1, 2], &[0, 1, 2], &[0, 2], &[0, 2], &[0, 1, 2], &[0, 1, 2]];
         for (step, active) in schedule.into_iter().enumerate() {
             let ids: Vec<u32> = active.iter().map(|&r| *seqs[r].last().unwrap()).collect();
             let at: Vec<usize> = active.iter().map(|&r| slots[r]).collect();
             let positions: Vec<usize> = active.iter().map(|&r| seqs[r].len() - 1).collect();
             let rows = StepRows { ids: &ids, slots: &at, positions: &positions };
-            let replayed =
-                graphs.decode(&model, (&None, &model.layers), &caches, rows).unwrap().expect("graphs on CUDA");
+            let replayed = graphs
+                .decode(&model, (&None, &model.layers), &caches, rows)
+                .unwrap()
+                .expect("graphs on CUDA");
             // the eager step writes the same keys and values to the same places again
             let places = DecodeRows::new(at.clone(), positions.clone(), &caches[0]).unwrap();
             let ids_t = Tensor::new(ids.as_slice(), &gpu).unwrap().unsqueeze(1).unwrap();
@@ -442,7 +446,12 @@ fn cuda_graph_steps_match_eager_steps() {
             for (i, &r) in active.iter().enumerate() {
                 let exact = exact_next(&seqs[r]);
                 let what = format!("{dtype:?} step {step} row {r}");
-                assert_within_reference_error(&what, &replayed.get(i).unwrap(), &eager.get(i).unwrap(), &exact);
+                assert_within_reference_error(
+                    &what,
+                    &replayed.get(i).unwrap(),
+                    &eager.get(i).unwrap(),
+                    &exact,
+                );
                 seqs[r].push(exact.argmax(0).unwrap().to_scalar::<u32>().unwrap());
             }
         }

@@ -158,7 +158,9 @@ impl LoraLinear {
     fn nf4_direct_into(&self, x: &Tensor, out: &mut ProductSum) -> Result<bool> {
         #[cfg(feature = "cuda")]
         if let BaseWeight::Nf4(q) = &self.base {
-            use crate::quant::{nf4_gemm_applies, nf4_gemm_into, nf4_gemv_applies, nf4_gemv_into, GEMM_ROUTED_ROWS};
+            use crate::quant::{
+                nf4_gemm_applies, nf4_gemm_into, nf4_gemv_applies, nf4_gemv_into, GEMM_ROUTED_ROWS,
+            };
             type Launch = unsafe fn(&Tensor, &crate::quant::Nf4Tensor, u64, bool) -> Result<()>;
             let kernel: Option<(&'static str, Launch)> = if nf4_gemv_applies(x, q) {
                 Some(("nf4.gemv", nf4_gemv_into))
