@@ -8,7 +8,7 @@
 # more for the time to the first token of one TTFT_PROMPT-token prompt.
 #   bash scripts/device/bench_llamacpp.sh MODEL [BATCHES]   (carry .gpu-llamacpp; also run by
 #                                                           LLAMACPP=1 bash scripts/device/bench_generate.sh)
-# Writes $OUT/llamacpp_generate_MODEL.jsonl (rows like lora-ft's: scripts/bench/llamacpp_generate.py
+# Writes llamacpp_generate_MODEL.jsonl in $OUT (rows like lora-ft's: scripts/bench/llamacpp_generate.py
 # rows) and $OUT/llamacpp_MODEL.log. Environment: BUDGET_S (default 570, the whole script: a batch
 # that would start past it is reported as skipped), PROMPT_LEN (512), NEW_TOKENS (256),
 # TTFT_PROMPT (2048, 0: none), UBATCH (512). The build's time is its own row ({"llamacpp_build_s"}).

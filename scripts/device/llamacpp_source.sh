@@ -10,7 +10,7 @@
 # metadata step needs cmake, so a venv with the cmake wheel is made under /tmp when none is given).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-VERSION=0.3.36                # llama-cpp-python; its vendor/llama.cpp is llama.cpp at LLAMACPP_COMMIT
+VERSION=0.3.36                # llama-cpp-python; the llama.cpp it vendors is at LLAMACPP_COMMIT
 SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 LLAMACPP_COMMIT=0c1e57098bba43ac29e6e3b677cdceebdd22334f
 VENV=${LLAMACPP_VENV:-/tmp/llamacpp-venv}

@@ -5,6 +5,8 @@
 //! adapter is a copy of the model's layers sharing their base weights, loaded or dropped while
 //! the engine runs.
 
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests;
 mod request;
 pub mod scheduler;
 mod sequence;
