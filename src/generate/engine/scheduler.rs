@@ -329,9 +329,9 @@ fn prefill_groups(admitted: Vec<(Arc<Job>, Vec<Sampler>)>) -> Vec<Vec<(Arc<Job>,
 }
 
 /// Each sequence's next token from row `rows[i]` of `logits` `[n, vocab]`: on a GPU, where every
-/// sequence is plain greedy (none constrained), the argmax and its log-prob computed there (two numbers a row come to
-/// the host instead of the row); otherwise the rows on the host, the sequences' samplers run in
-/// parallel.
+/// sequence is plain greedy (none constrained), the argmax and its log-prob computed there (two
+/// numbers a row come to the host instead of the row); otherwise the rows on the host, the
+/// sequences' samplers (and constraints' masks) run in parallel.
 fn choose(
     logits: &Tensor,
     rows: &[usize],

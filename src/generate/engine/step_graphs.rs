@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
+use candle_core::Tensor;
 #[cfg(feature = "cuda")]
 use candle_core::DType;
-use candle_core::Tensor;
 
 #[cfg(feature = "cuda")]
 use crate::model::DecodeRows;
@@ -142,8 +142,7 @@ impl StepGraphs {
         let eager = model.forward_slots_of(layers, &ids, caches, &eager_rows)?.narrow(0, 0, b)?;
         if self.inputs.is_none() {
             self.inputs = Some(Tensor::zeros(4 * self.max_rows, DType::U32, device)?);
-            self.logits =
-                Some(Tensor::zeros((self.max_rows, model.config().vocab_size), DType::F32, device)?);
+            self.logits = Some(Tensor::zeros((self.max_rows, model.config().vocab_size), DType::F32, device)?);
         }
         let (Some(buffer), Some(logits)) = (&self.inputs, &self.logits) else { unreachable!("made above") };
         buffer.slice_set(&Tensor::from_slice(inputs, inputs.len(), device)?, 0, 0)?;
