@@ -289,7 +289,13 @@ fn errors_have_openais_shape_and_name_the_field() {
         (json!({"stop": 7}), "stop"),
         (json!({"messages": [{"role": "wizard", "content": "hi"}]}), "messages"),
         (json!({"messages": "hi"}), "messages"),
-        (json!({"tool_choice": "required"}), "tool_choice"),
+        (json!({"tool_choice": "required"}), "tools"),
+        (json!({"tool_choice": "sometimes"}), "tool_choice"),
+        (
+            json!({"tools": weather_tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice",
+        ),
+        (json!({"tools": weather_tools(), "tool_choice": {"type": "function"}}), "tool_choice"),
         (json!({"tools": [{"type": "function"}]}), "tools"),
     ] {
         let (status, body) = server.post("/v1/chat/completions", &chat_body("hi", extra.clone()));
@@ -335,6 +341,77 @@ fn errors_have_openais_shape_and_name_the_field() {
     assert!(error(&body)["message"].as_str().unwrap().contains("--adapter-dir"));
     // the server still answers
     assert_eq!(server.post("/v1/chat/completions", &chat_body("hi", json!({}))).0, 200);
+}
+
+/// A tool whose arguments' schema a random model cannot fill in by chance.
+fn weather_tools() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather", "description": "The weather.", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "days": {"type": "integer"},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    }, "required": ["city", "unit"]}}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time.", "parameters": {"type": "object", "properties": {}}}}])
+}
+
+/// Whether a response's `tool_calls` entry calls a tool of `weather_tools` with arguments of its schema.
+fn a_weather_call(call: &Value) -> bool {
+    let arguments: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    let object = arguments.as_object().unwrap();
+    match call["function"]["name"].as_str().unwrap() {
+        "get_time" => object.is_empty(),
+        "get_weather" => {
+            object.keys().all(|k| ["city", "days", "unit"].contains(&k.as_str()))
+                && object["city"].as_str().is_some_and(|c| c.chars().count() <= 8)
+                && (object["unit"] == "celsius" || object["unit"] == "fahrenheit")
+                && object.get("days").is_none_or(|d| d.is_i64() || d.is_u64())
+        }
+        _ => false,
+    }
+}
+
+/// `tool_choice` "required" and a named function on the tiny random model: every reply, greedy and
+/// sampled, whole and streamed, is calls of the tools with arguments of their schemas (the same
+/// request with "auto" makes none).
+#[test]
+fn required_and_named_tool_choices_constrain_the_reply_to_calls() {
+    let server = Server::start(&["--max-tokens", "300"]);
+    let extra = |choice: Value, temperature: f64| json!({"tools": weather_tools(), "tool_choice": choice, "n": 4, "temperature": temperature, "seed": 7, "max_tokens": 300});
+    let (status, auto) =
+        server.post("/v1/chat/completions", &chat_body("Weather in Oslo?", extra("auto".into(), 1.0)));
+    assert_eq!(status, 200, "{auto}");
+    assert!(auto["choices"].as_array().unwrap().iter().all(|c| c["finish_reason"] != "tool_calls"), "{auto}");
+    for temperature in [0.0, 1.0] {
+        for (choice, name) in [
+            (json!("required"), None),
+            (json!({"type": "function", "function": {"name": "get_weather"}}), Some("get_weather")),
+        ] {
+            let body = chat_body("Weather in Oslo?", extra(choice.clone(), temperature));
+            let (status, reply) = server.post("/v1/chat/completions", &body);
+            assert_eq!(status, 200, "{reply}");
+            for c in reply["choices"].as_array().unwrap() {
+                assert_eq!(c["finish_reason"], "tool_calls", "{choice}: {c}");
+                assert_eq!(c["message"]["content"], Value::Null, "{c}");
+                let calls = c["message"]["tool_calls"].as_array().unwrap();
+                assert!(!calls.is_empty() && calls.iter().all(a_weather_call), "{c}");
+                if let Some(name) = name {
+                    assert_eq!((calls.len(), calls[0]["function"]["name"].as_str()), (1, Some(name)), "{c}");
+                }
+            }
+            let mut streamed = body.clone();
+            streamed["stream"] = true.into();
+            streamed["n"] = 1.into();
+            let events = server.stream("/v1/chat/completions", &streamed);
+            let chunks: Vec<Value> =
+                events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+            let calls: Vec<&Value> =
+                chunks.iter().filter_map(|c| c["choices"][0]["delta"].get("tool_calls")).collect();
+            assert!(
+                !calls.is_empty() && calls.iter().all(|c| c.as_array().unwrap().iter().all(a_weather_call)),
+                "{events:?}"
+            );
+            assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls", "{events:?}");
+        }
+    }
 }
 
 #[test]

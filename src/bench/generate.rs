@@ -152,6 +152,7 @@ fn request(prompt: Vec<u32>, new_tokens: usize) -> Request {
         max_new_tokens: new_tokens,
         stop_strings: Vec::new(),
         adapter: None,
+        constraint: None,
     }
 }
 

@@ -19,6 +19,8 @@ const NAME: &str = "chat_template";
 
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The template's text (constrained decoding reads which tool-call syntax it renders).
+    source: String,
     /// `bos_token`, `eos_token`, `pad_token`, `unk_token` as the template sees them.
     special_tokens: BTreeMap<&'static str, String>,
     /// Further variables, as `apply_chat_template(..., name=value)` passes them.
@@ -83,9 +85,10 @@ impl ChatTemplate {
         env.add_function("raise_exception", |message: String| -> Result<Value, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, message))
         });
-        env.add_template_owned(NAME, source).map_err(|e| anyhow::anyhow!("cannot compile: {e:#}"))?;
+        env.add_template_owned(NAME, source.clone()).map_err(|e| anyhow::anyhow!("cannot compile: {e:#}"))?;
         Ok(Self {
             env,
+            source,
             special_tokens,
             variables: BTreeMap::new(),
             origin: None,
@@ -193,6 +196,11 @@ impl ChatTemplate {
     }
 
     /// The text of a special token (`"eos_token"`, `"pad_token"`, ...), if the config names one.
+    /// The template's text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     pub fn special_token(&self, name: &str) -> Option<&str> {
         self.special_tokens.get(name).map(String::as_str)
     }

@@ -4,6 +4,7 @@
 //! caches, the server's too).
 
 pub mod completions;
+pub mod constrained;
 pub mod engine;
 pub mod prompts;
 #[cfg(test)]
@@ -195,6 +196,7 @@ fn run_to_end(
             max_new_tokens: settings.max_new_tokens,
             stop_strings: settings.stop_strings.clone(),
             adapter: None,
+            constraint: None,
         };
         let (sink, events) = tokio::sync::mpsc::unbounded_channel();
         scheduler.add(request, sink).map_err(|e| anyhow::anyhow!("prompt {i}: {e}"))?;

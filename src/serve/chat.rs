@@ -1,6 +1,10 @@
 //! `POST /v1/chat/completions`: OpenAI's messages (content a string or a list of text parts,
 //! assistant `tool_calls`, `tool` results), `tools` and `tool_choice` made into a prompt with the
 //! model's chat template, and the whole response (`chat.completion`) built from the choices.
+//! `tool_choice` "required" or a named function constrains the reply to calls of the tools (in
+//! the model's tool-call syntax, their arguments of their `parameters` schemas).
+
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -13,6 +17,7 @@ use super::params::{Generation, GenerationFields, MAX_TOP_LOGPROBS};
 use super::state::{now, AppState};
 use super::tool_calls::{call_json, split_reply};
 use crate::data::Conversation;
+use crate::generate::constrained::tool_choice::{tool_call_grammar, CallSyntax, ToolChoice};
 use crate::generate::engine::Request;
 
 /// Chat's own fields (the shared ones are `GenerationFields`).
@@ -23,6 +28,8 @@ struct ChatBody {
     tool_choice: Option<Value>,
     logprobs: Option<bool>,
     top_logprobs: Option<usize>,
+    /// false: a "required" reply is one call (with "auto" the model decides alone).
+    parallel_tool_calls: Option<bool>,
 }
 
 /// What a checked chat request's response says of it.
@@ -39,21 +46,7 @@ pub fn prepare(state: &AppState, body: &Value) -> Result<(Request, ChatJob), Api
     let chat: ChatBody = typed(body)?;
     let fields: GenerationFields = typed(body)?;
     let adapter = state.adapter_for(fields.model.as_deref())?;
-    let use_tools = match &chat.tool_choice {
-        None | Some(Value::Null) => true,
-        Some(Value::String(s)) if s == "auto" => true,
-        Some(Value::String(s)) if s == "none" => false,
-        Some(Value::String(s)) if s == "required" => return Err(constrained("\"required\"")),
-        Some(Value::Object(o)) if o.get("type") == Some(&json!("function")) => {
-            return Err(constrained("a named function"))
-        }
-        Some(other) => {
-            return Err(ApiError::field(
-                "tool_choice",
-                format!("tool_choice must be \"auto\" or \"none\", got {other}"),
-            ))
-        }
-    };
+    let (use_tools, constrained) = tool_choice(chat.tool_choice.as_ref(), chat.parallel_tool_calls)?;
     let top = match (chat.logprobs, chat.top_logprobs) {
         (Some(true), top) => Some(top.unwrap_or(0)),
         (_, Some(_)) => return Err(ApiError::field("top_logprobs", "top_logprobs needs logprobs: true")),
@@ -73,7 +66,18 @@ pub fn prepare(state: &AppState, body: &Value) -> Result<(Request, ChatJob), Api
         .map(|(i, m)| normalize_message(m).map_err(|e| ApiError::field(&format!("messages[{i}]"), e)))
         .collect::<Result<Vec<_>, _>>()?;
     // with "none" the tools stay in the prompt (as vLLM keeps them) and the reply is not read for calls
-    let row = json!({"messages": messages, "tools": chat.tools.unwrap_or(Value::Null)}).to_string();
+    let tools = chat.tools.unwrap_or(Value::Null);
+    let constraint = match constrained {
+        None => None,
+        Some(choice) => {
+            let list = tools.as_array().map_or(&[][..], Vec::as_slice);
+            let syntax = CallSyntax::of_template(state.tokenizer.template().source());
+            let grammar =
+                tool_call_grammar(list, &choice, syntax).map_err(|e| ApiError::field(e.param, e.message))?;
+            Some(Arc::new(grammar))
+        }
+    };
+    let row = json!({"messages": messages, "tools": tools}).to_string();
     let conversation = Conversation::parse_prompt(&row).map_err(|e| {
         let param = if e.starts_with("tools") || e.starts_with("\"tools\"") { "tools" } else { "messages" };
         ApiError::field(param, e)
@@ -101,19 +105,45 @@ pub fn prepare(state: &AppState, body: &Value) -> Result<(Request, ChatJob), Api
         max_new_tokens,
         stop_strings: generation.stop.clone(),
         adapter,
+        constraint,
     };
     let tools = use_tools && conversation.tools.is_some();
     Ok((request, ChatJob { generation, tools, model, prompt_tokens }))
 }
 
-fn constrained(what: &str) -> ApiError {
-    ApiError::field(
-        "tool_choice",
-        format!(
-            "tool_choice {what} needs constrained decoding, which lora-ft serve does not support yet; use \
-             \"auto\" (the model decides) or \"none\""
-        ),
-    )
+/// `tool_choice` read: whether the reply is read for calls, and the calls it must make
+/// ("required", or `{"type": "function", "function": {"name": ...}}`), if any.
+fn tool_choice(
+    choice: Option<&Value>,
+    parallel: Option<bool>,
+) -> Result<(bool, Option<ToolChoice>), ApiError> {
+    let parallel = parallel.unwrap_or(true);
+    Ok(match choice {
+        None | Some(Value::Null) => (true, None),
+        Some(Value::String(s)) if s == "auto" => (true, None),
+        Some(Value::String(s)) if s == "none" => (false, None),
+        Some(Value::String(s)) if s == "required" => (true, Some(ToolChoice::Required { parallel })),
+        Some(Value::Object(o)) if o.get("type") == Some(&json!("function")) => {
+            match o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) {
+                Some(name) => (true, Some(ToolChoice::Function(name.to_string()))),
+                None => {
+                    return Err(ApiError::field(
+                        "tool_choice",
+                        "a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    ))
+                }
+            }
+        }
+        Some(other) => {
+            return Err(ApiError::field(
+                "tool_choice",
+                format!(
+                    "tool_choice must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", \
+                     \"function\": {{\"name\": ...}}}}, got {other}"
+                ),
+            ))
+        }
+    })
 }
 
 /// One OpenAI message as the data module reads it: content parts joined into one string, the

@@ -84,6 +84,7 @@ pub fn prepare(state: &AppState, body: &Value) -> Result<CompletionJob, ApiError
             max_new_tokens,
             stop_strings: generation.stop.clone(),
             adapter: adapter.clone(),
+            constraint: None,
         });
     }
     Ok(CompletionJob { requests, generation, model: state.model_name(&adapter), prompt_tokens })

@@ -116,18 +116,31 @@ reply = client.chat.completions.create(
 assert reply.choices[0].message.tool_calls is None and isinstance(reply.choices[0].message.content, str)
 assert reply.choices[0].finish_reason in ("stop", "length"), reply.choices[0]
 
+# tool_choice "required": the reply is a call of a tool, its arguments of the tool's schema
+reply = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Where is order FH-7777777?"}],
+    tools=tools, tool_choice="required", max_tokens=60, temperature=0,
+)
+assert reply.choices[0].finish_reason == "tool_calls", reply.choices[0]
+required = reply.choices[0].message.tool_calls
+assert required and all(c.function.name == "lookup_order" for c in required), required
+assert all(isinstance(json.loads(c.function.arguments)["order_id"], str) for c in required), required
+print(f"tool_choice required: {[(c.function.name, c.function.arguments) for c in required]}")
+
 # errors: a bad field is a BadRequestError naming it; a wrong key an AuthenticationError;
-# tool_choice "required" is refused; an unknown model is a NotFoundError
+# a named tool_choice that is not a tool is refused; an unknown model is a NotFoundError
 try:
     client.chat.completions.create(model=model, messages=messages, temperature=-1)
     raise AssertionError("temperature -1 was accepted")
 except openai.BadRequestError as e:
     assert e.status_code == 400 and e.param == "temperature", (e.status_code, e.param, e.body)
 try:
-    client.chat.completions.create(model=model, messages=messages, tools=tools, tool_choice="required")
-    raise AssertionError("tool_choice required was accepted")
+    client.chat.completions.create(
+        model=model, messages=messages, tools=tools, tool_choice={"type": "function", "function": {"name": "nope"}},
+    )
+    raise AssertionError("a tool_choice naming no tool was accepted")
 except openai.BadRequestError as e:
-    assert e.param == "tool_choice" and "constrained decoding" in e.message, e.message
+    assert e.param == "tool_choice" and "nope" in e.message, e.message
 try:
     client.chat.completions.create(model="no-such-model", messages=messages)
     raise AssertionError("an unknown model was accepted")

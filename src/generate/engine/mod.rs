@@ -5,6 +5,9 @@
 //! adapter is a copy of the model's layers sharing their base weights, loaded or dropped while
 //! the engine runs.
 
+mod constraint;
+#[cfg(test)]
+mod constraint_tests;
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_tests;
 mod request;

@@ -1,5 +1,8 @@
 //! What a request to the engine is, what comes back on its channel, and why one is refused.
 
+use std::sync::Arc;
+
+use crate::generate::constrained::matcher::Grammar;
 use crate::generate::sampling::{Sampled, SamplingParams};
 use crate::generate::stop::FinishReason;
 
@@ -15,6 +18,9 @@ pub struct Request {
     pub stop_strings: Vec<String>,
     /// An adapter given to `Engine::add_adapter`; `None` is the model as loaded.
     pub adapter: Option<String>,
+    /// A grammar every sample's reply follows (constrained decoding: tokens it does not allow
+    /// next are masked before sampling); the reply ends where the grammar must.
+    pub constraint: Option<Arc<Grammar>>,
 }
 
 /// What a request's channel carries, in the order it happens for each sample.

@@ -54,6 +54,9 @@ pub fn validate(request: &Request, max_pos: usize, has_text: bool) -> Result<Vec
     if !request.stop_strings.is_empty() && !has_text {
         return Err(SubmitError::InvalidParams("stop strings need the tokenizer".into()));
     }
+    if request.constraint.is_some() && !has_text {
+        return Err(SubmitError::InvalidParams("a constrained reply needs the tokenizer".into()));
+    }
     check_stop_strings(&request.stop_strings).map_err(|e| SubmitError::InvalidParams(e.to_string()))?;
     request
         .seeds
@@ -219,7 +222,8 @@ impl<'m> Scheduler<'m> {
                 return Err(e.into());
             }
             for (index, (sampler, slot)) in samplers.into_iter().zip(slots).enumerate() {
-                sequences.push((row, Sequence::new(job.clone(), index, sampler, slot)?));
+                let sample = Sequence::new(job.clone(), (index, sampler, slot), self.text, &self.stop_ids)?;
+                sequences.push((row, sample));
             }
         }
         drop(prompt_caches);
@@ -329,15 +333,15 @@ fn prefill_groups(admitted: Vec<(Arc<Job>, Vec<Sampler>)>) -> Vec<Vec<(Arc<Job>,
 }
 
 /// Each sequence's next token from row `rows[i]` of `logits` `[n, vocab]`: on a GPU, where every
-/// sequence is plain greedy, the argmax and its log-prob computed there (two numbers a row come to
-/// the host instead of the row); otherwise the rows on the host, the sequences' samplers run in
-/// parallel.
+/// sequence is plain greedy (none constrained), the argmax and its log-prob computed there (two
+/// numbers a row come to the host instead of the row); otherwise the rows on the host, the
+/// sequences' samplers (and constraints' masks) run in parallel.
 fn choose(
     logits: &Tensor,
     rows: &[usize],
     seqs: &mut [&mut Sequence],
 ) -> anyhow::Result<Vec<anyhow::Result<Sampled>>> {
-    if !logits.device().is_cpu() && seqs.iter().all(|s| s.sampler.plain_greedy()) {
+    if !logits.device().is_cpu() && seqs.iter().all(|s| s.plain_greedy()) {
         let logits = logits.to_dtype(DType::F32)?;
         let ids = logits.argmax(1)?.to_vec1::<u32>()?;
         let max = logits.max_keepdim(1)?;

@@ -3,20 +3,23 @@
 
 use std::sync::Arc;
 
+use crate::generate::constrained::matcher::Grammar;
 use crate::generate::sampling::{Sampled, Sampler};
 use crate::generate::stop::{FinishReason, StopMatcher};
 use crate::model::DecoderLayer;
 
+use super::constraint::TokenConstraint;
 use super::request::{Event, Request};
 use super::text::{Detokenizer, ReplyText};
 
 /// What the samples of one request share: the prompt, the adapter's layers (`None`: the
-/// model's), how long a reply may grow, its stop strings, and where its events go.
+/// model's), how long a reply may grow, its stop strings, its grammar, and where its events go.
 pub struct Job {
     pub prompt: Vec<u32>,
     pub layers: Option<Arc<Vec<DecoderLayer>>>,
     pub max_new_tokens: usize,
     pub stop_strings: Vec<String>,
+    pub constraint: Option<Arc<Grammar>>,
     pub sink: tokio::sync::mpsc::UnboundedSender<Event>,
 }
 
@@ -27,8 +30,8 @@ impl Job {
         layers: Option<Arc<Vec<DecoderLayer>>>,
         sink: tokio::sync::mpsc::UnboundedSender<Event>,
     ) -> Self {
-        let Request { prompt, max_new_tokens, stop_strings, .. } = request;
-        Self { prompt, layers, max_new_tokens, stop_strings, sink }
+        let Request { prompt, max_new_tokens, stop_strings, constraint, .. } = request;
+        Self { prompt, layers, max_new_tokens, stop_strings, constraint, sink }
     }
 
     /// Whether two jobs decode through the same layers (and so in one batch).
@@ -61,12 +64,33 @@ pub struct Sequence {
     pub slot: usize,
     detokenizer: Detokenizer,
     stops: StopMatcher,
+    constraint: Option<TokenConstraint>,
 }
 
 impl Sequence {
-    pub fn new(job: Arc<Job>, index: usize, sampler: Sampler, slot: usize) -> anyhow::Result<Self> {
+    /// Sample `index` of `job`; a job's grammar is followed through `text`'s token texts, the
+    /// reply ended by `stop_ids` where the grammar may end.
+    pub fn new(
+        job: Arc<Job>,
+        (index, sampler, slot): (usize, Sampler, usize),
+        text: Option<&ReplyText>,
+        stop_ids: &[u32],
+    ) -> anyhow::Result<Self> {
         let stops = StopMatcher::new(&job.stop_strings)?;
-        Ok(Self { job, index, sampler, tokens: Vec::new(), slot, detokenizer: Detokenizer::default(), stops })
+        let constraint = match (&job.constraint, text) {
+            (None, _) => None,
+            (Some(grammar), Some(text)) => {
+                Some(TokenConstraint::new(grammar.matcher(), text.token_texts(), stop_ids))
+            }
+            (Some(_), None) => anyhow::bail!("a constrained reply needs the tokenizer"),
+        };
+        let detokenizer = Detokenizer::default();
+        Ok(Self { job, index, sampler, tokens: Vec::new(), slot, detokenizer, stops, constraint })
+    }
+
+    /// Whether the next token is the logits' argmax with nothing to mask (the GPU may pick it).
+    pub fn plain_greedy(&self) -> bool {
+        self.sampler.plain_greedy() && self.constraint.is_none()
     }
 
     /// The position the next step writes (the cached length: the prompt and every token but the
@@ -82,11 +106,19 @@ impl Sequence {
 
     /// The next token drawn from `logits` by the sequence's sampler.
     pub fn sample(&mut self, logits: &[f32]) -> anyhow::Result<Sampled> {
-        self.sampler.sample(logits, &self.job.prompt, &self.tokens)
+        match &self.constraint {
+            None => self.sampler.sample(logits, &self.job.prompt, &self.tokens),
+            Some(constraint) => {
+                let mut masked = logits.to_vec();
+                constraint.mask(&mut masked)?;
+                self.sampler.sample(&masked, &self.job.prompt, &self.tokens)
+            }
+        }
     }
 
     /// Takes the next token (chosen by `sample`, or on the device) and sends it with the text it
     /// releases; false when the sequence ended (a stop id, which is not kept; a stop string; its
+    /// grammar's end;
     /// length; or the model's last position or the cache's, `limit`), its `Finished` sent.
     pub fn accept(
         &mut self,
@@ -99,13 +131,17 @@ impl Sequence {
             self.finish(FinishReason::Stop, text)?;
             return Ok(false);
         }
+        let complete = match &mut self.constraint {
+            Some(constraint) => constraint.accept(next.token)?,
+            None => false,
+        };
         self.tokens.push(next.token);
         let piece = match text {
             Some(text) => self.stops.push(&self.detokenizer.push(text, next.token)?),
             None => String::new(),
         };
         self.job.send(Event::Token { index: self.index, sampled: next, text: piece });
-        if self.stops.stopped() {
+        if self.stops.stopped() || complete {
             self.finish(FinishReason::Stop, text)?;
             return Ok(false);
         }

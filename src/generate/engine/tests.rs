@@ -21,7 +21,7 @@ pub(super) fn fixture() -> PathBuf {
 }
 
 /// The tiny chat model on the CPU, with the adapter in `adapter` where given.
-fn tiny_model(adapter: Option<&Path>) -> CausalLm {
+pub(super) fn tiny_model(adapter: Option<&Path>) -> CausalLm {
     let (config, weights) = crate::hub::local_weights(&fixture()).unwrap();
     let mut model = CausalLm::load(&config, &weights, DType::F32, Quantization::None, &Device::Cpu).unwrap();
     if let Some(dir) = adapter {
@@ -30,7 +30,7 @@ fn tiny_model(adapter: Option<&Path>) -> CausalLm {
     model
 }
 
-fn tokenizer() -> Tokenizer {
+pub(super) fn tokenizer() -> Tokenizer {
     Tokenizer::from_file(fixture().join("tokenizer.json")).unwrap()
 }
 
@@ -50,14 +50,14 @@ fn other_adapter(dir: &Path) -> PathBuf {
 
 /// What a request's channel carried, by sample: tokens, sampled log-probs, text, finish.
 #[derive(Debug, Default, Clone, PartialEq)]
-struct Reply {
-    tokens: Vec<u32>,
-    logprobs: Vec<f64>,
-    text: String,
-    finish: Option<FinishReason>,
+pub(super) struct Reply {
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<f64>,
+    pub text: String,
+    pub finish: Option<FinishReason>,
 }
 
-fn collect(mut events: UnboundedReceiver<Event>, n: usize) -> Vec<Reply> {
+pub(super) fn collect(mut events: UnboundedReceiver<Event>, n: usize) -> Vec<Reply> {
     let mut replies = vec![Reply::default(); n];
     let mut open = n;
     while open > 0 {
@@ -79,8 +79,21 @@ fn collect(mut events: UnboundedReceiver<Event>, n: usize) -> Vec<Reply> {
     replies
 }
 
-fn request(prompt: Vec<u32>, params: SamplingParams, seeds: Vec<u64>, max_new_tokens: usize) -> Request {
-    Request { prompt, params, seeds, max_new_tokens, stop_strings: Vec::new(), adapter: None }
+pub(super) fn request(
+    prompt: Vec<u32>,
+    params: SamplingParams,
+    seeds: Vec<u64>,
+    max_new_tokens: usize,
+) -> Request {
+    Request {
+        prompt,
+        params,
+        seeds,
+        max_new_tokens,
+        stop_strings: Vec::new(),
+        adapter: None,
+        constraint: None,
+    }
 }
 
 /// The settings `generate` gets for one sample of `request`.

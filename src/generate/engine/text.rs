@@ -4,15 +4,22 @@
 //! whole reply's text, and a piece ending in an incomplete character waits for the next token.
 
 use std::collections::HashSet;
+use std::sync::{Arc, OnceLock};
 
 use tokenizers::Tokenizer;
 
 use crate::data::TOOL_CALL_TOKENS;
 
+/// Each token's text as it adds to a reply (`None`: a token that adds none, or only part of a
+/// character), by id.
+pub type TokenTexts = Vec<Option<String>>;
+
 /// The tokenizer and the ids a reply's text leaves out.
 pub struct ReplyText<'t> {
     tokenizer: &'t Tokenizer,
     dropped: HashSet<u32>,
+    /// Built on first use (constrained decoding).
+    token_texts: OnceLock<Arc<TokenTexts>>,
 }
 
 impl<'t> ReplyText<'t> {
@@ -23,7 +30,7 @@ impl<'t> ReplyText<'t> {
             .filter(|(_, token)| token.special && !TOOL_CALL_TOKENS.contains(&token.content.as_str()))
             .map(|(id, _)| id)
             .collect();
-        Self { tokenizer, dropped }
+        Self { tokenizer, dropped, token_texts: OnceLock::new() }
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -34,6 +41,27 @@ impl<'t> ReplyText<'t> {
     pub fn decode(&self, ids: &[u32]) -> anyhow::Result<String> {
         let kept: Vec<u32> = ids.iter().copied().filter(|id| !self.dropped.contains(id)).collect();
         self.decode_kept(&kept)
+    }
+
+    /// Every token's text after another token (so that a SentencePiece token's leading space
+    /// is kept, as in the middle of a reply), computed once.
+    pub fn token_texts(&self) -> Arc<TokenTexts> {
+        self.token_texts
+            .get_or_init(|| {
+                let anchor = self.tokenizer.token_to_id("a").filter(|id| !self.dropped.contains(id));
+                let before = anchor.and_then(|a| self.decode_kept(&[a]).ok()).unwrap_or_default();
+                let text_of = |id: u32| {
+                    if self.dropped.contains(&id) {
+                        return None;
+                    }
+                    let ids: Vec<u32> = anchor.into_iter().chain([id]).collect();
+                    let text = self.decode_kept(&ids).ok()?;
+                    let text = text.strip_prefix(before.as_str())?;
+                    (!text.is_empty() && !text.contains('\u{FFFD}')).then(|| text.to_string())
+                };
+                Arc::new((0..self.tokenizer.get_vocab_size(true) as u32).map(text_of).collect())
+            })
+            .clone()
     }
 
     fn decode_kept(&self, ids: &[u32]) -> anyhow::Result<String> {

@@ -1,0 +1,124 @@
+//! Constrained replies from the tiny chat model (random weights: unconstrained it writes no call):
+//! greedy and sampled, each reply is calls of the request's tools in the Hermes syntax, their
+//! arguments of the tool's schema, checked here by hand.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::tests::{collect, request, tiny_model, tokenizer};
+use super::*;
+use crate::data::parse_tool_calls;
+use crate::generate::constrained::tool_choice::{tool_call_grammar, CallSyntax, ToolChoice};
+use crate::generate::sampling::SamplingParams;
+use crate::generate::stop::FinishReason;
+
+fn tools() -> Vec<Value> {
+    let weather = json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "days": {"type": "integer"},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "hourly": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"enum": ["rain", "wind"]}, "maxItems": 2},
+    }, "required": ["city", "unit"]});
+    vec![
+        json!({"type": "function", "function": {"name": "get_weather", "parameters": weather}}),
+        json!({"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {
+            "zone": {"enum": ["utc", "local"]}}, "required": ["zone"]}}}),
+    ]
+}
+
+/// Whether `arguments` are of `get_weather`'s or `get_time`'s schema (checked key by key).
+fn valid_arguments(name: &str, arguments: &Value) -> bool {
+    let Some(object) = arguments.as_object() else { return false };
+    match name {
+        "get_time" => object.len() == 1 && ["utc", "local"].contains(&object["zone"].as_str().unwrap_or("")),
+        "get_weather" => {
+            let known = ["city", "days", "unit", "hourly", "tags"];
+            object.keys().all(|k| known.contains(&k.as_str()))
+                && object.get("city").and_then(Value::as_str).is_some_and(|c| c.chars().count() <= 8)
+                && ["celsius", "fahrenheit"]
+                    .contains(&object.get("unit").and_then(Value::as_str).unwrap_or(""))
+                && object.get("days").is_none_or(|d| d.is_i64() || d.is_u64())
+                && object.get("hourly").is_none_or(Value::is_boolean)
+                && object.get("tags").is_none_or(|t| {
+                    t.as_array().is_some_and(|t| t.len() <= 2 && t.iter().all(|x| x == "rain" || x == "wind"))
+                })
+        }
+        _ => false,
+    }
+}
+
+fn engine() -> Engine {
+    Engine::start(tiny_model(None), tokenizer(), vec![2], EngineConfig { max_batch: 8, max_seq_len: 1024 })
+        .unwrap()
+}
+
+fn prompt() -> Vec<u32> {
+    tokenizer()
+        .encode("<|im_start|>user\nWeather in Oslo?<|im_end|>\n<|im_start|>assistant\n", false)
+        .unwrap()
+        .get_ids()
+        .to_vec()
+}
+
+#[test]
+fn constrained_replies_are_calls_of_the_tools_with_arguments_of_their_schemas() {
+    let engine = engine();
+    let sampled = SamplingParams { temperature: 1.0, ..SamplingParams::greedy() };
+    let plain = collect(engine.submit(request(prompt(), sampled.clone(), vec![0, 1], 200)).unwrap(), 2);
+    assert!(plain.iter().all(|r| parse_tool_calls(&r.text).is_empty()), "unconstrained, no call: {plain:?}");
+
+    for parallel in [false, true] {
+        let choice = ToolChoice::Required { parallel };
+        let grammar = Arc::new(tool_call_grammar(&tools(), &choice, CallSyntax::Hermes).unwrap());
+        for params in [SamplingParams::greedy(), sampled.clone()] {
+            let seeds: Vec<u64> = (0..6).collect();
+            let constrained =
+                Request { constraint: Some(grammar.clone()), ..request(prompt(), params, seeds, 400) };
+            let replies = collect(engine.submit(constrained).unwrap(), 6);
+            for reply in replies {
+                let calls = parse_tool_calls(&reply.text);
+                // one call ends the reply; after each of several the random model may go on
+                // making calls until its budget ends
+                let ends = if parallel {
+                    &[FinishReason::Stop, FinishReason::Length][..]
+                } else {
+                    &[FinishReason::Stop]
+                };
+                assert!(
+                    reply.finish.is_some_and(|f| ends.contains(&f)),
+                    "{:?}: {}",
+                    reply.finish,
+                    reply.text
+                );
+                assert!(!calls.is_empty() && (parallel || calls.len() == 1), "{}", reply.text);
+                for call in calls {
+                    assert!(valid_arguments(&call.name, &call.arguments), "{call} in {:?}", reply.text);
+                }
+                assert!(reply.text.starts_with("<tool_call>\n{\"name\": \""), "{}", reply.text);
+                if reply.finish == Some(FinishReason::Stop) {
+                    assert!(reply.text.ends_with("}\n</tool_call>"), "{}", reply.text);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_named_function_is_the_one_called() {
+    let engine = engine();
+    let choice = ToolChoice::Function("get_time".into());
+    let grammar = Arc::new(tool_call_grammar(&tools(), &choice, CallSyntax::Hermes).unwrap());
+    let sampled = SamplingParams { temperature: 1.0, ..SamplingParams::greedy() };
+    let constrained = Request { constraint: Some(grammar), ..request(prompt(), sampled, vec![3, 4, 5], 200) };
+    for reply in collect(engine.submit(constrained).unwrap(), 3) {
+        let calls = parse_tool_calls(&reply.text);
+        assert_eq!(calls.len(), 1, "{}", reply.text);
+        assert_eq!(calls[0].name, "get_time");
+        assert!(valid_arguments("get_time", &calls[0].arguments), "{}", reply.text);
+        // the grammar's end ends the reply: no end-of-turn token is sampled after it
+        assert_eq!(reply.finish, Some(FinishReason::Stop));
+        assert!(!reply.tokens.contains(&2));
+    }
+}
