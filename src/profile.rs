@@ -132,3 +132,30 @@ pub mod timeline {
         Ok(rows)
     }
 }
+
+/// With `LORA_FT_PROFILE_RANGE=1`: `range(true)` … `range(false)` brackets what a profiler
+/// started with `ncu --profile-from-start off` records (the CUDA profiler API), so a benchmark
+/// can hand it the decode steps alone, without loading, quantizing and prefill.
+pub fn range(device: &Device, on: bool) -> candle_core::Result<()> {
+    static RANGE: OnceLock<bool> = OnceLock::new();
+    if !*RANGE.get_or_init(|| std::env::var_os("LORA_FT_PROFILE_RANGE").is_some_and(|v| v != "0")) {
+        return Ok(());
+    }
+    device.synchronize()?;
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        use candle_core::cuda_backend::cudarc::driver::sys;
+        // SAFETY: the profiler API takes no arguments and only marks the context's timeline.
+        let result = unsafe {
+            if on {
+                sys::cuProfilerStart()
+            } else {
+                sys::cuProfilerStop()
+            }
+        };
+        if result != sys::CUresult::CUDA_SUCCESS {
+            candle_core::bail!("cuProfiler{}: {result:?}", if on { "Start" } else { "Stop" });
+        }
+    }
+    Ok(())
+}

@@ -11,7 +11,8 @@
 # Writes llamacpp_generate_MODEL.jsonl in $OUT (rows like lora-ft's: scripts/bench/llamacpp_generate.py
 # rows) and $OUT/llamacpp_MODEL.log. Environment: BUDGET_S (default 570, the whole script: a batch
 # that would start past it is reported as skipped), PROMPT_LEN (512), NEW_TOKENS (256),
-# TTFT_PROMPT (2048, 0: none), UBATCH (512). The build's time is its own row ({"llamacpp_build_s"}).
+# TTFT_PROMPT (2048, 0: none), UBATCH (512), WAIT_FOR (a file: the benchmark runs start once it
+# exists, so the build and conversion can overlap another program's GPU work in the same command). The build's time is its own row ({"llamacpp_build_s"}).
 # A fresh build also leaves its binaries in $OUT/llamacpp-bin.txz.partN (15 MiB parts): copied into
 # .gpu-llamacpp/ and carried, a later call unpacks them instead of building.
 # BENCH_DEVICE=cpu: the same pipeline on the toy-sized config with a CPU build (the check here:
@@ -113,6 +114,8 @@ fi
 
 # 3. llama-batched-bench: one run per batch size (the KV cache holds that batch's sequences), then
 # the time to the first token (two runs of one prompt, the best kept)
+while [ -n "${WAIT_FOR:-}" ] && [ ! -e "$WAIT_FOR" ] && [ $((budget - SECONDS)) -gt 30 ]; do sleep 2; done
+step "GPU free"
 common=(-m $q4 --lora $gguf/lora.gguf -b 2048 -ub $ubatch -ngl $ngl -fa on --output-format jsonl -lv 4)
 [ "$device" = cuda ] || common+=(-t $jobs)
 logs=(); skipped=()

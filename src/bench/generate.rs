@@ -195,11 +195,13 @@ fn time_batch(
     scheduler.step()?;
     device.synchronize()?;
     let prefill_s = start.elapsed().as_secs_f64();
+    crate::profile::range(device, true)?;
     let mut steps = 0usize;
     while !scheduler.is_idle() {
         scheduler.step()?;
         steps += 1;
     }
+    crate::profile::range(device, false)?;
     device.synchronize()?;
     let total_s = start.elapsed().as_secs_f64();
     let mut generated = 0;

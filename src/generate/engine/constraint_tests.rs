@@ -50,8 +50,13 @@ fn valid_arguments(name: &str, arguments: &Value) -> bool {
 }
 
 fn engine() -> Engine {
-    Engine::start(tiny_model(None), tokenizer(), vec![2], EngineConfig { max_batch: 8, max_seq_len: 1024 })
-        .unwrap()
+    Engine::start(
+        tiny_model(None),
+        tokenizer(),
+        vec![2],
+        EngineConfig { max_batch: 8, max_seq_len: 1024, enforce_eager: false },
+    )
+    .unwrap()
 }
 
 fn prompt() -> Vec<u32> {
