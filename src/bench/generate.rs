@@ -91,10 +91,10 @@ pub fn generate(
     }
     let vocab = lm.config().vocab_size as u32;
     // the kernels' first use, outside the timings
-    time_batch(&lm, vocab, (1, options.prompt_len.min(16), 4), options.enforce_eager)?;
+    time_batch(&lm, vocab, (1, options.prompt_len.min(16), 4), (options.enforce_eager, false))?;
     for &batch in &options.batches {
         let shape = (batch, options.prompt_len, options.new_tokens);
-        let row = match time_batch(&lm, vocab, shape, options.enforce_eager) {
+        let row = match time_batch(&lm, vocab, shape, (options.enforce_eager, true)) {
             Ok(row) => row,
             Err(e) => GenerateRow {
                 batch,
@@ -162,7 +162,7 @@ fn time_batch(
     lm: &CausalLm,
     vocab: u32,
     (batch, prompt_len, new_tokens): (usize, usize, usize),
-    enforce_eager: bool,
+    (enforce_eager, profiled): (bool, bool),
 ) -> anyhow::Result<GenerateRow> {
     let device = lm.device();
     let capacity = prompt_len + new_tokens;
@@ -195,13 +195,17 @@ fn time_batch(
     scheduler.step()?;
     device.synchronize()?;
     let prefill_s = start.elapsed().as_secs_f64();
-    crate::profile::range(device, true)?;
+    if profiled {
+        crate::profile::range(device, true)?;
+    }
     let mut steps = 0usize;
     while !scheduler.is_idle() {
         scheduler.step()?;
         steps += 1;
     }
-    crate::profile::range(device, false)?;
+    if profiled {
+        crate::profile::range(device, false)?;
+    }
     device.synchronize()?;
     let total_s = start.elapsed().as_secs_f64();
     let mut generated = 0;

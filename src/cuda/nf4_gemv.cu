@@ -1,18 +1,23 @@
-// NF4 GEMV / skinny GEMM: y[n, out] = x[n, in] · Wᵀ for n = 1..8 rows (a decode batch), reading
-// W's packed NF4 codes and its absmax (plain f32 or double-quantized) directly: no 16-bit copy
-// of the weight is written, and the weight is read once for all n rows.
+// The decode batch's projections: y[n, out] = x[n, in] · Wᵀ for n = 1..8 rows, reading W's packed
+// NF4 codes and its absmax (plain f32 or double-quantized) directly: no 16-bit copy of the weight
+// is written, and the weight is read once for all n rows. One launch takes up to three weights
+// that read the same x (q/k/v, gate/up), each a `Nf4Segment` with its own output, and each
+// output row may add a bias, a residual and the LoRA term h_n · B_rowᵀ (h = scale · x·Aᵀ, made
+// by `lora_down` below), all summed in f32 and rounded once.
 //
-// Each weight value is decoded exactly as nf4_dequantize (nf4.cu) decodes it — the same
-// codebook, the same absmax restore, code * absmax in f32 rounded once to the compute dtype —
-// and multiplied with x in f32, so the product is the dequantize + GEMM path's up to summation
-// order. Compiled with --use_fast_math, as nf4.cu is, for the same flush-to-zero products.
+// Each weight value is code · absmax with the NF4 codebook value in f16 (within half an f16 ulp
+// of bitsandbytes' f32 code, as the dequantized 16-bit weight is within half an ulp of the exact
+// product) and the block's absmax restored as the dequantize kernel restores it; a lane sums
+// code · x in f32 over its 32-value chunk and multiplies the block's absmax in once. The decode
+// is the instruction budget of a bandwidth-bound kernel: one table read (conflict-free, in
+// shared memory) gives two values of a byte.
 //
-// Layout: a block of 8 warps; each warp owns R consecutive output rows and its lanes stride
-// over the row in 32-value chunks (one 16-byte load of 16 packed bytes per row per chunk, all
-// inside one 64-value absmax block, whose absmax is decoded once per chunk). x is staged in
-// shared memory as f32, a tile of columns at a time when n × in does not fit, and each chunk of
-// x read from it serves the R rows of the warp. The lanes' partial sums end in a warp-shuffle
-// reduction. src/cuda/nf4_gemv.rs launches these.
+// Layout: a block of 8 warps; each warp owns R consecutive output rows and its lanes stride over
+// the row in 32-value chunks (one 16-byte load of 16 packed bytes per row per chunk, all inside
+// one 64-value absmax block), U chunks in flight. A lane's first loads are issued before x is
+// staged in shared memory (as f32, a tile of columns at a time when n × in does not fit), so the
+// two latencies overlap. The lanes' partial sums end in a warp-shuffle reduction.
+// src/cuda/nf4_gemv.rs launches these.
 #include <stdint.h>
 
 #include "dtype.cuh"
@@ -20,46 +25,78 @@
 
 #define GEMV_WARPS 8
 #define GEMV_THREADS (GEMV_WARPS * 32)
+#define MAX_SEGMENTS 3
 
 // Rows per warp and chunks per lane in flight, by batch rows: more rows per warp for larger
 // batches (each x chunk read from shared memory then feeds more products), more chunks at once
 // for small ones (more bytes in flight per lane). nf4_gemv.rs mirrors ROWS_PER_WARP.
 template <int N>
 struct GemvShape {
-    static constexpr int R = N <= 2 ? 2 : 4;
-    static constexpr int U = N <= 2 ? 2 : 1;
+    static constexpr int R = 4;
+    static constexpr int U = 2;
 };
 
-// The staged x: 4 floats of padding after every 32 columns, so the lanes of a warp (each on
+// The byte → code-pair table: entry b holds the codebook values of b's two nibbles as f16 (the
+// high nibble's, the byte's first value, in the low half), in 32 copies, one per shared-memory
+// bank: lane l reads copy l, so a warp's lookups never conflict. One lookup decodes two values.
+#define PAIR_COPIES 32
+#define PAIR_TABLE_BYTES (256 * PAIR_COPIES * 4)
+
+// One weight of a launch and where its rows go. Pointers are device addresses; a null one is
+// absent. nf4_gemv.rs mirrors the layout (`Segment`).
+struct Nf4Segment {
+    const uint8_t* packed;    // [out · in / 2], the first value of a byte in its high nibble
+    const float* absmax;      // [out · in / 64] plain absmax, or null when double-quantized
+    const uint8_t* codes;     // [out · in / 64] 8-bit absmax codes
+    const float* absmax2;     // [out · in / 64 / 256] their scales
+    void* y;                  // [n, out] of T
+    const void* residual;     // [n, out] of T added, or null
+    const void* bias;         // [out] of T added, or null
+    const float* lora_h;      // [n, h_stride] f32: scale · x·Aᵀ, this segment's columns from h_col
+    const float* lora_b;      // [out, rank] f32
+    float offset;             // added back to a double-quantized absmax
+    int out;
+    int block0;               // the first block of the grid computing this segment
+    int h_stride;
+    int h_col;
+    int rank;                 // 0: no LoRA term
+};
+struct Nf4Segments {
+    Nf4Segment s[MAX_SEGMENTS];
+    int count;
+    int pad;
+};
+
+// The staged x (after the pair table in dynamic shared memory): 4 floats of padding after every 32 columns, so the lanes of a warp (each on
 // its own 32-column chunk) read different banks.
 __device__ __forceinline__ int padded(int k) { return k + (k >> 5) * 4; }
-
-// The value in the compute dtype, back in f32: what the dequantize kernel stores.
-__device__ __forceinline__ float rounded(float v, const __half*) { return __half2float(__float2half_rn(v)); }
-__device__ __forceinline__ float rounded(float v, const __nv_bfloat16*) {
-    return __bfloat162float(__float2bfloat16_rn(v));
-}
 
 __device__ __forceinline__ uint32_t word_of(const uint4& q, int g) {
     return g == 0 ? q.x : g == 1 ? q.y : g == 2 ? q.z : q.w;
 }
 
-// `codes == nullptr`: the absmax values are plain f32 (`absmax`); otherwise double-quantized.
-// `accumulate`: y += x·Wᵀ (y read in f32, the sum rounded once), else y = x·Wᵀ.
+// `accumulate`: y += the sum (y read in f32, the whole sum rounded once), else y = the sum.
 template <typename T, int N>
-__device__ void nf4_gemv(const T* __restrict__ x, const uint8_t* __restrict__ packed,
-                         const float* __restrict__ absmax, const uint8_t* __restrict__ codes,
-                         const float* __restrict__ absmax2, float offset, T* y, int out, int in, int tile,
-                         int accumulate) {
+__device__ void nf4_gemv(const T* __restrict__ x, int in, int tile, int accumulate, const Nf4Segments& p) {
     constexpr int R = GemvShape<N>::R, U = GemvShape<N>::U;
     extern __shared__ float4 staged_raw[];
-    float* xs = reinterpret_cast<float*>(staged_raw);
-    __shared__ float lut[16];
+    uint32_t* pairs = reinterpret_cast<uint32_t*>(staged_raw);
+    float* xs = reinterpret_cast<float*>(staged_raw) + PAIR_TABLE_BYTES / 4;
     __shared__ float dmap[256];
+    // this block's segment, chosen field by field from the parameters (no local copy)
+    Nf4Segment s = p.s[0];
+    if (p.count > 1 && (int)blockIdx.x >= p.s[1].block0) s = p.s[1];
+    if (p.count > 2 && (int)blockIdx.x >= p.s[2].block0) s = p.s[2];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (tid < 16) lut[tid] = NF4_CODE[tid];
-    if (codes != nullptr && tid < 256) dmap[tid] = DYNAMIC_MAP[tid];
-    const int row0 = (blockIdx.x * GEMV_WARPS + warp) * R;
+    for (int i = tid; i < 256 * PAIR_COPIES; i += GEMV_THREADS) {
+        const int b = i / PAIR_COPIES;
+        const __half2 pair = __floats2half2_rn(NF4_CODE[b >> 4], NF4_CODE[b & 15]);
+        pairs[i] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+    if (s.codes != nullptr) dmap[tid] = DYNAMIC_MAP[tid];   // GEMV_THREADS == 256
+    const uint32_t* my_pairs = pairs + lane;
+    const int out = s.out;
+    const int row0 = (((int)blockIdx.x - s.block0) * GEMV_WARPS + warp) * R;
     const int tile_padded = padded(tile);
 
     float acc[R][N];
@@ -68,8 +105,38 @@ __device__ void nf4_gemv(const T* __restrict__ x, const uint8_t* __restrict__ pa
 #pragma unroll
         for (int n = 0; n < N; n++) acc[r][n] = 0.0f;
 
+    uint4 q[U][R];
+    uint32_t code[U][R];
+    float amax[U][R];
+    // the packed bytes and absmax (or its code) of chunks c0 + 32u of tile k0, zero past the end
+    auto load = [&](int k0, int chunks, int c0) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const int c = c0 + 32 * u, row = row0 + r;
+                q[u][r] = make_uint4(0, 0, 0, 0);
+                code[u][r] = 0;
+                amax[u][r] = 0.0f;
+                if (c < chunks && row < out) {
+                    const int64_t flat = (int64_t)row * in + k0 + 32 * c;
+                    q[u][r] = __ldg(reinterpret_cast<const uint4*>(s.packed + flat / 2));
+                    const int64_t block = flat / NF4_BLOCK;
+                    if (s.codes != nullptr) {
+                        code[u][r] = s.codes[block];
+                        amax[u][r] = s.absmax2[block / DQ_BLOCK];
+                    } else {
+                        amax[u][r] = s.absmax[block];
+                    }
+                }
+            }
+    };
+
     for (int k0 = 0; k0 < in; k0 += tile) {
         const int kt = min(tile, in - k0);
+        const int chunks = kt / 32;
+        // the first chunks' loads go out before x is staged
+        load(k0, chunks, lane);
         // the previous tile's readers are done (and, the first time, the tables are written)
         __syncthreads();
         const int vecs = kt / 8;
@@ -82,32 +149,18 @@ __device__ void nf4_gemv(const T* __restrict__ x, const uint8_t* __restrict__ pa
         }
         __syncthreads();
 
-        const int chunks = kt / 32;
         for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
-            // every load of this step first, then the arithmetic
-            uint4 q[U][R];
-            float amax[U][R];
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const int c = c0 + 32 * u, row = row0 + r;
-                    q[u][r] = make_uint4(0, 0, 0, 0);
-                    amax[u][r] = 0.0f;
-                    if (c < chunks && row < out) {
-                        const int64_t flat = (int64_t)row * in + k0 + 32 * c;
-                        q[u][r] = __ldg(reinterpret_cast<const uint4*>(packed + flat / 2));
-                        const int64_t block = flat / NF4_BLOCK;
-                        amax[u][r] = codes != nullptr
-                                         ? restore_absmax(dmap[codes[block]], absmax2[block / DQ_BLOCK], offset)
-                                         : absmax[block];
-                    }
-                }
+            if (c0 != lane) load(k0, chunks, c0);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int c = c0 + 32 * u;
                 if (c >= chunks) break;
                 const float* xc = xs + padded(32 * c);
+                float part[R][N];
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int n = 0; n < N; n++) part[r][n] = 0.0f;
 #pragma unroll
                 for (int g = 0; g < 8; g++) {
                     // columns 4g .. 4g + 3 of the chunk (bytes 2g, 2g + 1), every batch row
@@ -120,24 +173,46 @@ __device__ void nf4_gemv(const T* __restrict__ x, const uint8_t* __restrict__ pa
 #pragma unroll
                     for (int r = 0; r < R; r++) {
                         const uint32_t bytes = word_of(q[u][r], g / 2) >> (16 * (g % 2));
-                        float w[4];
+                        const uint32_t p0 = my_pairs[(bytes & 0xff) * PAIR_COPIES];
+                        const uint32_t p1 = my_pairs[((bytes >> 8) & 0xff) * PAIR_COPIES];
+                        const float2 w01 = __half22float2(*reinterpret_cast<const __half2*>(&p0));
+                        const float2 w23 = __half22float2(*reinterpret_cast<const __half2*>(&p1));
 #pragma unroll
-                        for (int j = 0; j < 2; j++) {
-                            // a byte holds two values, the first in its high nibble
-                            const uint32_t b = bytes >> (8 * j);
-                            w[2 * j] = rounded(lut[(b >> 4) & 15] * amax[u][r], x);
-                            w[2 * j + 1] = rounded(lut[b & 15] * amax[u][r], x);
+                        for (int n = 0; n < N; n++) {
+                            part[r][n] = fmaf(w01.x, xv[n][0], part[r][n]);
+                            part[r][n] = fmaf(w01.y, xv[n][1], part[r][n]);
+                            part[r][n] = fmaf(w23.x, xv[n][2], part[r][n]);
+                            part[r][n] = fmaf(w23.y, xv[n][3], part[r][n]);
                         }
-#pragma unroll
-                        for (int n = 0; n < N; n++)
-#pragma unroll
-                            for (int j = 0; j < 4; j++) acc[r][n] = fmaf(w[j], xv[n][j], acc[r][n]);
                     }
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const float a = s.codes != nullptr ? restore_absmax(dmap[code[u][r]], amax[u][r], s.offset)
+                                                       : amax[u][r];
+#pragma unroll
+                    for (int n = 0; n < N; n++) acc[r][n] = fmaf(part[r][n], a, acc[r][n]);
                 }
             }
         }
     }
 
+    // the LoRA term, spread over the lanes before the reduction: lane j adds h[n][j] · B[row][j]
+    if (s.rank > 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int row = row0 + r;
+            if (row >= out) break;
+            for (int j = lane; j < s.rank; j += 32) {
+                const float b = s.lora_b[(int64_t)row * s.rank + j];
+#pragma unroll
+                for (int n = 0; n < N; n++) acc[r][n] = fmaf(s.lora_h[(int64_t)n * s.h_stride + s.h_col + j], b, acc[r][n]);
+            }
+        }
+    }
+    T* y = reinterpret_cast<T*>(s.y);
+    const T* residual = reinterpret_cast<const T*>(s.residual);
+    const T* bias = reinterpret_cast<const T*>(s.bias);
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -147,18 +222,19 @@ __device__ void nf4_gemv(const T* __restrict__ x, const uint8_t* __restrict__ pa
             for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
             const int row = row0 + r;
             if (lane == 0 && row < out) {
-                T* dst = y + (int64_t)n * out + row;
-                store(dst, accumulate ? __fadd_rn(v, to_f32(*dst)) : v);
+                const int64_t at = (int64_t)n * out + row;
+                if (bias != nullptr) v += to_f32(bias[row]);
+                if (residual != nullptr) v += to_f32(residual[at]);
+                if (accumulate) v += to_f32(y[at]);
+                store(y + at, v);
             }
         }
 }
 
-#define NF4_GEMV(NAME, T, N)                                                                          \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                        \
-        nf4_gemv_##NAME##_##N(const T* x, const uint8_t* packed, const float* absmax,                 \
-                              const uint8_t* codes, const float* absmax2, float offset, T* y, int out, \
-                              int in, int tile, int accumulate) {                                     \
-        nf4_gemv<T, N>(x, packed, absmax, codes, absmax2, offset, y, out, in, tile, accumulate);      \
+#define NF4_GEMV(NAME, T, N)                                                                       \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                     \
+        nf4_gemv_##NAME##_##N(const T* x, int in, int tile, int accumulate, const Nf4Segments p) { \
+        nf4_gemv<T, N>(x, in, tile, accumulate, p);                                                \
     }
 #define NF4_GEMV_ROWS(NAME, T)                                                                        \
     NF4_GEMV(NAME, T, 1)                                                                              \
@@ -172,3 +248,85 @@ __device__ void nf4_gemv(const T* __restrict__ x, const uint8_t* __restrict__ pa
 
 NF4_GEMV_ROWS(f16, __half)
 NF4_GEMV_ROWS(bf16, __nv_bfloat16)
+
+// LoRA's first product for the decode rows: h[n, c] = scale_i · x[n] · A_i[j] for column c, row j
+// of adapter i (up to three adapters reading the same x, their A stacked: c runs over Σ r_i).
+// One block a column, its threads striding over `in` with 16-byte loads of A (f32), the sum in
+// f32. h feeds nf4_gemv's LoRA term.
+struct LoraDown {
+    const float* a[MAX_SEGMENTS];   // [r_i, in] f32, contiguous
+    float scale[MAX_SEGMENTS];
+    int rank[MAX_SEGMENTS];
+    int count;
+};
+
+template <typename T, int N>
+__device__ void lora_down(const T* __restrict__ x, int in, float* __restrict__ h, int h_stride, const LoraDown& p) {
+    int c = blockIdx.x, i = 0;
+    const float* a = p.a[0];
+    float scale = p.scale[0];
+    if (p.count > 1 && c >= p.rank[0]) {
+        c -= p.rank[0], i = 1, a = p.a[1], scale = p.scale[1];
+        if (p.count > 2 && c >= p.rank[1]) c -= p.rank[1], i = 2, a = p.a[2], scale = p.scale[2];
+    }
+    const float* arow = a + (int64_t)c * in;
+    float acc[N];
+#pragma unroll
+    for (int n = 0; n < N; n++) acc[n] = 0.0f;
+    // four float4 loads of A in flight a thread, then their products with each row of x
+    for (int k0 = 4 * threadIdx.x; k0 < in; k0 += 4 * 4 * GEMV_THREADS) {
+        float4 av[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int k = k0 + 4 * GEMV_THREADS * u;
+            av[u] = k < in ? *reinterpret_cast<const float4*>(arow + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int k = k0 + 4 * GEMV_THREADS * u;
+            if (k >= in) break;
+#pragma unroll
+            for (int n = 0; n < N; n++) {
+                const T* xr = x + (int64_t)n * in + k;
+                acc[n] = fmaf(av[u].x, to_f32(xr[0]), acc[n]);
+                acc[n] = fmaf(av[u].y, to_f32(xr[1]), acc[n]);
+                acc[n] = fmaf(av[u].z, to_f32(xr[2]), acc[n]);
+                acc[n] = fmaf(av[u].w, to_f32(xr[3]), acc[n]);
+            }
+        }
+    }
+    __shared__ float partial[GEMV_WARPS][N];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+        float v = acc[n];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
+        if (lane == 0) partial[warp][n] = v;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < N) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GEMV_WARPS; w++) v += partial[w][threadIdx.x];
+        h[(int64_t)threadIdx.x * h_stride + blockIdx.x] = scale * v;
+    }
+}
+
+#define LORA_DOWN(NAME, T, N)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                  \
+        lora_down_##NAME##_##N(const T* x, int in, float* h, int h_stride, const LoraDown p) {                \
+        lora_down<T, N>(x, in, h, h_stride, p);                                                                 \
+    }
+#define LORA_DOWN_ROWS(NAME, T) \
+    LORA_DOWN(NAME, T, 1)       \
+    LORA_DOWN(NAME, T, 2)       \
+    LORA_DOWN(NAME, T, 3)       \
+    LORA_DOWN(NAME, T, 4)       \
+    LORA_DOWN(NAME, T, 5)       \
+    LORA_DOWN(NAME, T, 6)       \
+    LORA_DOWN(NAME, T, 7)       \
+    LORA_DOWN(NAME, T, 8)
+
+LORA_DOWN_ROWS(f16, __half)
+LORA_DOWN_ROWS(bf16, __nv_bfloat16)

@@ -1,9 +1,11 @@
-//! The NF4 GEMV of `nf4_gemv.cu`: y `[n, out]` = x `[n, in]` · Wᵀ for a decode batch of at most
+//! The decode batch's projections of `nf4_gemv.cu`: y `[n, out]` = x `[n, in]` · Wᵀ for at most
 //! [`MAX_ROWS`] rows, read straight from W's packed NF4 codes and absmax (plain f32 or
 //! double-quantized), without the 16-bit copy of W that dequantize + GEMM writes and reads back.
-//! Each weight value is the one the dequantize kernel gives (the same decode, rounded to the
-//! compute dtype), summed in f32. `quant::nf4_gemv` calls it with an `Nf4Tensor`'s parts.
+//! One launch takes up to three weights reading the same x ([`Segment`]s), each output row with
+//! an optional bias, residual and LoRA term h·Bᵀ, where h = scale · x·Aᵀ comes from [`lora_down`];
+//! all of it summed in f32 and rounded once. `quant::nf4_gemv` and `model::lora::decode` call it.
 
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SMEM;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, DType, Result, Tensor, WithDType};
@@ -15,20 +17,22 @@ pub static KERNELS: super::module::Kernels = super::module::kernels!("nf4_gemv")
 
 /// The most rows of x one launch takes (the kernel is instantiated for 1 to 8).
 pub const MAX_ROWS: usize = 8;
+/// The most weights one launch takes (`MAX_SEGMENTS` in nf4_gemv.cu).
+pub const MAX_SEGMENTS: usize = 3;
 /// Warps per block (`GEMV_WARPS` in nf4_gemv.cu).
 const WARPS: usize = 8;
 /// Batch rows × staged columns of x per tile: the tile (f32, with 4 floats of padding per 32)
-/// stays under 48 KiB of shared memory, the most a launch gets without opting in.
+/// stays under 48 KiB of shared memory, beside the 32 KiB pair table.
 const TILE_VALUES: usize = 10_000;
 
 /// Output rows per warp for `n` batch rows (`GemvShape<N>::R` in nf4_gemv.cu).
-fn rows_per_warp(n: usize) -> usize {
-    if n <= 2 {
-        2
-    } else {
-        4
-    }
+fn rows_per_warp(_n: usize) -> usize {
+    4
 }
+
+/// The byte → code-pair table's bytes at the start of a block's dynamic shared memory
+/// (`PAIR_TABLE_BYTES` in nf4_gemv.cu).
+const PAIR_TABLE_BYTES: usize = 256 * 32 * 4;
 
 /// Columns of x staged at once: all of them when they fit, else the most whole multiples of
 /// 1024 (32 lanes × 32 values) that do.
@@ -45,6 +49,77 @@ pub enum Scales<'a> {
     Double { codes: &'a Tensor, absmax2: &'a Tensor, offset: f32 },
 }
 
+/// One weight of a launch and where its rows go.
+pub struct Segment<'a> {
+    /// W's packed codes (U8, two per byte, the first value in the high nibble).
+    pub packed: &'a Tensor,
+    pub scales: Scales<'a>,
+    /// W's rows (`[out_dim, in]`).
+    pub out_dim: usize,
+    /// The device address of y `[n, out_dim]`, x's dtype, row-major.
+    pub y: u64,
+    /// Added to y: `[n, out_dim]` in x's dtype, contiguous.
+    pub residual: Option<&'a Tensor>,
+    /// Added to every row: `[out_dim]` in x's dtype, contiguous.
+    pub bias: Option<&'a Tensor>,
+    /// The LoRA term: h `[n, width]` f32 from [`lora_down`] (this weight's columns from `col`)
+    /// times B `[out_dim, rank]` f32.
+    pub lora: Option<LoraUp<'a>>,
+}
+
+/// A weight's LoRA term in a launch: columns `col .. col + rank` of h times Bᵀ.
+pub struct LoraUp<'a> {
+    pub h: &'a Tensor,
+    pub col: usize,
+    pub b: &'a Tensor,
+}
+
+/// `Nf4Segment` of nf4_gemv.cu, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RawSegment {
+    packed: u64,
+    absmax: u64,
+    codes: u64,
+    absmax2: u64,
+    y: u64,
+    residual: u64,
+    bias: u64,
+    lora_h: u64,
+    lora_b: u64,
+    offset: f32,
+    out: i32,
+    block0: i32,
+    h_stride: i32,
+    h_col: i32,
+    rank: i32,
+}
+
+/// `Nf4Segments` of nf4_gemv.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RawSegments {
+    s: [RawSegment; MAX_SEGMENTS],
+    count: i32,
+    pad: i32,
+}
+
+// SAFETY: plain-old-data laid out as the kernel's parameter struct (repr(C), the same fields).
+unsafe impl DeviceRepr for RawSegments {}
+
+/// `LoraDown` of nf4_gemv.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RawLoraDown {
+    a: [u64; MAX_SEGMENTS],
+    scale: [f32; MAX_SEGMENTS],
+    rank: [i32; MAX_SEGMENTS],
+    count: i32,
+}
+
+// SAFETY: as `RawSegments`.
+unsafe impl DeviceRepr for RawLoraDown {}
+
 /// Whether the kernel takes x `[n, in]` against a weight `[out_dim, in_dim]`: a CUDA f16/bf16
 /// x, contiguous from a 16-byte boundary, 1 to `MAX_ROWS` rows, and `in` a multiple of 32 (so
 /// each row of packed codes starts on a 16-byte boundary and each 16-byte load lies in one
@@ -52,11 +127,16 @@ pub enum Scales<'a> {
 pub fn supports(x: &Tensor, out_dim: usize, in_dim: usize) -> bool {
     let Ok((n, cols)) = x.dims2() else { return false };
     x.device().is_cuda()
-        && matches!(x.dtype(), DType::F16 | DType::BF16)
         && x.is_contiguous()
         && x.layout().start_offset().is_multiple_of(8)
-        && (1..=MAX_ROWS).contains(&n)
         && cols == in_dim
+        && supports_shape(n, x.dtype(), (out_dim, in_dim))
+}
+
+/// `supports` for a fresh contiguous x of `n` rows in `dtype`: the rows, dtype and shape rules.
+pub fn supports_shape(n: usize, dtype: DType, (out_dim, in_dim): (usize, usize)) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16)
+        && (1..=MAX_ROWS).contains(&n)
         && in_dim.is_multiple_of(32)
         && in_dim > 0
         && out_dim > 0
@@ -64,14 +144,37 @@ pub fn supports(x: &Tensor, out_dim: usize, in_dim: usize) -> bool {
         && out_dim <= i32::MAX as usize
 }
 
+/// Whether `lora_down` and a segment's LoRA term take A `[r, in_dim]` and B `[out, r]`: f32,
+/// contiguous, on `device`, A's rows on 16-byte boundaries.
+pub fn lora_supports(a: &Tensor, b: &Tensor, in_dim: usize, device: &candle_core::Device) -> bool {
+    let (Ok((r, cols)), Ok((_, rb))) = (a.dims2(), b.dims2()) else { return false };
+    let f32_here =
+        |t: &Tensor| t.dtype() == DType::F32 && t.is_contiguous() && t.device().same_device(device);
+    f32_here(a)
+        && f32_here(b)
+        && r == rb
+        && r > 0
+        && cols == in_dim
+        && a.layout().start_offset().is_multiple_of(4)
+        && r <= i32::MAX as usize
+}
+
 /// x · Wᵀ as a new `[n, out_dim]` tensor in x's dtype; W is `[out_dim, x.dim(1)]`, its packed
 /// codes `packed` (U8, two per byte, the first value in the high nibble) and its `scales`.
 pub fn gemv(x: &Tensor, packed: &Tensor, scales: Scales, out_dim: usize) -> Result<Tensor> {
-    match x.dtype() {
-        DType::F16 => gemv_typed::<f16>(x, packed, &scales, out_dim),
-        DType::BF16 => gemv_typed::<bf16>(x, packed, &scales, out_dim),
+    let dev = cuda_device(x)?;
+    let n = x.dim(0)?;
+    let y = match x.dtype() {
+        DType::F16 => wrap(unsafe { dev.alloc::<f16>(n * out_dim)? }, &dev, &[n, out_dim]),
+        DType::BF16 => wrap(unsafe { dev.alloc::<bf16>(n * out_dim)? }, &dev, &[n, out_dim]),
         dt => bail!("the NF4 GEMV takes f16 or bf16, not {dt:?}"),
-    }
+    };
+    let at = address(&y, &dev.cuda_stream())?;
+    let segment = Segment { packed, scales, out_dim, y: at, residual: None, bias: None, lora: None };
+    // SAFETY: `y` is a fresh [n, out_dim] buffer of x's dtype on x's device, every element of
+    // which the launch writes (accumulate off), held across the launch.
+    unsafe { gemv_segments(x, &[segment], false)? };
+    Ok(y)
 }
 
 /// y `[n, out_dim]` (x's dtype, row-major) at device address `y` set to x · Wᵀ, or added to
@@ -88,114 +191,207 @@ pub unsafe fn gemv_into(
     y: u64,
     accumulate: bool,
 ) -> Result<()> {
+    let segment = Segment { packed, scales, out_dim, y, residual: None, bias: None, lora: None };
+    gemv_segments(x, &[segment], accumulate)
+}
+
+/// Each segment's y = x · Wᵀ (+ bias + residual + its LoRA term), or y += that with
+/// `accumulate`, in one launch.
+///
+/// # Safety
+/// Each segment's `y` must address `n · out_dim` elements of x's dtype on x's device, which no
+/// other work reads or writes until this launch has run on the device's stream.
+pub unsafe fn gemv_segments(x: &Tensor, segments: &[Segment], accumulate: bool) -> Result<()> {
     match x.dtype() {
-        DType::F16 => launch::<f16>(x, packed, &scales, out_dim, y, accumulate),
-        DType::BF16 => launch::<bf16>(x, packed, &scales, out_dim, y, accumulate),
+        DType::F16 => launch::<f16>(x, segments, accumulate),
+        DType::BF16 => launch::<bf16>(x, segments, accumulate),
         dt => bail!("the NF4 GEMV takes f16 or bf16, not {dt:?}"),
     }
 }
 
-fn gemv_typed<T: CudaDType + WithDType + DeviceRepr>(
-    x: &Tensor,
-    packed: &Tensor,
-    scales: &Scales,
-    out_dim: usize,
-) -> Result<Tensor> {
+/// Each segment's output as a new `[n, out_dim]` tensor in x's dtype (the segments' `y` are
+/// ignored), in one launch: y = x · Wᵀ + bias + residual + the LoRA term.
+pub fn gemv_outputs(x: &Tensor, mut segments: Vec<Segment>) -> Result<Vec<Tensor>> {
     let dev = cuda_device(x)?;
     let n = x.dim(0)?;
-    // every element is written by the launch (accumulate off)
-    let y = unsafe { dev.alloc::<T>(n * out_dim)? };
-    let y = wrap(y, &dev, &[n, out_dim]);
-    let address = address(&y, &dev.cuda_stream())?;
-    // SAFETY: `y` is a fresh [n, out_dim] buffer of T on x's device, held across the launch.
-    unsafe { launch::<T>(x, packed, scales, out_dim, address, false)? };
-    Ok(y)
+    let outputs = segments
+        .iter()
+        .map(|s| {
+            Ok(match x.dtype() {
+                DType::F16 => wrap(unsafe { dev.alloc::<f16>(n * s.out_dim)? }, &dev, &[n, s.out_dim]),
+                DType::BF16 => wrap(unsafe { dev.alloc::<bf16>(n * s.out_dim)? }, &dev, &[n, s.out_dim]),
+                dt => bail!("the NF4 GEMV takes f16 or bf16, not {dt:?}"),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for (s, y) in segments.iter_mut().zip(&outputs) {
+        s.y = address(y, &dev.cuda_stream())?;
+    }
+    // SAFETY: each y is a fresh [n, out_dim] buffer of x's dtype on x's device, every element
+    // of which the launch writes (accumulate off), held across the launch.
+    unsafe { gemv_segments(x, &segments, false)? };
+    Ok(outputs)
+}
+
+/// h `[n, Σ r_i]` f32 = [scale_1 · x·A_1ᵀ, …] for up to three adapters' A `[r_i, in]` (f32)
+/// reading the same x `[n, in]`: the first half of the decode rows' LoRA terms.
+pub fn lora_down(x: &Tensor, adapters: &[(&Tensor, f64)]) -> Result<Tensor> {
+    match x.dtype() {
+        DType::F16 => lora_down_typed::<f16>(x, adapters),
+        DType::BF16 => lora_down_typed::<bf16>(x, adapters),
+        dt => bail!("the LoRA decode product takes f16 or bf16, not {dt:?}"),
+    }
+}
+
+fn lora_down_typed<T: CudaDType + WithDType + DeviceRepr>(
+    x: &Tensor,
+    adapters: &[(&Tensor, f64)],
+) -> Result<Tensor> {
+    let (n, in_dim) = x.dims2()?;
+    if adapters.is_empty() || adapters.len() > MAX_SEGMENTS || !supports(x, 1, in_dim) {
+        bail!(
+            "lora_down: 1 to {MAX_SEGMENTS} adapters and x of 1 to {MAX_ROWS} rows, not {}",
+            adapters.len()
+        );
+    }
+    let dev = cuda_device(x)?;
+    let stream = dev.cuda_stream();
+    let mut raw = RawLoraDown { count: adapters.len() as i32, ..Default::default() };
+    let mut width = 0;
+    for (i, (a, scale)) in adapters.iter().enumerate() {
+        let (r, cols) = a.dims2()?;
+        if cols != in_dim
+            || a.dtype() != DType::F32
+            || !a.is_contiguous()
+            || !a.layout().start_offset().is_multiple_of(4)
+        {
+            bail!("lora_down: A {:?} {:?} for x {:?}", a.dims(), a.dtype(), x.dims());
+        }
+        raw.a[i] = address(a, &stream)?;
+        raw.scale[i] = *scale as f32;
+        raw.rank[i] = r as i32;
+        width += r;
+    }
+    let h = wrap(unsafe { dev.alloc::<f32>(n * width)? }, &dev, &[n, width]);
+    let func = KERNELS.function(&dev, &format!("lora_down_{}_{n}", suffix(T::DTYPE)?))?;
+    let (gx, gh) = (x.storage_and_layout().0, h.storage_and_layout().0);
+    let (xv, hv) = (view::<T>(&gx, x)?, view::<f32>(&gh, &h)?);
+    let (in_i, stride) = (in_dim as i32, width as i32);
+    let mut b = func.builder();
+    b.arg(&xv).arg(&in_i).arg(&hv).arg(&stride).arg(&raw);
+    unsafe { b.launch(super::blocks(width, (WARPS * 32) as u32)) }.w()?;
+    drop((gx, gh));
+    Ok(h)
 }
 
 /// Checks the operands against each other and launches `nf4_gemv_<dtype>_<n>`.
 unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     x: &Tensor,
-    packed: &Tensor,
-    scales: &Scales,
-    out_dim: usize,
-    y: u64,
+    segments: &[Segment],
     accumulate: bool,
 ) -> Result<()> {
     let (n, in_dim) = x.dims2()?;
-    if !supports(x, out_dim, in_dim) {
-        bail!(
-            "the NF4 GEMV takes a contiguous f16/bf16 CUDA x of 1 to {MAX_ROWS} rows with a multiple of 32 \
-             columns, not {:?} {:?} against [{out_dim}, {in_dim}]",
-            x.dims(),
-            x.dtype()
-        );
-    }
-    let values = out_dim * in_dim;
-    let blocks = values / 64;
-    let contiguous = |t: &Tensor, dtype: DType, len: usize| {
-        t.is_contiguous() && t.dtype() == dtype && t.elem_count() >= len && t.device().same_device(x.device())
-    };
-    if !contiguous(packed, DType::U8, values / 2) || !packed.layout().start_offset().is_multiple_of(16) {
-        bail!(
-            "NF4 GEMV: packed codes {:?} {:?} for a [{out_dim}, {in_dim}] weight",
-            packed.dims(),
-            packed.dtype()
-        );
-    }
-    let scales_ok = match scales {
-        Scales::F32(a) => contiguous(a, DType::F32, blocks),
-        Scales::Double { codes, absmax2, .. } => {
-            contiguous(codes, DType::U8, blocks) && contiguous(absmax2, DType::F32, blocks.div_ceil(256))
-        }
-    };
-    if !scales_ok {
-        bail!("NF4 GEMV: absmax of the wrong dtype, layout, device or length for a [{out_dim}, {in_dim}] weight");
+    if segments.is_empty() || segments.len() > MAX_SEGMENTS {
+        bail!("the NF4 GEMV takes 1 to {MAX_SEGMENTS} weights a launch, not {}", segments.len());
     }
     let dev = cuda_device(x)?;
+    let stream = dev.cuda_stream();
+    let rows_per_block = WARPS * rows_per_warp(n);
+    let mut raw = RawSegments { count: segments.len() as i32, ..Default::default() };
+    let mut blocks = 0;
+    for (i, s) in segments.iter().enumerate() {
+        let out_dim = s.out_dim;
+        if !supports(x, out_dim, in_dim) {
+            bail!(
+                "the NF4 GEMV takes a contiguous f16/bf16 CUDA x of 1 to {MAX_ROWS} rows with a multiple of 32 \
+                 columns, not {:?} {:?} against [{out_dim}, {in_dim}]",
+                x.dims(),
+                x.dtype()
+            );
+        }
+        let values = out_dim * in_dim;
+        let absmax_blocks = values / 64;
+        let contiguous = |t: &Tensor, dtype: DType, len: usize| {
+            t.is_contiguous()
+                && t.dtype() == dtype
+                && t.elem_count() >= len
+                && t.device().same_device(x.device())
+        };
+        if !contiguous(s.packed, DType::U8, values / 2)
+            || !s.packed.layout().start_offset().is_multiple_of(16)
+        {
+            bail!(
+                "NF4 GEMV: packed codes {:?} {:?} for a [{out_dim}, {in_dim}] weight",
+                s.packed.dims(),
+                s.packed.dtype()
+            );
+        }
+        let r = &mut raw.s[i];
+        match s.scales {
+            Scales::F32(a) if contiguous(a, DType::F32, absmax_blocks) => r.absmax = address(a, &stream)?,
+            Scales::Double { codes, absmax2, offset }
+                if contiguous(codes, DType::U8, absmax_blocks)
+                    && contiguous(absmax2, DType::F32, absmax_blocks.div_ceil(256)) =>
+            {
+                r.codes = address(codes, &stream)?;
+                r.absmax2 = address(absmax2, &stream)?;
+                r.offset = offset;
+            }
+            _ => bail!("NF4 GEMV: absmax of the wrong dtype, layout, device or length for a [{out_dim}, {in_dim}] weight"),
+        }
+        if let Some(t) = s.residual {
+            if !contiguous(t, T::DTYPE, n * out_dim) || t.dims() != [n, out_dim] {
+                bail!("NF4 GEMV: a residual {:?} {:?} for [{n}, {out_dim}]", t.dims(), t.dtype());
+            }
+            r.residual = address(t, &stream)?;
+        }
+        if let Some(t) = s.bias {
+            if !contiguous(t, T::DTYPE, out_dim) || t.elem_count() != out_dim {
+                bail!("NF4 GEMV: a bias {:?} {:?} for {out_dim} rows", t.dims(), t.dtype());
+            }
+            r.bias = address(t, &stream)?;
+        }
+        if let Some(l) = &s.lora {
+            let (hn, width) = l.h.dims2()?;
+            let (bo, rank) = l.b.dims2()?;
+            if hn != n
+                || bo != out_dim
+                || l.col + rank > width
+                || !contiguous(l.h, DType::F32, n * width)
+                || !contiguous(l.b, DType::F32, out_dim * rank)
+            {
+                bail!(
+                    "NF4 GEMV: a LoRA term h {:?} (from column {}) B {:?} for [{n}, {out_dim}]",
+                    l.h.dims(),
+                    l.col,
+                    l.b.dims()
+                );
+            }
+            r.lora_h = address(l.h, &stream)?;
+            r.lora_b = address(l.b, &stream)?;
+            (r.h_stride, r.h_col, r.rank) = (width as i32, l.col as i32, rank as i32);
+        }
+        r.packed = address(s.packed, &stream)?;
+        r.y = s.y;
+        r.out = out_dim as i32;
+        r.block0 = blocks as i32;
+        blocks += out_dim.div_ceil(rows_per_block);
+    }
     let func = KERNELS.function(&dev, &format!("nf4_gemv_{}_{n}", suffix(T::DTYPE)?))?;
     let tile = tile_columns(n, in_dim);
-    let rows_per_block = WARPS * rows_per_warp(n);
+    // the pair table, then n rows of the tile in f32, 4 floats of padding after every 32
+    let shared = PAIR_TABLE_BYTES + n * (tile + tile / 8) * 4;
+    func.set_attribute(MAX_DYNAMIC_SMEM, shared as i32).w()?;
     let cfg = LaunchConfig {
-        grid_dim: (out_dim.div_ceil(rows_per_block) as u32, 1, 1),
+        grid_dim: (blocks as u32, 1, 1),
         block_dim: ((WARPS * 32) as u32, 1, 1),
-        // n rows of the tile in f32, 4 floats of padding after every 32
-        shared_mem_bytes: (n * (tile + tile / 8) * 4) as u32,
+        shared_mem_bytes: shared as u32,
     };
-    let (absmax, codes, absmax2, offset) = match scales {
-        Scales::F32(a) => (Some(*a), None, None, 0f32),
-        Scales::Double { codes, absmax2, offset } => (None, Some(*codes), Some(*absmax2), *offset),
-    };
-    let (gx, gp) = (x.storage_and_layout().0, packed.storage_and_layout().0);
-    let ga = absmax.map(|t| t.storage_and_layout().0);
-    let gc = codes.map(|t| t.storage_and_layout().0);
-    let g2 = absmax2.map(|t| t.storage_and_layout().0);
+    let gx = x.storage_and_layout().0;
     let xv = view::<T>(&gx, x)?;
-    let pv = view::<u8>(&gp, packed)?;
-    let av = match (&ga, absmax) {
-        (Some(g), Some(t)) => Some(view::<f32>(g, t)?),
-        _ => None,
-    };
-    let cv = match (&gc, codes) {
-        (Some(g), Some(t)) => Some(view::<u8>(g, t)?),
-        _ => None,
-    };
-    let sv = match (&g2, absmax2) {
-        (Some(g), Some(t)) => Some(view::<f32>(g, t)?),
-        _ => None,
-    };
-    let null = 0u64;
-    let (out_i, in_i, tile_i, acc) = (out_dim as i32, in_dim as i32, tile as i32, accumulate as i32);
+    let (in_i, tile_i, acc) = (in_dim as i32, tile as i32, accumulate as i32);
     let mut b = func.builder();
-    b.arg(&xv).arg(&pv);
-    match &av {
-        Some(v) => b.arg(v),
-        None => b.arg(&null),
-    };
-    match (&cv, &sv) {
-        (Some(c), Some(s)) => b.arg(c).arg(s),
-        _ => b.arg(&null).arg(&null),
-    };
-    b.arg(&offset).arg(&y).arg(&out_i).arg(&in_i).arg(&tile_i).arg(&acc);
+    b.arg(&xv).arg(&in_i).arg(&tile_i).arg(&acc).arg(&raw);
     unsafe { b.launch(cfg) }.w()?;
     Ok(())
 }
@@ -219,15 +415,15 @@ mod tests {
     /// dtype — against that same exact product: max abs error ≤ 2 × the stack's + ε, with
     /// ε = 2⁻²³ · max |exact|.
     ///
-    /// Why that bound: both paths multiply the same 16-bit x by the same 16-bit weight values
-    /// (the GEMV decodes each weight as the dequantize kernel does and rounds it to the dtype),
-    /// accumulate in f32 and round each output once to the dtype. Their errors against the exact
-    /// product therefore have the same two sources, measured by the stack's own error on this
-    /// very data: the weight's rounding to 16 bits and the output's final rounding. What differs
-    /// is the f32 summation order, orders of magnitude below either; at the worst element the
-    /// two paths' final roundings can still fall on opposite sides, hence twice the stack's
-    /// error, and ε (an f32 ulp of the largest output) keeps a stack error that happened to
-    /// cancel from demanding the impossible.
+    /// Why that bound: both paths multiply the same 16-bit x by weights within half a 16-bit ulp
+    /// of the exact code · absmax (the stack rounds the product to the dtype; the GEMV rounds the
+    /// codebook value to f16 and multiplies the absmax in f32), accumulate in f32 and round each
+    /// output once to the dtype. Their errors against the exact product therefore have the same
+    /// two sources, of the same size, measured by the stack's own error on this very data: the
+    /// weights' 16-bit rounding and the output's final rounding. At the worst element the two
+    /// paths' roundings can still fall on opposite sides, hence twice the stack's error, and ε
+    /// (an f32 ulp of the largest output) keeps a stack error that happened to cancel from
+    /// demanding the impossible.
     ///
     /// Llama-3.1-8B's projection shapes (q/o, gate/up, down), SmolLM2-135M-like ones whose `in`
     /// is not a multiple of the 1024 columns a warp covers per pass (576, 1536) and whose `out`

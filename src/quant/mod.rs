@@ -199,7 +199,7 @@ pub fn nf4_gemv_applies(_x: &Tensor, _w: &Nf4Tensor) -> bool {
 }
 
 /// x `[n, in]` · wᵀ `[n, out]` in x's dtype, read straight from w's NF4 codes and absmax (no
-/// 16-bit copy of w): each weight the value `w.dequantize(x.dtype())` holds, the sums in f32.
+/// 16-bit copy of w): each weight its code (in f16) times its block's absmax, the sums in f32.
 /// An error where `nf4_gemv_applies` is false.
 pub fn nf4_gemv(x: &Tensor, w: &Nf4Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
@@ -296,6 +296,21 @@ pub unsafe fn nf4_gemm_into(x: &Tensor, w: &Nf4Tensor, y: u64, accumulate: bool)
 
 #[cfg(feature = "cuda")]
 impl Nf4Tensor {
+    /// This weight as one segment of an NF4 GEMV launch (`cuda::nf4_gemv::gemv_outputs`), with
+    /// no bias, residual or LoRA term yet; `None` where the GEMV does not take x against it.
+    pub fn gemv_segment(&self, x: &Tensor) -> Option<crate::cuda::nf4_gemv::Segment<'_>> {
+        let (out_dim, _) = self.shape.dims2().ok()?;
+        nf4_gemv_applies(x, self).then(|| crate::cuda::nf4_gemv::Segment {
+            packed: &self.packed,
+            scales: self.gemv_scales(),
+            out_dim,
+            y: 0,
+            residual: None,
+            bias: None,
+            lora: None,
+        })
+    }
+
     /// The absmax parts as the GEMV and GEMM kernels read them.
     fn gemv_scales(&self) -> crate::cuda::nf4_gemv::Scales<'_> {
         use crate::cuda::nf4_gemv::Scales;

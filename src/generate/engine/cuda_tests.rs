@@ -37,8 +37,8 @@ fn wide_head_model(dir: &Path) -> PathBuf {
 }
 
 /// `wide_head_model` with a random rank-4 adapter on every projection (the same values on
-/// every device), in `dtype` on `device`.
-fn wide_head_lora_model(dir: &Path, dtype: DType, device: &Device) -> CausalLm {
+/// every device), in `dtype` on `device`, its base as `quantization` stores it.
+fn wide_head_lora_model(dir: &Path, dtype: DType, quantization: Quantization, device: &Device) -> CausalLm {
     use rand::{Rng, SeedableRng};
     let (config, weights) = crate::hub::local_weights(dir).unwrap();
     let spec = crate::model::LoraSpec {
@@ -48,7 +48,7 @@ fn wide_head_lora_model(dir: &Path, dtype: DType, device: &Device) -> CausalLm {
         target_modules: crate::model::PROJECTIONS.iter().map(|p| p.to_string()).collect(),
         rslora: false,
     };
-    let mut model = CausalLm::load(&config, &weights, dtype, Quantization::None, device).unwrap();
+    let mut model = CausalLm::load(&config, &weights, dtype, quantization, device).unwrap();
     model.add_lora(&spec, 3).unwrap();
     // the same values on every device: drawn from a seeded generator
     for (i, (_, var)) in model.lora_params().into_iter().enumerate() {
@@ -75,13 +75,13 @@ fn cuda_graph_steps_match_eager_steps() {
     crate::cuda::order_by_stream(&gpu);
     let scratch = tempdir("engine-graphs");
     let dir = wide_head_model(&scratch);
-    let cpu_model = wide_head_lora_model(&dir, DType::F32, &Device::Cpu);
+    let cpu_model = wide_head_lora_model(&dir, DType::F32, Quantization::None, &Device::Cpu);
     let exact_next = |ids: &[u32]| {
         let t = Tensor::new(ids, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
         cpu_model.forward(&t, None).unwrap().squeeze(0).unwrap().get(ids.len() - 1).unwrap()
     };
     for dtype in [DType::F32, DType::BF16] {
-        let model = wide_head_lora_model(&dir, dtype, &gpu);
+        let model = wide_head_lora_model(&dir, dtype, Quantization::None, &gpu);
         let caches = model.slot_caches(4, 64).unwrap();
         let mut seqs: Vec<Vec<u32>> = vec![(3..30).collect(), (9..20).collect(), (3..30).collect()];
         let slots = [2usize, 0, 3];
@@ -137,7 +137,10 @@ fn cuda_graph_steps_match_eager_steps() {
 /// the cache) gives the logits the whole sequence's forward gives at its last position: against
 /// the CPU's f32 forward, within the crate's multiple of that forward's own error on the GPU, in
 /// f32 and bf16, for three sequences of different lengths decoded together, two of them in slots
-/// filled by a prefill and one in a slot copied from another, with a random adapter on.
+/// filled by a prefill and one in a slot copied from another, with a random adapter on; and with
+/// an NF4 base (double-quantized) in f16 and bf16, where the step's projections are the fused
+/// NF4 GEMV launches with their LoRA terms (`lora::decode`) and the whole sequence's forward
+/// dequantizes, against the CPU's f32 forward of the same NF4 weights.
 #[test]
 fn cuda_decode_steps_match_the_uncached_forward() {
     use crate::model::{DecodeRows, KvCache};
@@ -145,8 +148,7 @@ fn cuda_decode_steps_match_the_uncached_forward() {
     let gpu = Device::new_cuda(0).unwrap();
     let scratch = tempdir("engine-wide-heads");
     let dir = wide_head_model(&scratch);
-    let load = |dtype: DType, device: &Device| wide_head_lora_model(&dir, dtype, device);
-    let cpu_model = load(DType::F32, &Device::Cpu);
+    let nf4 = Quantization::Nf4 { double_quant: true };
     let prompts: Vec<Vec<u32>> = vec![(3..40).collect(), (9..20).collect(), (3..40).collect()];
     let next = [17u32, 200, 5];
     let full = |model: &CausalLm, r: usize| {
@@ -154,9 +156,16 @@ fn cuda_decode_steps_match_the_uncached_forward() {
         let ids = Tensor::new(ids.as_slice(), model.device()).unwrap().unsqueeze(0).unwrap();
         model.forward(&ids, None).unwrap().squeeze(0).unwrap().get(prompts[r].len()).unwrap()
     };
-    let exact: Vec<Tensor> = (0..3).map(|r| full(&cpu_model, r)).collect();
-    for dtype in [DType::F32, DType::BF16] {
-        let model = load(dtype, &gpu);
+    let cases = [
+        (DType::F32, Quantization::None),
+        (DType::BF16, Quantization::None),
+        (DType::F16, nf4),
+        (DType::BF16, nf4),
+    ];
+    for (dtype, quantization) in cases {
+        let cpu_model = wide_head_lora_model(&dir, DType::F32, quantization, &Device::Cpu);
+        let exact: Vec<Tensor> = (0..3).map(|r| full(&cpu_model, r)).collect();
+        let model = wide_head_lora_model(&dir, dtype, quantization, &gpu);
         let caches = model.slot_caches(4, 64).unwrap();
         for (slot, r) in [(2usize, 0usize), (0, 1)] {
             let mut prompt_caches: Vec<KvCache> =
@@ -176,7 +185,7 @@ fn cuda_decode_steps_match_the_uncached_forward() {
         let ours = model.forward_slots_of(&model.layers, &ids, &caches, &rows).unwrap();
         for (r, exact) in exact.iter().enumerate() {
             let reference = full(&model, r);
-            let what = format!("row {r}, {dtype:?}");
+            let what = format!("row {r}, {dtype:?}, {quantization:?}");
             assert_within_reference_error(&what, &ours.get(r).unwrap(), &reference, exact);
         }
     }

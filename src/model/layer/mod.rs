@@ -17,6 +17,7 @@ use crate::arch::Activation;
 use crate::profile::section;
 
 mod backward;
+mod decode;
 mod kv_cache;
 mod norms;
 mod projections;
@@ -201,6 +202,9 @@ impl DecoderLayer {
         cache: &SlotCache,
         rows: &DecodeRows,
     ) -> Result<Tensor> {
+        if let Some(out) = self.forward_slots_fused(x, input, cache, rows)? {
+            return Ok(out);
+        }
         let (out, _) = self.run(x, input, Cache::Slots(cache, rows), Pass::Forward)?;
         out.ok_or_else(|| candle_core::Error::Msg("the forward pass returns the output".into()))
     }
