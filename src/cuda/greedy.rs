@@ -90,7 +90,10 @@ mod split_tests {
         for (n, vocab, vec) in [(1, 128_256, 4), (3, 1000, 8), (64, 151_936, 8), (300, 33, 4)] {
             let (chunks, chunk) = split(n, vocab, vec, 264);
             assert_eq!(chunk % vec, 0);
-            assert!(chunks * chunk >= vocab && (chunks - 1) * chunk < vocab, "{n} {vocab}: {chunks} × {chunk}");
+            assert!(
+                chunks * chunk >= vocab && (chunks - 1) * chunk < vocab,
+                "{n} {vocab}: {chunks} × {chunk}"
+            );
         }
     }
 }

@@ -68,7 +68,8 @@ fn cuda_greedy_matches_the_exact_argmax_and_log_prob() -> Result<()> {
                 let x = x.to_dtype(dtype)?;
                 let what = format!("[{n}, {vocab}] {dtype:?}");
                 let rows = x.to_dtype(DType::F64)?.to_vec2::<f64>()?;
-                let (ids, exact): (Vec<u32>, Vec<f64>) = rows.iter().map(|r| exact_row(r)).unzip();
+                let (ids, exact): (Vec<u32>, Vec<f64>) =
+                    rows.iter().map(Vec::as_slice).map(exact_row).unzip();
                 for (r, low) in lowest.iter().enumerate() {
                     if let Some(low) = low {
                         assert_eq!(ids[r], *low, "{what}: the reference missed row {r}'s planted tie");
