@@ -7,9 +7,11 @@
 // Two kernels and no atomics: the launches depend on the shapes alone, so they can be recorded
 // in a CUDA graph and replayed.
 //
-// Rows that `generate::sampling::log_sum_exp` refuses get a NaN log-prob: a NaN or +inf logit
-// (the NaN runs through the sum) or a row of -inf. The argmax skips NaNs, and a row with nothing
-// above -inf gets id 0, as candle's argmax and sampling's give.
+// Ties go to the lowest id, as `generate::sampling`'s argmax (the host path) and candle's CPU
+// argmax take them; candle's CUDA argmax breaks ties between its threads by thread, which is not
+// always the lowest id. Rows that `generate::sampling::log_sum_exp` refuses get a NaN log-prob: a
+// NaN or +inf logit (the NaN runs through the sum) or a row of -inf. The argmax skips NaNs, and a
+// row with nothing above -inf gets id 0, as both candle argmaxes and sampling's give.
 #include <stdint.h>
 
 #include "dtype.cuh"
