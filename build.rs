@@ -25,7 +25,7 @@ use std::process::Command;
 const ARCHS: &str = "80,86,89,90,100,120";
 
 /// The kernels of src/cuda/, each compiled to `$OUT_DIR/<name>.fatbin`.
-const KERNELS: [&str; 15] = [
+const KERNELS: [&str; 16] = [
     "nf4",
     "nf4_gemv",
     "nf4_gemm",
@@ -41,6 +41,7 @@ const KERNELS: [&str; 15] = [
     "rope",
     "lora_weights",
     "decode_attention",
+    "greedy",
 ];
 const CUDA_HEADERS: [&str; 6] = [
     "src/cuda/dtype.cuh",

@@ -19,6 +19,7 @@
 //! | `rope.cu` | `rope.rs` | `model::ops::rope` (RoPE on the projections' layout) |
 //! | `cross_entropy.cu` | `cross_entropy.rs` | `model::ops::{loss, lm_head}` |
 //! | `dropout.cu` | `dropout.rs` | `model::lora::dropout` |
+//! | `greedy.cu` | `greedy.rs` | `generate::engine` (greedy's argmax and log-prob per row) |
 //! | `embedding.cu` | `mapped.rs` | `model::ops::{embedding, lm_head}` (tables in mapped host memory) |
 //! | (all of the above) | `module.rs` | every wrapper: fatbins loaded once per device |
 //! | candle-kernels' `.cu` | `candle_modules.rs` | candle's ops: its step modules from machine code |
@@ -35,6 +36,7 @@ pub mod elementwise;
 pub mod flash;
 pub mod gemm;
 pub mod graph;
+pub mod greedy;
 pub mod lora_weights;
 pub mod mapped;
 pub mod module;

@@ -333,22 +333,27 @@ fn prefill_groups(admitted: Vec<(Arc<Job>, Vec<Sampler>)>) -> Vec<Vec<(Arc<Job>,
 }
 
 /// Each sequence's next token from row `rows[i]` of `logits` `[n, vocab]`: on a GPU, where every
-/// sequence is plain greedy (none constrained), the argmax and its log-prob computed there (two
-/// numbers a row come to the host instead of the row); otherwise the rows on the host, the
-/// sequences' samplers (and constraints' masks) run in parallel.
+/// sequence is plain greedy (none constrained), the argmax and its log-prob computed there
+/// (`cuda::greedy`: two numbers a row come to the host instead of the row); otherwise the rows on
+/// the host, the sequences' samplers (and constraints' masks) run in parallel.
 fn choose(
     logits: &Tensor,
     rows: &[usize],
     seqs: &mut [&mut Sequence],
 ) -> anyhow::Result<Vec<anyhow::Result<Sampled>>> {
-    if !logits.device().is_cpu() && seqs.iter().all(|s| s.plain_greedy()) {
-        let logits = logits.to_dtype(DType::F32)?;
-        let ids = logits.argmax(1)?.to_vec1::<u32>()?;
-        let max = logits.max_keepdim(1)?;
-        let lse = (logits.broadcast_sub(&max)?.exp()?.sum_keepdim(1)?.log()? + &max)?;
-        let raw = (max - lse)?.squeeze(1)?.to_vec1::<f32>()?;
-        return Ok(rows.iter().map(|&r| Ok(Sampled::greedy(ids[r], f64::from(raw[r])))).collect());
+    #[cfg(feature = "cuda")]
+    if logits.device().is_cuda() && seqs.iter().all(|s| s.plain_greedy()) {
+        let chosen = crate::cuda::greedy::greedy_to_host(logits)?;
+        return Ok(rows.iter().map(|&r| device_greedy(chosen[r], r)).collect());
     }
     let logits = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
     Ok(seqs.par_iter_mut().zip(rows.par_iter()).map(|(seq, &r)| seq.sample(&logits[r])).collect())
+}
+
+/// The device's greedy choice of row `r`: its log-prob is NaN for the rows the host's sampler
+/// refuses (a NaN or +inf logit, or nothing above -inf), an error as there.
+#[cfg(feature = "cuda")]
+fn device_greedy((id, raw): (u32, f32), r: usize) -> anyhow::Result<Sampled> {
+    anyhow::ensure!(raw.is_finite(), "the logits of row {r} are not finite (a NaN or +inf, or all -inf)");
+    Ok(Sampled::greedy(id, f64::from(raw)))
 }

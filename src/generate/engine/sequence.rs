@@ -89,6 +89,7 @@ impl Sequence {
     }
 
     /// Whether the next token is the logits' argmax with nothing to mask (the GPU may pick it).
+    #[cfg(feature = "cuda")]
     pub fn plain_greedy(&self) -> bool {
         self.sampler.plain_greedy() && self.constraint.is_none()
     }
