@@ -142,6 +142,8 @@ pub fn range(device: &Device, on: bool) -> candle_core::Result<()> {
         return Ok(());
     }
     device.synchronize()?;
+    #[cfg(not(feature = "cuda"))]
+    let _ = on;
     #[cfg(feature = "cuda")]
     if device.is_cuda() {
         use candle_core::cuda_backend::cudarc::driver::sys;

@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use super::linear::{BaseWeight, LoraLinear};
+use super::linear::LoraLinear;
 
 /// Whether `project_group` takes `projs` on a fresh contiguous input of `rows` rows in `dtype`
 /// on `device`: CUDA, at most three projections of one input width, each an NF4 base the GEMV
@@ -14,6 +14,7 @@ use super::linear::{BaseWeight, LoraLinear};
 pub fn applies(projs: &[&LoraLinear], rows: usize, dtype: DType, device: &Device) -> bool {
     #[cfg(feature = "cuda")]
     {
+        use super::linear::BaseWeight;
         use crate::cuda::nf4_gemv::{lora_supports, supports_shape, MAX_SEGMENTS};
         let Some(in_dim) = projs.first().map(|p| p.base.dims().1) else { return false };
         device.is_cuda()
@@ -41,6 +42,7 @@ pub fn applies(projs: &[&LoraLinear], rows: usize, dtype: DType, device: &Device
 pub fn project_group(projs: &[&LoraLinear], x: &Tensor, residual: Option<&Tensor>) -> Result<Vec<Tensor>> {
     #[cfg(feature = "cuda")]
     {
+        use super::linear::BaseWeight;
         use crate::cuda::nf4_gemv::{gemv_outputs, lora_down, LoraUp};
         let adapters: Vec<_> = projs.iter().filter_map(|p| p.lora.as_ref()).collect();
         let h = match adapters.is_empty() {
@@ -81,6 +83,7 @@ mod tests {
     use candle_core::{DType, Device, Result, Tensor, Var};
 
     use super::*;
+    use crate::model::lora::linear::BaseWeight;
     use crate::model::lora::LoraAdapter;
     use crate::model::ops::test_util::randn;
     use crate::quant::Nf4Tensor;
