@@ -1,8 +1,10 @@
-//! One decode step's attention for many sequences in one launch (`decode_attention.cu`): each
-//! row's query against its own slot of the engine's KV cache, of its own length. The engine's CPU
-//! path (a row at a time through the training attention) is its reference.
+//! One decode step's attention for many sequences (`decode_attention.cu`, flash decoding): each
+//! row's query against its own slot of the engine's KV cache, of its own length, the query heads
+//! of a kv head in one block, short batches split along the positions and merged by a second
+//! launch ([`Launch`]). The engine's CPU path (a row at a time through the training attention)
+//! is its reference.
 
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, DType, Result, Tensor, WithDType};
 
@@ -10,6 +12,42 @@ use super::{by_dtype, cuda_device, suffix, view, wrap};
 
 pub static KERNELS: super::module::Kernels = super::module::kernels!("decode_attention");
 const THREADS: u32 = 128;
+
+/// How one step's attention is laid out on the GPU: query heads a block (`group`, the kernel's G:
+/// the heads sharing a kv head, at most 8, rounded up to a power of two), blocks a kv head
+/// (`hsplit`, past 8 heads a kv head), and the splits of each row's positions (`splits`): enough
+/// blocks for two a multiprocessor, a split at least 32 positions of the cache's capacity, at
+/// most 64. It depends on the batch and the capacity, never on the rows' lengths, so a step
+/// recorded in a CUDA graph replays unchanged as the rows grow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launch {
+    pub group: usize,
+    pub hsplit: usize,
+    pub splits: usize,
+}
+
+impl Launch {
+    pub fn new(heads: usize, kv_heads: usize, rows: usize, capacity: usize, multiprocessors: usize) -> Self {
+        let per_kv = (heads / kv_heads.max(1)).max(1);
+        let group = per_kv.min(8).next_power_of_two();
+        let hsplit = per_kv.div_ceil(8);
+        let blocks = (kv_heads * hsplit * rows).max(1);
+        let wanted = (2 * multiprocessors).div_ceil(blocks);
+        let splits = wanted.clamp(1, capacity.div_ceil(32).clamp(1, 64));
+        Launch { group, hsplit, splits }
+    }
+}
+
+/// The device's multiprocessors, read once.
+fn multiprocessors(dev: &candle_core::CudaDevice) -> Result<usize> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SM_COUNT;
+    static SMS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    if let Some(&n) = SMS.get() {
+        return Ok(n);
+    }
+    let n = dev.cuda_stream().context().attribute(SM_COUNT).w()?.max(1) as usize;
+    Ok(*SMS.get_or_init(|| n))
+}
 
 /// The head sizes the kernel is instantiated for.
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
@@ -63,21 +101,41 @@ fn typed<T: CudaDType + WithDType + DeviceRepr>(
     let (slots, lens) = (slots.contiguous()?, lens.contiguous()?);
     let dev = cuda_device(q)?;
     let out = unsafe { dev.alloc::<T>(b * heads * d)? };
-    let func = KERNELS.function(&dev, &format!("decode_attention_{d}_{}", suffix(T::DTYPE)?))?;
+    let shape = Launch::new(heads, kv_heads, b, capacity, multiprocessors(&dev)?);
+    let dtype = suffix(T::DTYPE)?;
+    let func = KERNELS.function(&dev, &format!("decode_attention_{d}_{dtype}_g{}", shape.group))?;
+    // the splits' partial results, f32 (none when a block takes a row's every position)
+    let parts = shape.splits.max(2) * b * heads;
+    let part_acc = unsafe { dev.alloc::<f32>(if shape.splits > 1 { parts * d } else { 1 })? };
+    let part_ml = unsafe { dev.alloc::<f32>(if shape.splits > 1 { parts * 2 } else { 1 })? };
     {
         let g = [q, k, v, &slots, &lens].map(|t| t.storage_and_layout().0);
         let (qv, kv, vv) = (view::<T>(&g[0], q)?, view::<T>(&g[1], k)?, view::<T>(&g[2], v)?);
         let (sv, lv) = (view::<u32>(&g[3], &slots)?, view::<u32>(&g[4], &lens)?);
-        let (heads, kv_heads, capacity) = (heads as i32, kv_heads as i32, capacity as i32);
+        let (heads_i, kv_heads_i, capacity_i) = (heads as i32, kv_heads as i32, capacity as i32);
         let scale = scores.scale as f32;
         let softcap = scores.softcap.unwrap_or(0.0) as f32;
         let window = scores.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
+        let (splits, hsplit) = (shape.splits as i32, shape.hsplit as i32);
         let mut l = func.builder();
-        l.arg(&qv).arg(&kv).arg(&vv).arg(&out).arg(&sv).arg(&lv);
-        l.arg(&heads).arg(&kv_heads).arg(&capacity).arg(&scale).arg(&softcap).arg(&window);
-        let config = candle_core::cuda_backend::cudarc::driver::LaunchConfig {
-            grid_dim: (heads as u32, b as u32, 1),
+        l.arg(&qv).arg(&kv).arg(&vv).arg(&out).arg(&part_acc).arg(&part_ml).arg(&sv).arg(&lv);
+        l.arg(&heads_i).arg(&kv_heads_i).arg(&capacity_i).arg(&scale).arg(&softcap).arg(&window);
+        l.arg(&splits).arg(&hsplit);
+        let config = LaunchConfig {
+            grid_dim: ((kv_heads * shape.hsplit) as u32, b as u32, shape.splits as u32),
             block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        unsafe { l.launch(config) }.w()?;
+    }
+    if shape.splits > 1 {
+        let combine = KERNELS.function(&dev, &format!("decode_attention_combine_{dtype}"))?;
+        let (heads_i, splits, d_i) = (heads as i32, shape.splits as i32, d as i32);
+        let mut l = combine.builder();
+        l.arg(&part_acc).arg(&part_ml).arg(&out).arg(&heads_i).arg(&splits).arg(&d_i);
+        let config = LaunchConfig {
+            grid_dim: (heads as u32, b as u32, 1),
+            block_dim: (d as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         unsafe { l.launch(config) }.w()?;
@@ -171,21 +229,44 @@ mod tests {
         Tensor::stack(&rows, 0).unwrap()
     }
 
+    /// The launch's shape: GQA groups as the kernel's G (a power of two, at most 8, more
+    /// blocks a kv head past 8), splits for two blocks a multiprocessor, at least 32 positions
+    /// of the capacity each, at most 64, and none for a batch that fills the GPU.
+    #[test]
+    fn launches_group_heads_and_split_short_batches() {
+        let llama = |rows, capacity| Launch::new(32, 8, rows, capacity, 132);
+        assert_eq!(llama(1, 768), Launch { group: 4, hsplit: 1, splits: 24 });
+        assert_eq!(llama(1, 131072), Launch { group: 4, hsplit: 1, splits: 33 });
+        assert_eq!(llama(8, 768), Launch { group: 4, hsplit: 1, splits: 5 });
+        assert_eq!(llama(64, 768), Launch { group: 4, hsplit: 1, splits: 1 });
+        assert_eq!(Launch::new(28, 4, 1, 40, 132).group, 8);
+        assert_eq!(Launch::new(16, 1, 1, 40, 132), Launch { group: 8, hsplit: 2, splits: 2 });
+        assert_eq!(Launch::new(8, 8, 2, 10, 132), Launch { group: 1, hsplit: 1, splits: 1 });
+    }
+
     /// The kernel against the training attention run a row at a time (its reference, the path
     /// it replaces), both against the answer in f64: within the crate's multiple of the
-    /// reference's own error. Head sizes 64, 128 and 256, grouped and plain heads, a window, a
-    /// soft cap, rows of one position and of a full slot, in f32, f16 and bf16.
+    /// reference's own error. Head sizes 64, 128 and 256; plain heads and GQA groups of 4, 7 and
+    /// 16 query heads a kv head; a window, a soft cap; rows of one position and of a full slot,
+    /// short batches whose long rows run in many splits and their merge; in f32, f16 and bf16.
     #[test]
     fn cuda_decode_attention_matches_the_training_attention() {
         let gpu = Device::new_cuda(0).unwrap();
-        let (slots, capacity) = (5, 40);
-        let rows = [(3usize, 1usize), (0, 17), (4, 40), (1, 33)];
-        for (d, heads, kv) in [(64, 4, 1), (128, 8, 2), (256, 4, 4)] {
+        let batches: [(usize, usize, &[(usize, usize)]); 3] = [
+            (5, 40, &[(3, 1), (0, 17), (4, 40), (1, 33)]),
+            (2, 1500, &[(1, 1500)]),
+            (3, 800, &[(2, 777), (0, 1)]),
+        ];
+        let heads_of = [(64, 4, 1), (128, 8, 2), (256, 4, 4), (128, 28, 4), (64, 16, 1)];
+        for ((slots, capacity, rows), (d, heads, kv)) in
+            batches.iter().flat_map(|b| heads_of.map(|h| (*b, h)))
+        {
             let q = Tensor::randn(0f32, 1.0, (rows.len(), heads, d), &Device::Cpu).unwrap();
             let k = Tensor::randn(0f32, 1.0, (slots, capacity, kv, d), &Device::Cpu).unwrap();
             let v = Tensor::randn(0f32, 1.0, (slots, capacity, kv, d), &Device::Cpu).unwrap();
-            let slot_ids = Tensor::new(rows.map(|r| r.0 as u32).as_slice(), &gpu).unwrap();
-            let lens = Tensor::new(rows.map(|r| r.1 as u32).as_slice(), &gpu).unwrap();
+            let slot_ids: Vec<u32> = rows.iter().map(|r| r.0 as u32).collect();
+            let lens: Vec<u32> = rows.iter().map(|r| r.1 as u32).collect();
+            let (slot_ids, lens) = (Tensor::new(slot_ids, &gpu).unwrap(), Tensor::new(lens, &gpu).unwrap());
             for (softcap, window) in [(None, None), (Some(20.0), Some(9))] {
                 let rule = ScoreRule { scale: 1.0 / (d as f64).sqrt(), softcap, window };
                 let exact: Vec<Tensor> = rows
@@ -220,8 +301,11 @@ mod tests {
                         })
                         .collect();
                     let reference = Tensor::stack(&reference, 0).unwrap();
-                    let what =
-                        format!("d {d}, {heads}/{kv} heads, cap {softcap:?}, window {window:?}, {dtype:?}");
+                    let what = format!(
+                        "{} rows of capacity {capacity}, d {d}, {heads}/{kv} heads, cap {softcap:?}, window \
+                         {window:?}, {dtype:?}",
+                        rows.len()
+                    );
                     assert_within_reference_error(&what, &ours, &reference, &exact);
                 }
             }
