@@ -5,25 +5,24 @@
 // output row may add a bias, a residual and the LoRA term h_n · B_rowᵀ (h = scale · x·Aᵀ, made
 // by `lora_down` below), all summed in f32 and rounded once.
 //
-// Each weight value is code · absmax with the NF4 codebook value in f16 (within half an f16 ulp
-// of bitsandbytes' f32 code, as the dequantized 16-bit weight is within half an ulp of the exact
-// product) and the block's absmax restored as the dequantize kernel restores it; a lane sums
-// code · x in f32 over its 32-value chunk and multiplies the block's absmax in once. The decode
-// is the instruction budget of a bandwidth-bound kernel: one table read (conflict-free, in
-// shared memory) gives two values of a byte.
+// Each weight value is code · absmax, exact in f32 (bitsandbytes' codebook value times the
+// block's absmax, restored as the dequantize kernel restores it); a lane sums code · x in f32
+// over its 32-value chunk and multiplies the block's absmax in once.
 //
-// Layout: a block of 8 warps; each warp owns R consecutive output rows and its lanes stride over
-// the row in 32-value chunks (one 16-byte load of 16 packed bytes per row per chunk, all inside
-// one 64-value absmax block), U chunks in flight. A lane's first loads are issued before x is
-// staged in shared memory (as f32, a tile of columns at a time when n × in does not fit), so the
-// two latencies overlap. The lanes' partial sums end in a warp-shuffle reduction.
+// Layout: a block of 4 warps (small blocks, many resident on a multiprocessor, so one block's
+// waits overlap another's work); each warp owns R consecutive output rows and its lanes stride
+// over the row in 32-value chunks (one 16-byte load of 16 packed bytes per row per chunk, all
+// inside one 64-value absmax block), U chunks in flight (for one or two batch rows, a 4096-wide
+// row in one go). A lane's first loads, and its B values of the LoRA term, are issued before x
+// is staged in shared memory (as f32, a tile of columns at a time when n × in does not fit), so
+// the latencies overlap. The lanes' partial sums end in a warp-shuffle reduction.
 // src/cuda/nf4_gemv.rs launches these.
 #include <stdint.h>
 
 #include "dtype.cuh"
 #include "nf4_tables.cuh"
 
-#define GEMV_WARPS 8
+#define GEMV_WARPS 4
 #define GEMV_THREADS (GEMV_WARPS * 32)
 #define MAX_SEGMENTS 3
 
@@ -32,15 +31,9 @@
 // for small ones (more bytes in flight per lane). nf4_gemv.rs mirrors ROWS_PER_WARP.
 template <int N>
 struct GemvShape {
-    static constexpr int R = 4;
-    static constexpr int U = 2;
+    static constexpr int R = N <= 2 ? 2 : 4;
+    static constexpr int U = N <= 2 ? 4 : 2;
 };
-
-// The byte → code-pair table: entry b holds the codebook values of b's two nibbles as f16 (the
-// high nibble's, the byte's first value, in the low half), in 32 copies, one per shared-memory
-// bank: lane l reads copy l, so a warp's lookups never conflict. One lookup decodes two values.
-#define PAIR_COPIES 32
-#define PAIR_TABLE_BYTES (256 * PAIR_COPIES * 4)
 
 // One weight of a launch and where its rows go. Pointers are device addresses; a null one is
 // absent. nf4_gemv.rs mirrors the layout (`Segment`).
@@ -80,21 +73,17 @@ template <typename T, int N>
 __device__ void nf4_gemv(const T* __restrict__ x, int in, int tile, int accumulate, const Nf4Segments& p) {
     constexpr int R = GemvShape<N>::R, U = GemvShape<N>::U;
     extern __shared__ float4 staged_raw[];
-    uint32_t* pairs = reinterpret_cast<uint32_t*>(staged_raw);
-    float* xs = reinterpret_cast<float*>(staged_raw) + PAIR_TABLE_BYTES / 4;
+    float* xs = reinterpret_cast<float*>(staged_raw);
+    __shared__ float lut[16];
     __shared__ float dmap[256];
     // this block's segment, chosen field by field from the parameters (no local copy)
     Nf4Segment s = p.s[0];
     if (p.count > 1 && (int)blockIdx.x >= p.s[1].block0) s = p.s[1];
     if (p.count > 2 && (int)blockIdx.x >= p.s[2].block0) s = p.s[2];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int i = tid; i < 256 * PAIR_COPIES; i += GEMV_THREADS) {
-        const int b = i / PAIR_COPIES;
-        const __half2 pair = __floats2half2_rn(NF4_CODE[b >> 4], NF4_CODE[b & 15]);
-        pairs[i] = *reinterpret_cast<const uint32_t*>(&pair);
-    }
-    if (s.codes != nullptr) dmap[tid] = DYNAMIC_MAP[tid];   // GEMV_THREADS == 256
-    const uint32_t* my_pairs = pairs + lane;
+    if (tid < 16) lut[tid] = NF4_CODE[tid];
+    if (s.codes != nullptr)
+        for (int i = tid; i < 256; i += GEMV_THREADS) dmap[i] = DYNAMIC_MAP[i];
     const int out = s.out;
     const int row0 = (((int)blockIdx.x - s.block0) * GEMV_WARPS + warp) * R;
     const int tile_padded = padded(tile);
@@ -131,6 +120,13 @@ __device__ void nf4_gemv(const T* __restrict__ x, int in, int tile, int accumula
                 }
             }
     };
+
+    // the LoRA term's B values of this lane (column `lane` of B for each of its rows), fetched
+    // now so their latency hides behind the weights'
+    float bpre[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        bpre[r] = s.rank > 0 && lane < s.rank && row0 + r < out ? s.lora_b[(int64_t)(row0 + r) * s.rank + lane] : 0.0f;
 
     for (int k0 = 0; k0 < in; k0 += tile) {
         const int kt = min(tile, in - k0);
@@ -173,16 +169,15 @@ __device__ void nf4_gemv(const T* __restrict__ x, int in, int tile, int accumula
 #pragma unroll
                     for (int r = 0; r < R; r++) {
                         const uint32_t bytes = word_of(q[u][r], g / 2) >> (16 * (g % 2));
-                        const uint32_t p0 = my_pairs[(bytes & 0xff) * PAIR_COPIES];
-                        const uint32_t p1 = my_pairs[((bytes >> 8) & 0xff) * PAIR_COPIES];
-                        const float2 w01 = __half22float2(*reinterpret_cast<const __half2*>(&p0));
-                        const float2 w23 = __half22float2(*reinterpret_cast<const __half2*>(&p1));
+                        // a byte holds two values, the first in its high nibble
+                        const float w0 = lut[(bytes >> 4) & 15], w1 = lut[bytes & 15];
+                        const float w2 = lut[(bytes >> 12) & 15], w3 = lut[(bytes >> 8) & 15];
 #pragma unroll
                         for (int n = 0; n < N; n++) {
-                            part[r][n] = fmaf(w01.x, xv[n][0], part[r][n]);
-                            part[r][n] = fmaf(w01.y, xv[n][1], part[r][n]);
-                            part[r][n] = fmaf(w23.x, xv[n][2], part[r][n]);
-                            part[r][n] = fmaf(w23.y, xv[n][3], part[r][n]);
+                            part[r][n] = fmaf(w0, xv[n][0], part[r][n]);
+                            part[r][n] = fmaf(w1, xv[n][1], part[r][n]);
+                            part[r][n] = fmaf(w2, xv[n][2], part[r][n]);
+                            part[r][n] = fmaf(w3, xv[n][3], part[r][n]);
                         }
                     }
                 }
@@ -204,7 +199,7 @@ __device__ void nf4_gemv(const T* __restrict__ x, int in, int tile, int accumula
             const int row = row0 + r;
             if (row >= out) break;
             for (int j = lane; j < s.rank; j += 32) {
-                const float b = s.lora_b[(int64_t)row * s.rank + j];
+                const float b = j == lane ? bpre[r] : s.lora_b[(int64_t)row * s.rank + j];
 #pragma unroll
                 for (int n = 0; n < N; n++) acc[r][n] = fmaf(s.lora_h[(int64_t)n * s.h_stride + s.h_col + j], b, acc[r][n]);
             }
@@ -253,6 +248,8 @@ NF4_GEMV_ROWS(bf16, __nv_bfloat16)
 // of adapter i (up to three adapters reading the same x, their A stacked: c runs over Σ r_i).
 // One block a column, its threads striding over `in` with 16-byte loads of A (f32), the sum in
 // f32. h feeds nf4_gemv's LoRA term.
+#define LORA_THREADS 256
+
 struct LoraDown {
     const float* a[MAX_SEGMENTS];   // [r_i, in] f32, contiguous
     float scale[MAX_SEGMENTS];
@@ -274,16 +271,16 @@ __device__ void lora_down(const T* __restrict__ x, int in, float* __restrict__ h
 #pragma unroll
     for (int n = 0; n < N; n++) acc[n] = 0.0f;
     // four float4 loads of A in flight a thread, then their products with each row of x
-    for (int k0 = 4 * threadIdx.x; k0 < in; k0 += 4 * 4 * GEMV_THREADS) {
+    for (int k0 = 4 * threadIdx.x; k0 < in; k0 += 4 * 4 * LORA_THREADS) {
         float4 av[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            const int k = k0 + 4 * GEMV_THREADS * u;
+            const int k = k0 + 4 * LORA_THREADS * u;
             av[u] = k < in ? *reinterpret_cast<const float4*>(arow + k) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            const int k = k0 + 4 * GEMV_THREADS * u;
+            const int k = k0 + 4 * LORA_THREADS * u;
             if (k >= in) break;
 #pragma unroll
             for (int n = 0; n < N; n++) {
@@ -295,7 +292,7 @@ __device__ void lora_down(const T* __restrict__ x, int in, float* __restrict__ h
             }
         }
     }
-    __shared__ float partial[GEMV_WARPS][N];
+    __shared__ float partial[LORA_THREADS / 32][N];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int n = 0; n < N; n++) {
@@ -308,13 +305,13 @@ __device__ void lora_down(const T* __restrict__ x, int in, float* __restrict__ h
     if ((int)threadIdx.x < N) {
         float v = 0.0f;
 #pragma unroll
-        for (int w = 0; w < GEMV_WARPS; w++) v += partial[w][threadIdx.x];
+        for (int w = 0; w < LORA_THREADS / 32; w++) v += partial[w][threadIdx.x];
         h[(int64_t)threadIdx.x * h_stride + blockIdx.x] = scale * v;
     }
 }
 
 #define LORA_DOWN(NAME, T, N)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                  \
+    extern "C" __global__ void __launch_bounds__(LORA_THREADS)                                                  \
         lora_down_##NAME##_##N(const T* x, int in, float* h, int h_stride, const LoraDown p) {                \
         lora_down<T, N>(x, in, h, h_stride, p);                                                                 \
     }

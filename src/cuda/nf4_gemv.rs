@@ -5,7 +5,6 @@
 //! an optional bias, residual and LoRA term h·Bᵀ, where h = scale · x·Aᵀ comes from [`lora_down`];
 //! all of it summed in f32 and rounded once. `quant::nf4_gemv` and `model::lora::decode` call it.
 
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SMEM;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, DType, Result, Tensor, WithDType};
@@ -20,19 +19,21 @@ pub const MAX_ROWS: usize = 8;
 /// The most weights one launch takes (`MAX_SEGMENTS` in nf4_gemv.cu).
 pub const MAX_SEGMENTS: usize = 3;
 /// Warps per block (`GEMV_WARPS` in nf4_gemv.cu).
-const WARPS: usize = 8;
+const WARPS: usize = 4;
+/// Threads of a `lora_down` block (`LORA_THREADS` in nf4_gemv.cu).
+const LORA_THREADS: u32 = 256;
 /// Batch rows × staged columns of x per tile: the tile (f32, with 4 floats of padding per 32)
-/// stays under 48 KiB of shared memory, beside the 32 KiB pair table.
+/// stays under 48 KiB of shared memory, the most a launch gets without opting in.
 const TILE_VALUES: usize = 10_000;
 
 /// Output rows per warp for `n` batch rows (`GemvShape<N>::R` in nf4_gemv.cu).
-fn rows_per_warp(_n: usize) -> usize {
-    4
+fn rows_per_warp(n: usize) -> usize {
+    if n <= 2 {
+        2
+    } else {
+        4
+    }
 }
-
-/// The byte → code-pair table's bytes at the start of a block's dynamic shared memory
-/// (`PAIR_TABLE_BYTES` in nf4_gemv.cu).
-const PAIR_TABLE_BYTES: usize = 256 * 32 * 4;
 
 /// Columns of x staged at once: all of them when they fit, else the most whole multiples of
 /// 1024 (32 lanes × 32 values) that do.
@@ -279,7 +280,7 @@ fn lora_down_typed<T: CudaDType + WithDType + DeviceRepr>(
     let (in_i, stride) = (in_dim as i32, width as i32);
     let mut b = func.builder();
     b.arg(&xv).arg(&in_i).arg(&hv).arg(&stride).arg(&raw);
-    unsafe { b.launch(super::blocks(width, (WARPS * 32) as u32)) }.w()?;
+    unsafe { b.launch(super::blocks(width, LORA_THREADS)) }.w()?;
     drop((gx, gh));
     Ok(h)
 }
@@ -379,9 +380,8 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     }
     let func = KERNELS.function(&dev, &format!("nf4_gemv_{}_{n}", suffix(T::DTYPE)?))?;
     let tile = tile_columns(n, in_dim);
-    // the pair table, then n rows of the tile in f32, 4 floats of padding after every 32
-    let shared = PAIR_TABLE_BYTES + n * (tile + tile / 8) * 4;
-    func.set_attribute(MAX_DYNAMIC_SMEM, shared as i32).w()?;
+    // n rows of the tile in f32, 4 floats of padding after every 32
+    let shared = n * (tile + tile / 8) * 4;
     let cfg = LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
         block_dim: ((WARPS * 32) as u32, 1, 1),
@@ -415,15 +415,13 @@ mod tests {
     /// dtype — against that same exact product: max abs error ≤ 2 × the stack's + ε, with
     /// ε = 2⁻²³ · max |exact|.
     ///
-    /// Why that bound: both paths multiply the same 16-bit x by weights within half a 16-bit ulp
-    /// of the exact code · absmax (the stack rounds the product to the dtype; the GEMV rounds the
-    /// codebook value to f16 and multiplies the absmax in f32), accumulate in f32 and round each
-    /// output once to the dtype. Their errors against the exact product therefore have the same
-    /// two sources, of the same size, measured by the stack's own error on this very data: the
-    /// weights' 16-bit rounding and the output's final rounding. At the worst element the two
-    /// paths' roundings can still fall on opposite sides, hence twice the stack's error, and ε
-    /// (an f32 ulp of the largest output) keeps a stack error that happened to cancel from
-    /// demanding the impossible.
+    /// Why that bound: both paths multiply the same 16-bit x by the weights code · absmax (the
+    /// stack rounds each to the dtype; the GEMV keeps it exact in f32), accumulate in f32 and
+    /// round each output once to the dtype. The GEMV's error against the exact product is the
+    /// output's final rounding and its summation order; the stack's adds the weights' 16-bit
+    /// rounding, measured on this very data. At the worst element the final roundings can fall
+    /// on opposite sides, hence twice the stack's error, and ε (an f32 ulp of the largest
+    /// output) keeps a stack error that happened to cancel from demanding the impossible.
     ///
     /// Llama-3.1-8B's projection shapes (q/o, gate/up, down), SmolLM2-135M-like ones whose `in`
     /// is not a multiple of the 1024 columns a warp covers per pass (576, 1536) and whose `out`

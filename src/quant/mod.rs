@@ -199,7 +199,7 @@ pub fn nf4_gemv_applies(_x: &Tensor, _w: &Nf4Tensor) -> bool {
 }
 
 /// x `[n, in]` · wᵀ `[n, out]` in x's dtype, read straight from w's NF4 codes and absmax (no
-/// 16-bit copy of w): each weight its code (in f16) times its block's absmax, the sums in f32.
+/// 16-bit copy of w): each weight its code times its block's absmax, exact in f32, the sums in f32.
 /// An error where `nf4_gemv_applies` is false.
 pub fn nf4_gemv(x: &Tensor, w: &Nf4Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
