@@ -231,18 +231,12 @@ __device__ void nf4_gemv(const T* __restrict__ x, int in, int tile, int accumula
         nf4_gemv_##NAME##_##N(const T* x, int in, int tile, int accumulate, const Nf4Segments p) { \
         nf4_gemv<T, N>(x, in, tile, accumulate, p);                                                \
     }
-#define NF4_GEMV_ROWS(NAME, T)                                                                        \
-    NF4_GEMV(NAME, T, 1)                                                                              \
-    NF4_GEMV(NAME, T, 2)                                                                              \
-    NF4_GEMV(NAME, T, 3)                                                                              \
-    NF4_GEMV(NAME, T, 4)                                                                              \
-    NF4_GEMV(NAME, T, 5)                                                                              \
-    NF4_GEMV(NAME, T, 6)                                                                              \
-    NF4_GEMV(NAME, T, 7)                                                                              \
-    NF4_GEMV(NAME, T, 8)
+// Each kernel K for 1 to 8 batch rows.
+#define ROWS_1_TO_8(K, NAME, T) K(NAME, T, 1) K(NAME, T, 2) K(NAME, T, 3) K(NAME, T, 4) \
+    K(NAME, T, 5) K(NAME, T, 6) K(NAME, T, 7) K(NAME, T, 8)
 
-NF4_GEMV_ROWS(f16, __half)
-NF4_GEMV_ROWS(bf16, __nv_bfloat16)
+ROWS_1_TO_8(NF4_GEMV, f16, __half)
+ROWS_1_TO_8(NF4_GEMV, bf16, __nv_bfloat16)
 
 // LoRA's first product for the decode rows: h[n, c] = scale_i · x[n] · A_i[j] for column c, row j
 // of adapter i (up to three adapters reading the same x, their A stacked: c runs over Σ r_i).
@@ -315,15 +309,5 @@ __device__ void lora_down(const T* __restrict__ x, int in, float* __restrict__ h
         lora_down_##NAME##_##N(const T* x, int in, float* h, int h_stride, const LoraDown p) {                \
         lora_down<T, N>(x, in, h, h_stride, p);                                                                 \
     }
-#define LORA_DOWN_ROWS(NAME, T) \
-    LORA_DOWN(NAME, T, 1)       \
-    LORA_DOWN(NAME, T, 2)       \
-    LORA_DOWN(NAME, T, 3)       \
-    LORA_DOWN(NAME, T, 4)       \
-    LORA_DOWN(NAME, T, 5)       \
-    LORA_DOWN(NAME, T, 6)       \
-    LORA_DOWN(NAME, T, 7)       \
-    LORA_DOWN(NAME, T, 8)
-
-LORA_DOWN_ROWS(f16, __half)
-LORA_DOWN_ROWS(bf16, __nv_bfloat16)
+ROWS_1_TO_8(LORA_DOWN, f16, __half)
+ROWS_1_TO_8(LORA_DOWN, bf16, __nv_bfloat16)

@@ -159,37 +159,18 @@ impl Grammar {
 impl Matcher {
     /// Takes `text`; false (and the matcher unchanged) where it cannot come next.
     pub fn feed(&mut self, text: &str) -> bool {
-        let mut states = self.states.clone();
-        for c in text.chars() {
-            let mut next = Vec::new();
-            for state in states {
-                step(state, c, &mut next);
+        match advance(self.states.clone(), text) {
+            Some(states) => {
+                self.states = states;
+                true
             }
-            if next.is_empty() {
-                return false;
-            }
-            states = next;
+            None => false,
         }
-        self.states = states;
-        true
     }
 
     /// Whether `text` may come next.
     pub fn allows(&self, text: &str) -> bool {
-        self.states.iter().any(|state| {
-            let mut states = vec![state.clone()];
-            for c in text.chars() {
-                let mut next = Vec::new();
-                for state in states {
-                    step(state, c, &mut next);
-                }
-                if next.is_empty() {
-                    return false;
-                }
-                states = next;
-            }
-            true
-        })
+        self.states.iter().any(|state| advance(vec![state.clone()], text).is_some())
     }
 
     /// Whether the text may end here (the grammar is complete).
@@ -244,6 +225,21 @@ fn may_close(props: &Option<Vec<Property>>, used: &[bool]) -> bool {
 }
 
 /// The states `state` goes to on `c`, pushed onto `out`.
+/// The states `states` reach through `text`, or `None` where no path takes all of it.
+fn advance(mut states: Vec<State>, text: &str) -> Option<Vec<State>> {
+    for c in text.chars() {
+        let mut next = Vec::new();
+        for state in states {
+            step(state, c, &mut next);
+        }
+        if next.is_empty() {
+            return None;
+        }
+        states = next;
+    }
+    Some(states)
+}
+
 fn step(mut state: State, c: char, out: &mut Vec<State>) {
     let space = matches!(c, ' ' | '\t' | '\n' | '\r');
     let whitespace = |mut state: State, out: &mut Vec<State>| {
