@@ -6,8 +6,9 @@
 # fall outside the profiled range (LORA_FT_PROFILE_RANGE=1, src/profile.rs). Then the same steps
 # unprofiled (graphs and eager) for the wall time a step takes beside the kernels' sum.
 #   bash scripts/device/profile_decode.sh MODEL [BATCHES]   (after `mv .gpu-bench .gpu`, pack.sh bench)
-# Writes $OUT/profile_MODEL.md (scripts/bench/ncu_kernels.py's tables), $OUT/ncu_MODEL_bB.{csv,json}
-# and $OUT/steps_MODEL.jsonl. Environment: STEPS (decode steps profiled, default 8).
+# Writes, in $OUT, the tables of scripts/bench/ncu_kernels.py for each batch size (profile_ then the
+# model's name, .md), the raw and summed kernel times (ncu_ files) and the unprofiled steps' rows
+# (steps_ files). Environment: STEPS (decode steps profiled, default 8).
 source scripts/device/bench_setup.sh   # device=cuda, strict mode
 arch=${1:-llama3.1-8b}
 batches=${2:-1,64}
