@@ -2,6 +2,7 @@
 //! text the grammar does not allow next are set to -inf (the end-of-turn ids too, until the
 //! grammar may end), so the reply follows it by construction, greedy or sampled.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::generate::constrained::matcher::Matcher;
@@ -19,15 +20,26 @@ impl TokenConstraint {
         Self { matcher, texts, stop_ids: stop_ids.to_vec() }
     }
 
-    /// Sets the logits of the tokens that cannot come next to -inf; an error where none can.
+    /// Sets the logits of the tokens that cannot come next to -inf; an error where none can. A
+    /// token whose first character the grammar refuses is refused without walking the rest (a
+    /// JSON position allows few first characters of a vocabulary's hundred thousand tokens).
     pub fn mask(&self, logits: &mut [f32]) -> anyhow::Result<()> {
         let can_end = self.matcher.can_end();
+        let mut first: HashMap<char, bool> = HashMap::new();
+        let mut allows = |t: &str| match t.chars().next() {
+            Some(c) => {
+                let mut buf = [0u8; 4];
+                *first.entry(c).or_insert_with(|| self.matcher.allows(c.encode_utf8(&mut buf)))
+                    && (t.len() == c.len_utf8() || self.matcher.allows(t))
+            }
+            None => self.matcher.allows(t),
+        };
         let mut any = false;
         for (id, logit) in logits.iter_mut().enumerate() {
             let allowed = if self.stop_ids.contains(&(id as u32)) {
                 can_end
             } else {
-                self.texts.get(id).and_then(Option::as_deref).is_some_and(|t| self.matcher.allows(t))
+                self.texts.get(id).and_then(Option::as_deref).is_some_and(&mut allows)
             };
             if allowed {
                 any |= *logit > f32::NEG_INFINITY;
