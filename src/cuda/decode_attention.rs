@@ -38,17 +38,6 @@ impl Launch {
     }
 }
 
-/// The device's multiprocessors, read once.
-fn multiprocessors(dev: &candle_core::CudaDevice) -> Result<usize> {
-    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SM_COUNT;
-    static SMS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    if let Some(&n) = SMS.get() {
-        return Ok(n);
-    }
-    let n = dev.cuda_stream().context().attribute(SM_COUNT).w()?.max(1) as usize;
-    Ok(*SMS.get_or_init(|| n))
-}
-
 /// The head sizes the kernel is instantiated for.
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
@@ -101,7 +90,7 @@ fn typed<T: CudaDType + WithDType + DeviceRepr>(
     let (slots, lens) = (slots.contiguous()?, lens.contiguous()?);
     let dev = cuda_device(q)?;
     let out = unsafe { dev.alloc::<T>(b * heads * d)? };
-    let shape = Launch::new(heads, kv_heads, b, capacity, multiprocessors(&dev)?);
+    let shape = Launch::new(heads, kv_heads, b, capacity, super::multiprocessors(&dev)?);
     let dtype = suffix(T::DTYPE)?;
     let func = KERNELS.function(&dev, &format!("decode_attention_{d}_{dtype}_g{}", shape.group))?;
     // the splits' partial results, f32 (none when a block takes a row's every position)
@@ -252,7 +241,9 @@ mod tests {
     #[test]
     fn cuda_decode_attention_matches_the_training_attention() {
         let gpu = Device::new_cuda(0).unwrap();
-        let batches: [(usize, usize, &[(usize, usize)]); 3] = [
+        // slots, capacity, and each row's (slot, length)
+        type Batch<'a> = (usize, usize, &'a [(usize, usize)]);
+        let batches: [Batch; 3] = [
             (5, 40, &[(3, 1), (0, 17), (4, 40), (1, 33)]),
             (2, 1500, &[(1, 1500)]),
             (3, 800, &[(2, 777), (0, 1)]),

@@ -2,7 +2,6 @@
 //! and its raw log-prob, from many blocks per row and a combine, in place of candle's one-block-
 //! per-row argmax, max and sum. The engine's CPU path (`generate::sampling`) is its reference.
 
-use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SM_COUNT;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, Result, Tensor, WithDType};
@@ -49,7 +48,7 @@ fn typed<T: CudaDType + WithDType + DeviceRepr>(logits: &Tensor) -> Result<Tenso
     }
     let logits = logits.contiguous()?;
     let dev = cuda_device(&logits)?;
-    let sms = dev.cuda_stream().context().attribute(SM_COUNT).w()?.max(1) as usize;
+    let sms = super::multiprocessors(&dev)?;
     let (chunks, chunk) = split(n, vocab, 16 / T::DTYPE.size_in_bytes(), BLOCKS_PER_SM * sms);
     // every partial and every output word is written by the launches
     let partial = unsafe { dev.alloc::<u32>(PARTIAL_WORDS * n * chunks)? };

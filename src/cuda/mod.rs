@@ -134,6 +134,14 @@ fn address_typed<T: CudaDType>(t: &Tensor, stream: &std::sync::Arc<CudaStream>) 
     Ok(ptr)
 }
 
+/// The device's multiprocessors, which kernels size their grids by (two blocks each, splits of
+/// a row or of `in` to fill them).
+pub fn multiprocessors(dev: &CudaDevice) -> Result<usize> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SM_COUNT;
+    use candle_core::cuda_backend::WrapErr;
+    Ok(dev.cuda_stream().context().attribute(SM_COUNT).w()?.max(1) as usize)
+}
+
 /// The suffix of a kernel instantiated for `dtype`.
 pub fn suffix(dtype: DType) -> Result<&'static str> {
     Ok(match dtype {

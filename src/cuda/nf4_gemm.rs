@@ -7,10 +7,7 @@
 //! several blocks, whose f32 partial sums a second kernel adds up. `quant::nf4_gemm` calls it
 //! with an `Nf4Tensor`'s parts.
 
-use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::{
-    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN,
-    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SM_COUNT,
-};
+use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SMEM;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
@@ -196,7 +193,7 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     let col_blocks = out_dim.div_ceil(BN);
     // two blocks per multiprocessor where the x tiles are small, one for the largest batches
     let per_sm = if tiles <= 4 { 2 } else { 1 };
-    let (splits, per_split) = split_in(col_blocks, in_dim / KC, attribute(&dev, SM_COUNT)?, per_sm);
+    let (splits, per_split) = split_in(col_blocks, in_dim / KC, super::multiprocessors(&dev)?, per_sm);
     let cfg = LaunchConfig {
         grid_dim: (col_blocks as u32, splits as u32, 1),
         block_dim: (THREADS, 1, 1),

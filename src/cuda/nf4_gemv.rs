@@ -163,19 +163,8 @@ pub fn lora_supports(a: &Tensor, b: &Tensor, in_dim: usize, device: &candle_core
 /// x · Wᵀ as a new `[n, out_dim]` tensor in x's dtype; W is `[out_dim, x.dim(1)]`, its packed
 /// codes `packed` (U8, two per byte, the first value in the high nibble) and its `scales`.
 pub fn gemv(x: &Tensor, packed: &Tensor, scales: Scales, out_dim: usize) -> Result<Tensor> {
-    let dev = cuda_device(x)?;
-    let n = x.dim(0)?;
-    let y = match x.dtype() {
-        DType::F16 => wrap(unsafe { dev.alloc::<f16>(n * out_dim)? }, &dev, &[n, out_dim]),
-        DType::BF16 => wrap(unsafe { dev.alloc::<bf16>(n * out_dim)? }, &dev, &[n, out_dim]),
-        dt => bail!("the NF4 GEMV takes f16 or bf16, not {dt:?}"),
-    };
-    let at = address(&y, &dev.cuda_stream())?;
-    let segment = Segment { packed, scales, out_dim, y: at, residual: None, bias: None, lora: None };
-    // SAFETY: `y` is a fresh [n, out_dim] buffer of x's dtype on x's device, every element of
-    // which the launch writes (accumulate off), held across the launch.
-    unsafe { gemv_segments(x, &[segment], false)? };
-    Ok(y)
+    let segment = Segment { packed, scales, out_dim, y: 0, residual: None, bias: None, lora: None };
+    Ok(gemv_outputs(x, vec![segment])?.remove(0))
 }
 
 /// y `[n, out_dim]` (x's dtype, row-major) at device address `y` set to x · Wᵀ, or added to
