@@ -184,122 +184,75 @@ pub fn write_slots(
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use candle_core::{DType, Device, Tensor, D};
-
-    use super::*;
-    use crate::model::ops::attention::{attention_packed, ScoreRule};
-    use crate::testing::assert_within_reference_error;
-
-    /// Row r's context in f64 on the CPU: its query against positions `first..len` of its slot.
-    fn exact(q: &Tensor, k: &Tensor, v: &Tensor, (slot, len): (usize, usize), rule: &ScoreRule) -> Tensor {
-        let f64 = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F64).unwrap();
-        let (q, k, v) = (f64(q), f64(k), f64(v));
-        let (heads, d) = q.dims2().unwrap();
-        let kv = k.dim(2).unwrap();
-        let first = rule.window.map_or(0, |w| len.saturating_sub(w));
-        let keys = |x: &Tensor| x.get(slot).unwrap().narrow(0, first, len - first).unwrap();
-        let (k, v) = (keys(&k), keys(&v)); // [n, kv, d]
-        let rows: Vec<Tensor> = (0..heads)
-            .map(|h| {
-                let g = h / (heads / kv);
-                let kh = k.narrow(1, g, 1).unwrap().squeeze(1).unwrap(); // [n, d]
-                let vh = v.narrow(1, g, 1).unwrap().squeeze(1).unwrap();
-                let qh = q.get(h).unwrap().reshape((1, d)).unwrap();
-                let mut s = (qh.matmul(&kh.t().unwrap()).unwrap() * rule.scale).unwrap();
-                if let Some(cap) = rule.softcap {
-                    s = ((s / cap).unwrap().tanh().unwrap() * cap).unwrap();
-                }
-                let p = candle_nn::ops::softmax(&s, D::Minus1).unwrap();
-                p.matmul(&vh).unwrap().squeeze(0).unwrap()
-            })
-            .collect();
-        Tensor::stack(&rows, 0).unwrap()
-    }
-
-    /// The launch's shape: GQA groups as the kernel's G (a power of two, at most 8, more
-    /// blocks a kv head past 8), splits for two blocks a multiprocessor, at least 32 positions
-    /// of the capacity each, at most 64, and none for a batch that fills the GPU.
-    #[test]
-    fn launches_group_heads_and_split_short_batches() {
-        let llama = |rows, capacity| Launch::new(32, 8, rows, capacity, 132);
-        assert_eq!(llama(1, 768), Launch { group: 4, hsplit: 1, splits: 24 });
-        assert_eq!(llama(1, 131072), Launch { group: 4, hsplit: 1, splits: 33 });
-        assert_eq!(llama(8, 768), Launch { group: 4, hsplit: 1, splits: 5 });
-        assert_eq!(llama(64, 768), Launch { group: 4, hsplit: 1, splits: 1 });
-        assert_eq!(Launch::new(28, 4, 1, 40, 132).group, 8);
-        assert_eq!(Launch::new(16, 1, 1, 40, 132), Launch { group: 8, hsplit: 2, splits: 2 });
-        assert_eq!(Launch::new(8, 8, 2, 10, 132), Launch { group: 1, hsplit: 1, splits: 1 });
-    }
-
-    /// The kernel against the training attention run a row at a time (its reference, the path
-    /// it replaces), both against the answer in f64: within the crate's multiple of the
-    /// reference's own error. Head sizes 64, 128 and 256; plain heads and GQA groups of 4, 7 and
-    /// 16 query heads a kv head; a window, a soft cap; rows of one position and of a full slot,
-    /// short batches whose long rows run in many splits and their merge; in f32, f16 and bf16.
-    #[test]
-    fn cuda_decode_attention_matches_the_training_attention() {
-        let gpu = Device::new_cuda(0).unwrap();
-        // slots, capacity, and each row's (slot, length)
-        type Batch<'a> = (usize, usize, &'a [(usize, usize)]);
-        let batches: [Batch; 3] = [
-            (5, 40, &[(3, 1), (0, 17), (4, 40), (1, 33)]),
-            (2, 1500, &[(1, 1500)]),
-            (3, 800, &[(2, 777), (0, 1)]),
-        ];
-        let heads_of = [(64, 4, 1), (128, 8, 2), (256, 4, 4), (128, 28, 4), (64, 16, 1)];
-        for ((slots, capacity, rows), (d, heads, kv)) in
-            batches.iter().flat_map(|b| heads_of.map(|h| (*b, h)))
-        {
-            let q = Tensor::randn(0f32, 1.0, (rows.len(), heads, d), &Device::Cpu).unwrap();
-            let k = Tensor::randn(0f32, 1.0, (slots, capacity, kv, d), &Device::Cpu).unwrap();
-            let v = Tensor::randn(0f32, 1.0, (slots, capacity, kv, d), &Device::Cpu).unwrap();
-            let slot_ids: Vec<u32> = rows.iter().map(|r| r.0 as u32).collect();
-            let lens: Vec<u32> = rows.iter().map(|r| r.1 as u32).collect();
-            let (slot_ids, lens) = (Tensor::new(slot_ids, &gpu).unwrap(), Tensor::new(lens, &gpu).unwrap());
-            for (softcap, window) in [(None, None), (Some(20.0), Some(9))] {
-                let rule = ScoreRule { scale: 1.0 / (d as f64).sqrt(), softcap, window };
-                let exact: Vec<Tensor> = rows
-                    .iter()
-                    .enumerate()
-                    .map(|(r, &row)| exact(&q.get(r).unwrap(), &k, &v, row, &rule))
-                    .collect();
-                let exact = Tensor::stack(&exact, 0).unwrap();
-                for dtype in [DType::F32, DType::F16, DType::BF16] {
-                    let on = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(&gpu).unwrap();
-                    let (qg, kg, vg) = (on(&q), on(&k), on(&v));
-                    let scores = Scores { scale: rule.scale, softcap, window };
-                    let ours = decode_attention(&qg, (&kg, &vg), (&slot_ids, &lens), scores).unwrap();
-                    let reference: Vec<Tensor> = rows
-                        .iter()
-                        .enumerate()
-                        .map(|(r, &(slot, len))| {
-                            let q = qg.get(r).unwrap().reshape((1, heads, 1, d)).unwrap();
-                            let seen = |x: &Tensor| {
-                                x.narrow(0, slot, 1)
-                                    .unwrap()
-                                    .narrow(1, 0, len)
-                                    .unwrap()
-                                    .transpose(1, 2)
-                                    .unwrap()
-                                    .contiguous()
-                                    .unwrap()
-                            };
-                            let (context, _) =
-                                attention_packed(&q, &seen(&kg), &seen(&vg), (None, None), &rule).unwrap();
-                            context.reshape((heads, d)).unwrap()
-                        })
-                        .collect();
-                    let reference = Tensor::stack(&reference, 0).unwrap();
-                    let what = format!(
-                        "{} rows of capacity {capacity}, d {d}, {heads}/{kv} heads, cap {softcap:?}, window \
-                         {window:?}, {dtype:?}",
-                        rows.len()
-                    );
-                    assert_within_reference_error(&what, &ours, &reference, &exact);
-                }
-            }
-        }
-    }
+/// One decode step's RoPE and cache write in one launch: row r of q `[b, heads, d]` and k
+/// `[b, kv_heads, d]` rotated at position `positions[r]` by the tables `cos`, `sin`
+/// `[positions, d / 2]` (rotate_half, the arithmetic of `rope.cu`), k and v (`[b, kv_heads, d]`)
+/// written at that position of slot `slots[r]` of the caches `[slots, capacity, kv_heads, d]`,
+/// in place; returns the rotated q `[b, heads, d]`. Everything contiguous, of one dtype.
+pub fn rope_write_slots(
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    (cos, sin): (&Tensor, &Tensor),
+    (k_cache, v_cache): (&Tensor, &Tensor),
+    (slots, positions): (&Tensor, &Tensor),
+) -> Result<Tensor> {
+    by_dtype!(q.dtype(), rope_write_typed((q, k, v), (cos, sin), (k_cache, v_cache), (slots, positions)))
 }
+
+fn rope_write_typed<T: CudaDType + WithDType + DeviceRepr>(
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    (cos, sin): (&Tensor, &Tensor),
+    (k_cache, v_cache): (&Tensor, &Tensor),
+    (slots, positions): (&Tensor, &Tensor),
+) -> Result<Tensor> {
+    let (b, heads, d) = q.dims3()?;
+    let (_, capacity, kv_heads, kd) = k_cache.dims4()?;
+    let half = d / 2;
+    let same = |t: &Tensor| t.is_contiguous() && t.dtype() == T::DTYPE;
+    if !d.is_multiple_of(2)
+        || kd != d
+        || k.dims() != [b, kv_heads, d]
+        || v.dims() != [b, kv_heads, d]
+        || v_cache.dims() != k_cache.dims()
+        || cos.dims2()?.1 != half
+        || sin.dims() != cos.dims()
+        || ![q, k, v, cos, sin, k_cache, v_cache].into_iter().all(same)
+    {
+        bail!(
+            "RoPE and KV write: q {:?}, k {:?}, v {:?}, tables {:?}, caches {:?}, all contiguous of one dtype",
+            q.dims(),
+            k.dims(),
+            v.dims(),
+            cos.dims(),
+            k_cache.dims()
+        );
+    }
+    let index = |t: &Tensor| t.dims() == [b] && t.dtype() == DType::U32;
+    if !index(slots) || !index(positions) {
+        bail!("RoPE and KV write: slots and positions are u32 [{b}]");
+    }
+    let dev = cuda_device(q)?;
+    if b == 0 {
+        return Tensor::zeros((0, heads, d), T::DTYPE, q.device());
+    }
+    let (slots, positions) = (slots.contiguous()?, positions.contiguous()?);
+    let stream = dev.cuda_stream();
+    let q_out = unsafe { dev.alloc::<T>(b * heads * d)? };
+    let func = KERNELS.function(&dev, &format!("rope_write_slots_{}", suffix(T::DTYPE)?))?;
+    let [qa, ka, va, ca, sa, kca, vca, sla, pa] =
+        [q, k, v, cos, sin, k_cache, v_cache, &slots, &positions].map(|t| super::address(t, &stream));
+    let (qa, ka, va, ca, sa, kca, vca, sla, pa) = (qa?, ka?, va?, ca?, sa?, kca?, vca?, sla?, pa?);
+    let (heads_i, kv_heads, half, capacity) = (heads as i32, kv_heads as i32, half as i32, capacity as i32);
+    let mut l = func.builder();
+    l.arg(&qa).arg(&ka).arg(&va).arg(&ca).arg(&sa).arg(&q_out).arg(&kca).arg(&vca).arg(&sla).arg(&pa);
+    l.arg(&heads_i).arg(&kv_heads).arg(&half).arg(&capacity);
+    let config = LaunchConfig { grid_dim: (b as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: every address is a live tensor of the checked shape held across the launch; the
+    // caches are written only on this stream; the caller keeps each position below the tables'
+    // length and the capacity.
+    unsafe { l.launch(config) }.w()?;
+    Ok(wrap(q_out, &dev, &[b, heads, d]))
+}
+
+#[cfg(all(test, feature = "cuda"))]
+#[path = "decode_attention_tests.rs"]
+mod tests;

@@ -360,20 +360,38 @@ impl DecoderLayer {
             candle_core::bail!("{} decode rows for {} rows", rows.len(), q.dim(0)?);
         }
         let limit = cache.capacity();
-        let (q, k) = input.rope.apply_rows((q, k), &rows.positions_t, limit)?;
-        cache.write(&k, v, rows)?;
         let rule = &input.scores;
         #[cfg(feature = "cuda")]
         if q.device().is_cuda() && crate::cuda::decode_attention::HEAD_DIMS.contains(&self.head_dim) {
-            use crate::cuda::decode_attention::{decode_attention, Scores};
-            let (b, h) = (rows.len(), self.n_heads);
-            let q = q.transpose(1, 2)?.contiguous()?.reshape((b, h, self.head_dim))?;
+            use crate::cuda::decode_attention::{decode_attention, rope_write_slots, Scores};
+            let (b, h, d) = (rows.len(), self.n_heads, self.head_dim);
+            let (cos, sin) = input.rope.tables_to(limit)?;
+            let (k_cache, v_cache) = cache.buffers();
+            let q = if [&cos, k_cache].iter().all(|t| t.dtype() == q.dtype()) {
+                // one launch: q and k rotated, k and v written, q laid out for the attention
+                let as_rows = |x: &Tensor, n| x.transpose(1, 2)?.contiguous()?.reshape((b, n, d));
+                let (q, k, v) = (as_rows(q, h)?, as_rows(k, self.n_kv_heads)?, as_rows(v, self.n_kv_heads)?);
+                section("rope", q.device(), || {
+                    rope_write_slots(
+                        (&q, &k, &v),
+                        (&cos, &sin),
+                        (k_cache, v_cache),
+                        (&rows.slots_t, &rows.positions_t),
+                    )
+                })?
+            } else {
+                let (q, k) = input.rope.apply_rows((q, k), &rows.positions_t, limit)?;
+                cache.write(&k, v, rows)?;
+                q.transpose(1, 2)?.contiguous()?.reshape((b, h, d))?
+            };
             let scores = Scores { scale: rule.scale, softcap: rule.softcap, window: rule.window };
             let context = section("attention", q.device(), || {
                 decode_attention(&q, cache.buffers(), (&rows.slots_t, &rows.lens_t), scores)
             })?;
             return context.unsqueeze(2);
         }
+        let (q, k) = input.rope.apply_rows((q, k), &rows.positions_t, limit)?;
+        cache.write(&k, v, rows)?;
         if !rows.on_host() {
             candle_core::bail!("decode rows given on the device run on CUDA only");
         }

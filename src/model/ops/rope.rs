@@ -125,6 +125,12 @@ impl Rope {
         Ok((cos.narrow(0, offset, len)?, sin.narrow(0, offset, len)?))
     }
 
+    /// The cos and sin tables `[limit, head_dim / 2]` of positions `0..limit`, in the rope's
+    /// dtype: for a kernel that rotates rows at positions it reads on the device.
+    pub fn tables_to(&self, limit: usize) -> Result<(Tensor, Tensor)> {
+        self.tables(0, limit)
+    }
+
     /// x `[b, heads, t, head_dim]` at positions offset..offset+t.
     pub fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         let (cos, sin) = self.tables(offset, x.dim(2)?)?;
