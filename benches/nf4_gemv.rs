@@ -1,9 +1,10 @@
-//! The NF4 GEMV (`quant::nf4_gemv`) against the path it replaces for decode batches — the
-//! dequantize kernel's 16-bit weight, then one cuBLAS GEMM (`Product::nt`, as the forward runs
-//! it) — on Llama-3.1-8B's projection shapes (q/o 4096×4096, k/v 1024×4096, gate/up 14336×4096,
-//! down 4096×14336) at 1 and 8 rows, bf16, double-quantized and plain absmax. Prints µs per
-//! call, the GB/s of weight bytes each reads (packed codes + absmax: the least a decode step
-//! must read; the old path's own traffic is three times that and more), and the speedup. Each
+//! The NF4 GEMV's two kernels (`cuda::nf4_gemv::Kernel`: CUDA cores, tensor cores) against the
+//! path they replace for decode batches — the dequantize kernel's 16-bit weight, then one cuBLAS
+//! GEMM (`Product::nt`, as the forward runs it) — on Llama-3.1-8B's projection shapes (q/o
+//! 4096×4096, k/v 1024×4096, gate/up 14336×4096, down 4096×14336) at 1, 4 and 8 rows, bf16,
+//! double-quantized and plain absmax. Prints µs per call, the GB/s of weight bytes each reads
+//! (packed codes + absmax: the least a decode step must read; the old path's own traffic is
+//! three times that and more), and the tensor-core kernel's speedup over the other two. Each
 //! timing is the mean over ITERS back-to-back calls between two device synchronizations.
 //!
 //!   cargo bench --features cuda --bench nf4_gemv [-- ITERS]
@@ -26,8 +27,9 @@ mod gpu {
     use std::time::Instant;
 
     use candle_core::{DType, Device, Result, Tensor};
+    use lora_ft::cuda::nf4_gemv::{gemv_outputs_on, Kernel};
     use lora_ft::model::ops::product_sum::Product;
-    use lora_ft::quant::{nf4_gemv, Nf4Tensor};
+    use lora_ft::quant::Nf4Tensor;
 
     /// Seconds per call of `f`: a warm-up, then the mean over `iters` calls queued back to back.
     fn time(dev: &Device, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
@@ -55,32 +57,52 @@ mod gpu {
         // the launch overhead of training and chat, not the tests'
         lora_ft::cuda::order_by_stream(&dev);
         let dtype = DType::BF16;
-        println!("NF4 GEMV vs dequantize + GEMM, {dtype:?}, mean of {iters} calls");
         println!(
-            "{:>12} {:>6} {:>2} | {:>9} {:>7} | {:>9} {:>7} | {:>7}",
-            "[out, in]", "absmax", "n", "GEMV µs", "GB/s", "old µs", "GB/s", "speedup"
+            "NF4 GEMV (CUDA cores, tensor cores) vs dequantize + GEMM, {dtype:?}, mean of {iters} calls"
+        );
+        println!(
+            "{:>12} {:>6} {:>2} | {:>8} {:>6} | {:>8} {:>6} | {:>8} {:>6} | {:>8} {:>8}",
+            "[out, in]",
+            "absmax",
+            "n",
+            "lanes µs",
+            "GB/s",
+            "mma µs",
+            "GB/s",
+            "old µs",
+            "GB/s",
+            "vs lanes",
+            "vs old"
         );
         for (out_dim, in_dim) in [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)] {
             let w = Tensor::randn(0f32, 0.02, (out_dim, in_dim), &dev)?;
             for double_quant in [true, false] {
                 let q = Nf4Tensor::quantize(&w, double_quant)?;
                 let gb = q.size_in_bytes() as f64 / 1e9;
-                for n in [1, 8] {
+                for n in [1, 4, 8] {
                     let x = Tensor::randn(0f32, 1.0, (n, in_dim), &dev)?.to_dtype(dtype)?;
-                    let gemv = time(&dev, iters, || nf4_gemv(&x, &q).map(drop))?;
+                    let on = |kernel: Kernel| -> Result<()> {
+                        let segment = q.gemv_segment(&x).expect("the GEMV takes x");
+                        gemv_outputs_on(kernel, &x, vec![segment]).map(drop)
+                    };
+                    let lanes = time(&dev, iters, || on(Kernel::Lanes))?;
+                    let mma = time(&dev, iters, || on(Kernel::TensorCores))?;
                     let old = time(&dev, iters, || {
                         let w16 = q.dequantize(dtype)?;
                         Product::nt(&x, &w16).eval().map(drop)
                     })?;
                     println!(
-                        "{:>12} {:>6} {n:>2} | {:>9.1} {:>7.0} | {:>9.1} {:>7.0} | {:>6.2}x",
+                        "{:>12} {:>6} {n:>2} | {:>8.1} {:>6.0} | {:>8.1} {:>6.0} | {:>8.1} {:>6.0} | {:>7.2}x {:>7.2}x",
                         format!("{out_dim}x{in_dim}"),
                         if double_quant { "double" } else { "f32" },
-                        gemv * 1e6,
-                        gb / gemv,
+                        lanes * 1e6,
+                        gb / lanes,
+                        mma * 1e6,
+                        gb / mma,
                         old * 1e6,
                         gb / old,
-                        old / gemv
+                        lanes / mma,
+                        old / mma
                     );
                 }
             }

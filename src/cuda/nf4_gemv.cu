@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "dtype.cuh"
+#include "mma.cuh"
 #include "nf4_tables.cuh"
 
 #define GEMV_WARPS 4
@@ -237,6 +238,225 @@ __device__ void nf4_gemv(const T* __restrict__ x, int in, int tile, int accumula
 
 ROWS_1_TO_8(NF4_GEMV, f16, __half)
 ROWS_1_TO_8(NF4_GEMV, bf16, __nv_bfloat16)
+
+// ---- The tensor-core path: 1 to 8 rows, `in` a multiple of 256 ----
+//
+// The same product and epilogue on mma.sync m16n8k16 (16-bit operands, f32 sums): W is the A
+// operand (16 output rows a block), x the B operand (8 batch rows), and the f32 accumulators
+// are the sums. Each weight is decoded to exactly the 16-bit value the dequantize kernel
+// writes (code · absmax in f32, rounded once to T), so the result is the dequantize + GEMM
+// path's up to summation order, without the 16-bit copy.
+//
+// A dot product does not care in which order its k run, as long as both operands agree: lane
+// quad c (lane = 4g + c) takes physical k = 64c .. 64c + 63 of each 256-wide super-chunk (one
+// absmax block of its two rows g and g + 8, 32 contiguous bytes each, and 64 contiguous values
+// of x), and its four k slots of the mma's step s are 64c + 4s .. 64c + 4s + 3. So a lane reads
+// whole 16-byte runs of both operands and needs no shuffles.
+//
+// Decoding without table loads: per row and block, the 16 values code_i · absmax rounded to T
+// are two 4-register tables (their low bytes, their high bytes); a packed word's eight nibbles
+// are looked up by byte permutes (each nibble's low three bits pick a byte of a table half, its
+// high bit the half) and interleaved into four pairs, about 2.5 instructions a value.
+//
+// A block is 1 to MMA_MAX_WARPS warps (nf4_gemv.rs picks them) over 16 output rows, the warps
+// splitting the super-chunks; each warp streams its super-chunks' packed rows and absmax through its
+// own ring of MMA_STAGES shared-memory stages (dynamic shared memory) by cp.async, so its next
+// loads are in flight while it decodes, and registers hold no loads in flight. The warps' sums
+// meet in shared memory; then one thread an output adds the LoRA term (B's 16 rows staged at the
+// start), bias, residual (and y with `accumulate`) and rounds once.
+#define MMA_KC 256
+#define MMA_MAX_WARPS 8
+#define MMA_STAGES 3
+// a staged W row's 128 bytes and 16 of padding, so rows g and g + 1 fall on different banks
+#define MMA_PITCH 144
+#define MMA_STAGE_W (16 * MMA_PITCH)
+// then the rows' scales: 4 f32 absmax a row, or 4 codes a row and, after them, an absmax2 a row
+#define MMA_STAGE (MMA_STAGE_W + 256)
+// the largest rank whose B rows are staged in shared memory (past it they are read from global)
+#define MMA_MAX_RANK 64
+
+// Row tables: lo[j] and hi[j] hold the low and high bytes of values 4j .. 4j + 3, each code_i ·
+// absmax in f32 rounded to T, as nf4_dequantize rounds it.
+template <typename T>
+__device__ __forceinline__ void value_tables(float amax, uint32_t lo[4], uint32_t hi[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uint32_t p0 = pack2<T>(NF4_CODE[4 * j] * amax, NF4_CODE[4 * j + 1] * amax);
+        const uint32_t p1 = pack2<T>(NF4_CODE[4 * j + 2] * amax, NF4_CODE[4 * j + 3] * amax);
+        lo[j] = __byte_perm(p0, p1, 0x6420);
+        hi[j] = __byte_perm(p0, p1, 0x7531);
+    }
+}
+
+// A packed word's eight values (byte b: value 2b in its high nibble, 2b + 1 in its low) as the
+// pairs {v0, v1}, {v2, v3}, {v4, v5}, {v6, v7} of T, from a row's tables.
+__device__ __forceinline__ void decode8(uint32_t q, const uint32_t lo[4], const uint32_t hi[4], uint32_t v[4]) {
+    // a selector nibble's high bit is prmt's sign-replicate flag: keep the low three
+    const uint32_t idx = q & 0x77777777u, idx16 = idx >> 16;
+    const uint32_t half = 0x32103210u | ((q >> 1) & 0x44444444u), half16 = half >> 16;
+    // the low (high) bytes of the values in nibble order: 1, 0, 3, 2 (5, 4, 7, 6)
+    const uint32_t l0 = __byte_perm(__byte_perm(lo[0], lo[1], idx), __byte_perm(lo[2], lo[3], idx), half);
+    const uint32_t h0 = __byte_perm(__byte_perm(hi[0], hi[1], idx), __byte_perm(hi[2], hi[3], idx), half);
+    const uint32_t l1 = __byte_perm(__byte_perm(lo[0], lo[1], idx16), __byte_perm(lo[2], lo[3], idx16), half16);
+    const uint32_t h1 = __byte_perm(__byte_perm(hi[0], hi[1], idx16), __byte_perm(hi[2], hi[3], idx16), half16);
+    v[0] = __byte_perm(l0, h0, 0x4051);
+    v[1] = __byte_perm(l0, h0, 0x6273);
+    v[2] = __byte_perm(l1, h1, 0x4051);
+    v[3] = __byte_perm(l1, h1, 0x6273);
+}
+
+template <typename T, int NT>
+__device__ void nf4_mma(const T* __restrict__ x, int n, int in, int accumulate, const Nf4Segments& p) {
+    extern __shared__ __align__(16) uint8_t mma_ring[];  // [warps][MMA_STAGES][MMA_STAGE]
+    __shared__ __align__(16) float lora_bs[16 * MMA_MAX_RANK];
+    __shared__ float dmap[256];
+    __shared__ float red[MMA_MAX_WARPS][16][8 * NT];
+    Nf4Segment s = p.s[0];
+    if (p.count > 1 && (int)blockIdx.x >= p.s[1].block0) s = p.s[1];
+    if (p.count > 2 && (int)blockIdx.x >= p.s[2].block0) s = p.s[2];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    if (s.codes != nullptr)
+        for (int i = tid; i < 256; i += blockDim.x) dmap[i] = DYNAMIC_MAP[i];
+    const int out = s.out;
+    const int row0 = ((int)blockIdx.x - s.block0) * 16;
+    const int supers = in / MMA_KC;
+    const int64_t row_bytes = in / 2, blocks_per_row = in / NF4_BLOCK;
+    const bool dq = s.codes != nullptr;
+    uint8_t* ring = mma_ring + warp * (MMA_STAGES * MMA_STAGE);
+
+    // super-chunk sc's 16 packed rows and their scales into stage st of this warp's ring, rows
+    // past `out` as zeros
+    auto issue = [&](int st, int sc) {
+        uint8_t* dst = ring + st * MMA_STAGE;
+#pragma unroll
+        for (int i = lane; i < 128; i += 32) {
+            const int r = i >> 3, part = i & 7, row = row0 + r;
+            const bool ok = row < out;
+            cp_async16(dst + r * MMA_PITCH + 16 * part,
+                       s.packed + (int64_t)(ok ? row : 0) * row_bytes + (int64_t)sc * (MMA_KC / 2) + 16 * part, ok);
+        }
+        if (lane < 16) {
+            const int row = row0 + lane;
+            const bool ok = row < out;
+            const int64_t block = (int64_t)(ok ? row : 0) * blocks_per_row + 4 * sc;
+            uint8_t* sd = dst + MMA_STAGE_W;
+            if (!dq) {
+                cp_async16(sd + 16 * lane, s.absmax + block, ok);
+            } else {
+                cp_async4(sd + 4 * lane, s.codes + block, ok);
+                cp_async4(sd + 64 + 4 * lane, s.absmax2 + block / DQ_BLOCK, ok);
+            }
+        }
+    };
+
+    // the LoRA term's B rows of this block (16 · rank contiguous f32), staged with the first
+    // stage's copies so their latency hides behind the weights'
+    const bool staged_b = s.rank > 0 && s.rank <= MMA_MAX_RANK;
+    if (staged_b) {
+        const int64_t first = (int64_t)row0 * s.rank, last = (int64_t)out * s.rank;
+        for (int i = tid; i < 4 * s.rank; i += blockDim.x) {
+            const int64_t at = first + 4 * i;
+            const int64_t left = last - at;
+            cp_async16_first(lora_bs + 4 * i, s.lora_b + (left > 0 ? at : 0), 4 * (int)(left < 0 ? 0 : left < 4 ? left : 4));
+        }
+    }
+
+    float acc[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[t][e] = 0.0f;
+
+    // this warp's super-chunks: warp, warp + warps, ...
+    const int count = supers > warp ? (supers - warp + warps - 1) / warps : 0;
+#pragma unroll
+    for (int i = 0; i < MMA_STAGES - 1; i++) {
+        if (i < count) issue(i, warp + i * warps);
+        cp_async_commit();
+    }
+    __syncthreads();  // dmap
+    for (int i = 0; i < count; i++) {
+        cp_async_wait<MMA_STAGES - 2>();
+        __syncwarp();
+        // the stage read in the previous step is free again: refill it
+        const int next = i + MMA_STAGES - 1;
+        if (next < count) issue(next % MMA_STAGES, warp + next * warps);
+        cp_async_commit();
+
+        const uint8_t* st = ring + (i % MMA_STAGES) * MMA_STAGE;
+        const int sc = warp + i * warps;
+        const uint4 wa0 = *reinterpret_cast<const uint4*>(st + g * MMA_PITCH + 32 * c);
+        const uint4 wa1 = *reinterpret_cast<const uint4*>(st + g * MMA_PITCH + 32 * c + 16);
+        const uint4 wb0 = *reinterpret_cast<const uint4*>(st + (g + 8) * MMA_PITCH + 32 * c);
+        const uint4 wb1 = *reinterpret_cast<const uint4*>(st + (g + 8) * MMA_PITCH + 32 * c + 16);
+        const uint8_t* sd = st + MMA_STAGE_W;
+        float amax_a, amax_b;
+        if (!dq) {
+            amax_a = reinterpret_cast<const float*>(sd)[4 * g + c];
+            amax_b = reinterpret_cast<const float*>(sd)[4 * (g + 8) + c];
+        } else {
+            const float* absmax2 = reinterpret_cast<const float*>(sd + 64);
+            amax_a = restore_absmax(dmap[sd[4 * g + c]], absmax2[g], s.offset);
+            amax_b = restore_absmax(dmap[sd[4 * (g + 8) + c]], absmax2[g + 8], s.offset);
+        }
+        uint32_t lo_a[4], hi_a[4], lo_b[4], hi_b[4];
+        value_tables<T>(amax_a, lo_a, hi_a);
+        value_tables<T>(amax_b, lo_b, hi_b);
+        const int64_t k = (int64_t)sc * MMA_KC + 64 * c;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            uint32_t va[4], vb[4];
+            decode8(word_of(j < 4 ? wa0 : wa1, j % 4), lo_a, hi_a, va);
+            decode8(word_of(j < 4 ? wb0 : wb1, j % 4), lo_b, hi_b, vb);
+            const uint32_t a0[4] = {va[0], vb[0], va[1], vb[1]};
+            const uint32_t a1[4] = {va[2], vb[2], va[3], vb[3]};
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const int xr = 8 * t + g;
+                const uint4 xv = xr < n ? __ldg(reinterpret_cast<const uint4*>(x + (int64_t)xr * in + k + 8 * j))
+                                        : make_uint4(0, 0, 0, 0);
+                mma<T>(acc[t], a0, xv.x, xv.y);
+                mma<T>(acc[t], a1, xv.z, xv.w);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // the warps' sums: accumulator e of tile t is row g + 8 (e / 2), batch row 8t + 2c + e % 2
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) red[warp][g + 8 * (e / 2)][8 * t + 2 * c + (e % 2)] = acc[t][e];
+    __syncthreads();
+    T* y = reinterpret_cast<T*>(s.y);
+    const T* residual = reinterpret_cast<const T*>(s.residual);
+    const T* bias = reinterpret_cast<const T*>(s.bias);
+    for (int o = tid; o < 16 * n; o += blockDim.x) {
+        const int r = o & 15, nn = o >> 4, row = row0 + r;
+        if (row >= out) continue;
+        float v = 0.0f;
+        for (int w = 0; w < warps; w++) v += red[w][r][nn];
+        if (s.rank > 0) {
+            const float* h = s.lora_h + (int64_t)nn * s.h_stride + s.h_col;
+            const float* b = staged_b ? lora_bs + r * s.rank : s.lora_b + (int64_t)row * s.rank;
+            for (int j = 0; j < s.rank; j++) v = fmaf(h[j], b[j], v);
+        }
+        const int64_t at = (int64_t)nn * out + row;
+        if (bias != nullptr) v += to_f32(bias[row]);
+        if (residual != nullptr) v += to_f32(residual[at]);
+        if (accumulate) v += to_f32(y[at]);
+        store(y + at, v);
+    }
+}
+
+#define NF4_MMA(NAME, T, NT)                                                                       \
+    extern "C" __global__ void __launch_bounds__(MMA_MAX_WARPS * 32, 3)                             \
+        nf4_mma_##NAME##_##NT(const T* x, int n, int in, int accumulate, const Nf4Segments p) {    \
+        nf4_mma<T, NT>(x, n, in, accumulate, p);                                                   \
+    }
+NF4_MMA(f16, __half, 1)
+NF4_MMA(bf16, __nv_bfloat16, 1)
 
 // LoRA's first product for the decode rows: h[n, c] = scale_i · x[n] · A_i[j] for column c, row j
 // of adapter i (up to three adapters reading the same x, their A stacked: c runs over Σ r_i).

@@ -5,6 +5,7 @@
 //! an optional bias, residual and LoRA term h·Bᵀ, where h = scale · x·Aᵀ comes from [`lora_down`];
 //! all of it summed in f32 and rounded once. `quant::nf4_gemv` and `model::lora::decode` call it.
 
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SMEM;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, DType, Result, Tensor, WithDType};
@@ -14,8 +15,48 @@ use super::{address, cuda_device, suffix, view, wrap};
 
 pub static KERNELS: super::module::Kernels = super::module::kernels!("nf4_gemv");
 
-/// The most rows of x one launch takes (the kernel is instantiated for 1 to 8).
+/// The most rows of x one launch takes (the kernels are instantiated for 1 to 8).
 pub const MAX_ROWS: usize = 8;
+/// `MMA_KC` in nf4_gemv.cu: the tensor-core kernel takes an `in` that is a multiple of it.
+const MMA_KC: usize = 256;
+/// Warps of a tensor-core block (at most `MMA_MAX_WARPS` in nf4_gemv.cu).
+const MMA_WARPS: usize = 4;
+/// Bytes of one warp's ring of staged super-chunks (`MMA_STAGES` × `MMA_STAGE` in nf4_gemv.cu).
+const MMA_RING_BYTES: usize = 3 * (16 * 144 + 256);
+
+/// Which of nf4_gemv.cu's kernels a launch runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// `nf4_gemv`: CUDA cores, a lane summing code · x in f32 over 32-value chunks, each weight
+    /// exact in f32; any `in` that is a multiple of 32.
+    Lanes,
+    /// `nf4_mma`: tensor cores on each weight rounded to the compute dtype as the dequantize
+    /// kernel rounds it; `in` a multiple of 256.
+    TensorCores,
+}
+
+impl Kernel {
+    /// The kernel for `n` rows of `in_dim` values: tensor cores from two rows where they take
+    /// the width (one row runs as fast on the CUDA cores, which take any multiple of 32; from
+    /// two rows on, the tensor cores' cost stays that of one row while the lanes' grows with
+    /// each), unless the environment says `LORA_FT_NF4_GEMV=lanes` (a diagnostic, read once).
+    pub fn for_shape(n: usize, in_dim: usize) -> Kernel {
+        static LANES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let lanes = *LANES.get_or_init(|| std::env::var("LORA_FT_NF4_GEMV").is_ok_and(|v| v == "lanes"));
+        match n >= 2 && in_dim.is_multiple_of(MMA_KC) && !lanes {
+            true => Kernel::TensorCores,
+            false => Kernel::Lanes,
+        }
+    }
+
+    /// Whether this kernel takes rows of `in_dim` values.
+    pub fn takes(self, in_dim: usize) -> bool {
+        match self {
+            Kernel::Lanes => in_dim.is_multiple_of(32),
+            Kernel::TensorCores => in_dim.is_multiple_of(MMA_KC),
+        }
+    }
+}
 /// The most weights one launch takes (`MAX_SEGMENTS` in nf4_gemv.cu).
 pub const MAX_SEGMENTS: usize = 3;
 /// Warps per block (`GEMV_WARPS` in nf4_gemv.cu).
@@ -146,7 +187,7 @@ pub fn supports_shape(n: usize, dtype: DType, (out_dim, in_dim): (usize, usize))
 }
 
 /// Whether `lora_down` and a segment's LoRA term take A `[r, in_dim]` and B `[out, r]`: f32,
-/// contiguous, on `device`, A's rows on 16-byte boundaries.
+/// contiguous, on `device`, A's rows and B's start on 16-byte boundaries.
 pub fn lora_supports(a: &Tensor, b: &Tensor, in_dim: usize, device: &candle_core::Device) -> bool {
     let (Ok((r, cols)), Ok((_, rb))) = (a.dims2(), b.dims2()) else { return false };
     let f32_here =
@@ -157,6 +198,7 @@ pub fn lora_supports(a: &Tensor, b: &Tensor, in_dim: usize, device: &candle_core
         && r > 0
         && cols == in_dim
         && a.layout().start_offset().is_multiple_of(4)
+        && b.layout().start_offset().is_multiple_of(4)
         && r <= i32::MAX as usize
 }
 
@@ -192,16 +234,34 @@ pub unsafe fn gemv_into(
 /// Each segment's `y` must address `n · out_dim` elements of x's dtype on x's device, which no
 /// other work reads or writes until this launch has run on the device's stream.
 pub unsafe fn gemv_segments(x: &Tensor, segments: &[Segment], accumulate: bool) -> Result<()> {
+    gemv_segments_on(Kernel::for_shape(x.dim(0)?, x.dim(1)?), x, segments, accumulate)
+}
+
+/// `gemv_segments` on the given kernel.
+///
+/// # Safety
+/// As `gemv_segments`.
+pub unsafe fn gemv_segments_on(
+    kernel: Kernel,
+    x: &Tensor,
+    segments: &[Segment],
+    accumulate: bool,
+) -> Result<()> {
     match x.dtype() {
-        DType::F16 => launch::<f16>(x, segments, accumulate),
-        DType::BF16 => launch::<bf16>(x, segments, accumulate),
+        DType::F16 => launch::<f16>(kernel, x, segments, accumulate),
+        DType::BF16 => launch::<bf16>(kernel, x, segments, accumulate),
         dt => bail!("the NF4 GEMV takes f16 or bf16, not {dt:?}"),
     }
 }
 
 /// Each segment's output as a new `[n, out_dim]` tensor in x's dtype (the segments' `y` are
 /// ignored), in one launch: y = x · Wᵀ + bias + residual + the LoRA term.
-pub fn gemv_outputs(x: &Tensor, mut segments: Vec<Segment>) -> Result<Vec<Tensor>> {
+pub fn gemv_outputs(x: &Tensor, segments: Vec<Segment>) -> Result<Vec<Tensor>> {
+    gemv_outputs_on(Kernel::for_shape(x.dim(0)?, x.dim(1)?), x, segments)
+}
+
+/// `gemv_outputs` on the given kernel.
+pub fn gemv_outputs_on(kernel: Kernel, x: &Tensor, mut segments: Vec<Segment>) -> Result<Vec<Tensor>> {
     let dev = cuda_device(x)?;
     let n = x.dim(0)?;
     let outputs = segments
@@ -219,7 +279,7 @@ pub fn gemv_outputs(x: &Tensor, mut segments: Vec<Segment>) -> Result<Vec<Tensor
     }
     // SAFETY: each y is a fresh [n, out_dim] buffer of x's dtype on x's device, every element
     // of which the launch writes (accumulate off), held across the launch.
-    unsafe { gemv_segments(x, &segments, false)? };
+    unsafe { gemv_segments_on(kernel, x, &segments, false)? };
     Ok(outputs)
 }
 
@@ -274,8 +334,10 @@ fn lora_down_typed<T: CudaDType + WithDType + DeviceRepr>(
     Ok(h)
 }
 
-/// Checks the operands against each other and launches `nf4_gemv_<dtype>_<n>`.
+/// Checks the operands against each other and launches `nf4_gemv_<dtype>_<n>` or
+/// `nf4_mma_<dtype>_1`.
 unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
+    kernel: Kernel,
     x: &Tensor,
     segments: &[Segment],
     accumulate: bool,
@@ -284,9 +346,15 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     if segments.is_empty() || segments.len() > MAX_SEGMENTS {
         bail!("the NF4 GEMV takes 1 to {MAX_SEGMENTS} weights a launch, not {}", segments.len());
     }
+    if !kernel.takes(in_dim) {
+        bail!("the NF4 GEMV's {kernel:?} kernel does not take rows of {in_dim} values");
+    }
     let dev = cuda_device(x)?;
     let stream = dev.cuda_stream();
-    let rows_per_block = WARPS * rows_per_warp(n);
+    let rows_per_block = match kernel {
+        Kernel::Lanes => WARPS * rows_per_warp(n),
+        Kernel::TensorCores => 16,
+    };
     let mut raw = RawSegments { count: segments.len() as i32, ..Default::default() };
     let mut blocks = 0;
     for (i, s) in segments.iter().enumerate() {
@@ -318,9 +386,16 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
         }
         let r = &mut raw.s[i];
         match s.scales {
-            Scales::F32(a) if contiguous(a, DType::F32, absmax_blocks) => r.absmax = address(a, &stream)?,
+            // the tensor cores copy a row's four absmax (or codes) in one 16-byte (4-byte) copy
+            Scales::F32(a)
+                if contiguous(a, DType::F32, absmax_blocks)
+                    && (kernel == Kernel::Lanes || a.layout().start_offset().is_multiple_of(4)) =>
+            {
+                r.absmax = address(a, &stream)?
+            }
             Scales::Double { codes, absmax2, offset }
                 if contiguous(codes, DType::U8, absmax_blocks)
+                    && (kernel == Kernel::Lanes || codes.layout().start_offset().is_multiple_of(4))
                     && contiguous(absmax2, DType::F32, absmax_blocks.div_ceil(256)) =>
             {
                 r.codes = address(codes, &stream)?;
@@ -357,6 +432,13 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
                     l.b.dims()
                 );
             }
+            // the tensor cores stage B's rows by 16-byte copies
+            if kernel == Kernel::TensorCores && !l.b.layout().start_offset().is_multiple_of(4) {
+                bail!(
+                    "NF4 GEMV: a LoRA B starting at element {}, not on a 16-byte boundary",
+                    l.b.layout().start_offset()
+                );
+            }
             r.lora_h = address(l.h, &stream)?;
             r.lora_b = address(l.b, &stream)?;
             (r.h_stride, r.h_col, r.rank) = (width as i32, l.col as i32, rank as i32);
@@ -367,6 +449,27 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
         r.block0 = blocks as i32;
         blocks += out_dim.div_ceil(rows_per_block);
     }
+    let gx = x.storage_and_layout().0;
+    let xv = view::<T>(&gx, x)?;
+    let (in_i, acc) = (in_dim as i32, accumulate as i32);
+    if kernel == Kernel::TensorCores {
+        // a block is one 16-row group, its warps across the k; four warps (more leave too little
+        // L1 beside the rings for the x rows every warp reads)
+        let warps = (in_dim / MMA_KC).clamp(1, MMA_WARPS);
+        let func = KERNELS.function(&dev, &format!("nf4_mma_{}_1", suffix(T::DTYPE)?))?;
+        let smem = (warps * MMA_RING_BYTES) as u32;
+        func.set_attribute(MAX_DYNAMIC_SMEM, smem as i32).w()?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: ((warps * 32) as u32, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let n_i = n as i32;
+        let mut b = func.builder();
+        b.arg(&xv).arg(&n_i).arg(&in_i).arg(&acc).arg(&raw);
+        unsafe { b.launch(cfg) }.w()?;
+        return Ok(());
+    }
     let func = KERNELS.function(&dev, &format!("nf4_gemv_{}_{n}", suffix(T::DTYPE)?))?;
     let tile = tile_columns(n, in_dim);
     // n rows of the tile in f32, 4 floats of padding after every 32
@@ -376,9 +479,7 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
         block_dim: ((WARPS * 32) as u32, 1, 1),
         shared_mem_bytes: shared as u32,
     };
-    let gx = x.storage_and_layout().0;
-    let xv = view::<T>(&gx, x)?;
-    let (in_i, tile_i, acc) = (in_dim as i32, tile as i32, accumulate as i32);
+    let tile_i = tile as i32;
     let mut b = func.builder();
     b.arg(&xv).arg(&in_i).arg(&tile_i).arg(&acc).arg(&raw);
     unsafe { b.launch(cfg) }.w()?;
@@ -389,6 +490,7 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
 mod tests {
     use candle_core::{DType, Device, Result, Tensor};
 
+    use super::{gemv_outputs_on, Kernel};
     use crate::model::ops::test_util::randn;
     use crate::quant::{nf4_gemv, nf4_gemv_applies, Nf4Tensor};
 
@@ -415,11 +517,14 @@ mod tests {
     /// Llama-3.1-8B's projection shapes (q/o, gate/up, down), SmolLM2-135M-like ones whose `in`
     /// is not a multiple of the 1024 columns a warp covers per pass (576, 1536) and whose `out`
     /// is not a multiple of a block's rows (1000), n = 1, 3 and 8 batch rows, f16 and bf16,
-    /// plain and double-quantized absmax.
+    /// plain and double-quantized absmax; each through the kernel chosen for it and through both
+    /// kernels where they take the width (the tensor cores: a multiple of 256). The tensor-core
+    /// kernel rounds each weight as the stack does, so its error is the stack's up to the order
+    /// of the sums: the same bound holds.
     #[test]
     fn nf4_gemv_is_within_twice_the_dequantize_matmul_error() -> Result<()> {
         let gpu = Device::new_cuda(0)?;
-        let shapes = [(4096, 4096), (14336, 4096), (4096, 14336), (1000, 576), (576, 1536)];
+        let shapes = [(4096, 4096), (14336, 4096), (4096, 14336), (1000, 576), (576, 1536), (1000, 768)];
         for (i, &(out_dim, in_dim)) in shapes.iter().enumerate() {
             let w = (randn(&[out_dim, in_dim], 100 + i as u64) * 0.05)?;
             let x8 = randn(&[8, in_dim], 200 + i as u64);
@@ -437,17 +542,28 @@ mod tests {
                         let x = x8.narrow(0, 0, n)?.contiguous()?.to_device(&gpu)?;
                         assert!(nf4_gemv_applies(&x, &q));
                         let exact = exact8.narrow(0, 0, n)?;
-                        let ours = nf4_gemv(&x, &q)?;
-                        assert_eq!(ours.dims(), &[n, out_dim]);
-                        assert_eq!(ours.dtype(), dtype);
                         let stack = x.matmul(&w16.t()?)?;
-                        let (err, stack_err) = (max_abs_err(&ours, &exact)?, max_abs_err(&stack, &exact)?);
+                        let stack_err = max_abs_err(&stack, &exact)?;
                         let scale = exact.abs()?.max_all()?.to_scalar::<f64>()?;
                         let bound = 2.0 * stack_err + scale * f32::EPSILON as f64;
-                        let what =
-                            format!("[{out_dim}, {in_dim}] n={n} {dtype:?} double_quant={double_quant}");
-                        eprintln!("{what}: max abs err {err:.3e}, dequantize + matmul {stack_err:.3e}");
-                        assert!(err <= bound, "{what}: {err:.3e} > {bound:.3e}");
+                        let mut outputs = vec![(None, nf4_gemv(&x, &q)?)];
+                        for kernel in
+                            [Kernel::Lanes, Kernel::TensorCores].into_iter().filter(|k| k.takes(in_dim))
+                        {
+                            let segment = q.gemv_segment(&x).expect("the GEMV takes x");
+                            outputs
+                                .push((Some(kernel), gemv_outputs_on(kernel, &x, vec![segment])?.remove(0)));
+                        }
+                        for (kernel, ours) in outputs {
+                            assert_eq!(ours.dims(), &[n, out_dim]);
+                            assert_eq!(ours.dtype(), dtype);
+                            let err = max_abs_err(&ours, &exact)?;
+                            let what = format!(
+                                "[{out_dim}, {in_dim}] n={n} {dtype:?} double_quant={double_quant} {kernel:?}"
+                            );
+                            eprintln!("{what}: max abs err {err:.3e}, dequantize + matmul {stack_err:.3e}");
+                            assert!(err <= bound, "{what}: {err:.3e} > {bound:.3e}");
+                        }
                     }
                 }
             }

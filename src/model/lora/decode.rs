@@ -137,59 +137,66 @@ mod tests {
         Ok((linear, pieces))
     }
 
-    /// A group of three projections (q/k/v-like: a bias on two, adapters of ranks 8 and 4 on
+    /// A group of three projections (q/k/v-like: a bias on two, adapters of ranks 8 and 3 on
     /// two) and a lone one with the residual added, in one launch each, against the exact f64
     /// product on the CPU, held to the crate's multiple of the error of each projection's own
     /// path (`LoraLinear::forward`: the low-rank GEMMs, then the GEMV accumulating onto them; the
-    /// residual added after), for 1, 3 and 8 rows in f16 and bf16.
+    /// residual added after), for 1, 3 and 8 rows in f16 and bf16, at widths for each GEMV kernel.
     #[test]
     fn a_fused_group_equals_its_projections_run_one_by_one() -> Result<()> {
         let gpu = Device::new_cuda(0)?;
-        let inp = 128;
-        for dtype in [DType::F16, DType::BF16] {
-            let specs = [((96, inp), (true, 8)), ((64, inp), (true, 0)), ((160, inp), (false, 4))];
-            let mut projs = Vec::new();
-            for (i, &(shape, extras)) in specs.iter().enumerate() {
-                projs.push(projection(shape, extras, dtype, 10 * i as u64, &gpu)?);
-            }
-            let (lone, lone_exact) = projection((inp, 192), (false, 8), dtype, 77, &gpu)?;
-            for n in [1, 3, 8] {
-                let x = randn(&[n, inp], 500 + n as u64).to_dtype(dtype)?;
-                let x_gpu = x.to_device(&gpu)?;
-                let x64 = x.to_dtype(DType::F64)?;
-                let exact = |pieces: &[Option<Tensor>; 4], x64: &Tensor| -> Result<Tensor> {
-                    let mut y = x64.matmul(pieces[0].as_ref().unwrap())?;
-                    if let Some(b) = &pieces[1] {
-                        y = y.broadcast_add(b)?;
-                    }
-                    if let (Some(a), Some(b)) = (&pieces[2], &pieces[3]) {
-                        y = (y + x64.matmul(a)?.matmul(b)?)?;
-                    }
-                    Ok(y)
-                };
-                let members: Vec<&LoraLinear> = projs.iter().map(|(p, _)| p).collect();
-                assert!(applies(&members, n, dtype, &gpu));
-                let ours = project_group(&members, &x_gpu, None)?;
-                for (i, ((p, pieces), y)) in projs.iter().zip(&ours).enumerate() {
-                    let reference = p.forward(&x_gpu, None)?;
-                    let what = format!("member {i}, n={n}, {dtype:?}");
-                    assert_within_reference_error(&what, y, &reference, &exact(pieces, &x64)?);
+        // widths the CUDA-core kernel takes (128, 192), and the tensor cores' (256, 512)
+        for (inp, lone_in) in [(128, 192), (256, 512)] {
+            for dtype in [DType::F16, DType::BF16] {
+                let specs = [((96, inp), (true, 8)), ((64, inp), (true, 0)), ((150, inp), (false, 3))];
+                let mut projs = Vec::new();
+                for (i, &(shape, extras)) in specs.iter().enumerate() {
+                    projs.push(projection(shape, extras, dtype, 10 * i as u64, &gpu)?);
                 }
-                // the lone projection reads a 192-wide input and adds the residual stream
-                let x2 = randn(&[n, 192], 900 + n as u64).to_dtype(dtype)?;
-                let residual = randn(&[n, inp], 950 + n as u64).to_dtype(dtype)?;
-                let (x2_gpu, residual_gpu) = (x2.to_device(&gpu)?, residual.to_device(&gpu)?);
-                assert!(applies(&[&lone], n, dtype, &gpu));
-                let ours = project_group(&[&lone], &x2_gpu, Some(&residual_gpu))?.remove(0);
-                let reference = (lone.forward(&x2_gpu, None)? + &residual_gpu)?;
-                let exact =
-                    (exact(&lone_exact, &x2.to_dtype(DType::F64)?)? + residual.to_dtype(DType::F64)?)?;
-                assert_within_reference_error(&format!("lone, n={n}, {dtype:?}"), &ours, &reference, &exact);
+                let (lone, lone_exact) = projection((inp, lone_in), (false, 8), dtype, 77, &gpu)?;
+                for n in [1, 3, 8] {
+                    let x = randn(&[n, inp], 500 + n as u64).to_dtype(dtype)?;
+                    let x_gpu = x.to_device(&gpu)?;
+                    let x64 = x.to_dtype(DType::F64)?;
+                    let exact = |pieces: &[Option<Tensor>; 4], x64: &Tensor| -> Result<Tensor> {
+                        let mut y = x64.matmul(pieces[0].as_ref().unwrap())?;
+                        if let Some(b) = &pieces[1] {
+                            y = y.broadcast_add(b)?;
+                        }
+                        if let (Some(a), Some(b)) = (&pieces[2], &pieces[3]) {
+                            y = (y + x64.matmul(a)?.matmul(b)?)?;
+                        }
+                        Ok(y)
+                    };
+                    let members: Vec<&LoraLinear> = projs.iter().map(|(p, _)| p).collect();
+                    assert!(applies(&members, n, dtype, &gpu));
+                    let ours = project_group(&members, &x_gpu, None)?;
+                    for (i, ((p, pieces), y)) in projs.iter().zip(&ours).enumerate() {
+                        let reference = p.forward(&x_gpu, None)?;
+                        let what = format!("member {i}, n={n}, {dtype:?}");
+                        assert_within_reference_error(&what, y, &reference, &exact(pieces, &x64)?);
+                    }
+                    // the lone projection reads a wider input and adds the residual stream
+                    let x2 = randn(&[n, lone_in], 900 + n as u64).to_dtype(dtype)?;
+                    let residual = randn(&[n, inp], 950 + n as u64).to_dtype(dtype)?;
+                    let (x2_gpu, residual_gpu) = (x2.to_device(&gpu)?, residual.to_device(&gpu)?);
+                    assert!(applies(&[&lone], n, dtype, &gpu));
+                    let ours = project_group(&[&lone], &x2_gpu, Some(&residual_gpu))?.remove(0);
+                    let reference = (lone.forward(&x2_gpu, None)? + &residual_gpu)?;
+                    let exact =
+                        (exact(&lone_exact, &x2.to_dtype(DType::F64)?)? + residual.to_dtype(DType::F64)?)?;
+                    assert_within_reference_error(
+                        &format!("lone, n={n}, {dtype:?}"),
+                        &ours,
+                        &reference,
+                        &exact,
+                    );
+                }
+                // what the launch does not take: 9 rows, f32, a dense base
+                let members: Vec<&LoraLinear> = projs.iter().map(|(p, _)| p).collect();
+                assert!(!applies(&members, 9, dtype, &gpu));
+                assert!(!applies(&members, 2, DType::F32, &gpu));
             }
-            // what the launch does not take: 9 rows, f32, a dense base
-            let members: Vec<&LoraLinear> = projs.iter().map(|(p, _)| p).collect();
-            assert!(!applies(&members, 9, dtype, &gpu));
-            assert!(!applies(&members, 2, DType::F32, &gpu));
         }
         let dense = LoraLinear {
             base: BaseWeight::Dense(randn(&[32, 64], 1).to_device(&gpu)?),
