@@ -326,6 +326,10 @@ pub enum BenchCommand {
         /// Every decode step launched kernel by kernel, none replayed from a CUDA graph.
         #[arg(long)]
         enforce_eager: bool,
+        /// Prompt tokens one prefill forward takes at most (as `serve --max-prefill-tokens`):
+        /// lower, the peak memory is lower and a batch's prompts take more forwards.
+        #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+        max_prefill_tokens: Option<usize>,
     },
     /// Load a model and report load time and memory.
     Load {

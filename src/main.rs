@@ -169,6 +169,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     lora_rank,
                     ttft_prompt,
                     enforce_eager,
+                    max_prefill_tokens,
                 },
         } => {
             let device = parse_device(&m.device)?;
@@ -186,6 +187,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 lora_rank,
                 ttft_prompt,
                 enforce_eager,
+                max_prefill_tokens,
             };
             lora_ft::bench::generate(&m.model, (q, dtype, &device), &options, |row| println!("{row}"))
         }

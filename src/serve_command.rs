@@ -75,7 +75,12 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         ((args.max_model_len, args.max_batch), cpu),
         "pass a shorter --max-model-len",
     )?;
-    let config = EngineConfig { max_batch, max_seq_len, enforce_eager: args.enforce_eager };
+    let config = EngineConfig {
+        max_batch,
+        max_seq_len,
+        enforce_eager: args.enforce_eager,
+        max_prefill_tokens: args.max_prefill_tokens,
+    };
     let engine =
         Engine::start(model, tokenizer.tokenizer().clone(), stop, config).context("starting the engine")?;
     tracing::info!("{max_batch} sequences of at most {max_seq_len} positions at a time");

@@ -28,6 +28,8 @@ pub struct GenerateOptions {
     pub ttft_prompt: usize,
     /// Decode steps launched kernel by kernel, none replayed from a CUDA graph.
     pub enforce_eager: bool,
+    /// Prompt tokens one prefill forward takes at most (`Scheduler::limit_prefill`).
+    pub max_prefill_tokens: Option<usize>,
 }
 
 /// One batch size's numbers.
@@ -92,10 +94,10 @@ pub fn generate(
     let vocab = lm.config().vocab_size as u32;
     // the kernels' first use, outside the timings: a prompt of the timed length, so the
     // prefill's first run at that shape (its attention plan) is not in the first batch's time
-    time_batch(&lm, vocab, (1, options.prompt_len, 4), (options.enforce_eager, false))?;
+    time_batch(&lm, vocab, (1, options.prompt_len, 4), (options, false))?;
     for &batch in &options.batches {
         let shape = (batch, options.prompt_len, options.new_tokens);
-        let row = match time_batch(&lm, vocab, shape, (options.enforce_eager, true)) {
+        let row = match time_batch(&lm, vocab, shape, (options, true)) {
             Ok(row) => row,
             Err(e) => GenerateRow {
                 batch,
@@ -163,13 +165,16 @@ fn time_batch(
     lm: &CausalLm,
     vocab: u32,
     (batch, prompt_len, new_tokens): (usize, usize, usize),
-    (enforce_eager, profiled): (bool, bool),
+    (options, profiled): (&GenerateOptions, bool),
 ) -> anyhow::Result<GenerateRow> {
     let device = lm.device();
     let capacity = prompt_len + new_tokens;
     let mut scheduler = Scheduler::new(lm, None, Vec::new(), (batch, capacity))?;
-    if enforce_eager {
+    if options.enforce_eager {
         scheduler.enforce_eager();
+    }
+    if let Some(tokens) = options.max_prefill_tokens {
+        scheduler.limit_prefill(tokens);
     }
     let mut warm = Vec::new();
     for prompt in random_prompts(vocab, (batch, prompt_len.min(8)), u64::MAX - batch as u64) {

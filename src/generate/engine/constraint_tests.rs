@@ -54,7 +54,7 @@ fn engine() -> Engine {
         tiny_model(None),
         tokenizer(),
         vec![2],
-        EngineConfig { max_batch: 8, max_seq_len: 1024, enforce_eager: false },
+        EngineConfig { max_batch: 8, max_seq_len: 1024, enforce_eager: false, max_prefill_tokens: None },
     )
     .unwrap()
 }

@@ -43,6 +43,9 @@ pub struct EngineConfig {
     /// Every decode step launched kernel by kernel, none replayed from a recorded CUDA graph
     /// (vLLM's `--enforce-eager`): slower at small batches, for checking the graphs.
     pub enforce_eager: bool,
+    /// Prompt tokens one prefill forward takes at most (`Scheduler::limit_prefill`); `None`:
+    /// `plan::serving::PREFILL_TOKENS`.
+    pub max_prefill_tokens: Option<usize>,
 }
 
 /// A handle to the engine's thread; clones share it. The thread ends when the last handle goes.
@@ -157,6 +160,9 @@ fn run(
         Ok(mut s) => {
             if config.enforce_eager {
                 s.enforce_eager();
+            }
+            if let Some(tokens) = config.max_prefill_tokens {
+                s.limit_prefill(tokens);
             }
             let _ = ready.send(Ok(()));
             s

@@ -37,6 +37,10 @@ pub struct Scheduler<'m> {
     live: Vec<Sequence>,
     /// The decode step replayed from CUDA graphs (on a GPU, unless `enforce_eager`).
     graphs: StepGraphs,
+    /// Prompt tokens one prefill forward takes at most (a longer prompt alone).
+    prefill_tokens: usize,
+    /// Prefill forwards run so far.
+    prefills: usize,
 }
 
 /// The samplers of a request's samples, or what is wrong with it, for a context of `max_pos`
@@ -81,7 +85,30 @@ impl<'m> Scheduler<'m> {
         let caches = model.slot_caches(slots, capacity).context("allocating the KV cache")?;
         let free = (0..slots).rev().collect();
         let graphs = StepGraphs::new(model, slots, true);
-        Ok(Self { model, text, stop_ids, caches, free, waiting: VecDeque::new(), live: Vec::new(), graphs })
+        Ok(Self {
+            model,
+            text,
+            stop_ids,
+            caches,
+            free,
+            waiting: VecDeque::new(),
+            live: Vec::new(),
+            graphs,
+            prefill_tokens: PREFILL_TOKENS,
+            prefills: 0,
+        })
+    }
+
+    /// Prompt tokens one prefill forward takes at most, `PREFILL_TOKENS` unless set lower here
+    /// (SGLang's `--max-prefill-tokens`): a smaller bound lowers the prefill's activations, the
+    /// engine's peak memory, at the cost of more forwards; a longer prompt still runs alone.
+    pub fn limit_prefill(&mut self, tokens: usize) {
+        self.prefill_tokens = tokens.max(1);
+    }
+
+    /// Prefill forwards run so far.
+    pub fn prefill_forwards(&self) -> usize {
+        self.prefills
     }
 
     /// Every decode step launched kernel by kernel, none replayed from a CUDA graph (vLLM's
@@ -158,7 +185,8 @@ impl<'m> Scheduler<'m> {
             slots_left -= samplers.len();
             admitted.push((job, samplers));
         }
-        for group in prefill_groups(admitted) {
+        for group in prefill_groups(admitted, self.prefill_tokens) {
+            self.prefills += 1;
             let jobs: Vec<Arc<Job>> = group.iter().map(|(job, _)| job.clone()).collect();
             if let Err(e) = self.prefill(group) {
                 tracing::warn!("a prefill failed: {e:#}");
@@ -314,15 +342,18 @@ impl<'m> Scheduler<'m> {
 }
 
 /// The admitted requests in groups that share a prefill forward: one prompt length, one adapter,
-/// `PREFILL_TOKENS` tokens at most (a longer prompt alone), in the order they came.
-fn prefill_groups(admitted: Vec<(Arc<Job>, Vec<Sampler>)>) -> Vec<Vec<(Arc<Job>, Vec<Sampler>)>> {
+/// `limit` tokens at most (a longer prompt alone), in the order they came.
+fn prefill_groups(
+    admitted: Vec<(Arc<Job>, Vec<Sampler>)>,
+    limit: usize,
+) -> Vec<Vec<(Arc<Job>, Vec<Sampler>)>> {
     let mut groups: Vec<Vec<(Arc<Job>, Vec<Sampler>)>> = Vec::new();
     for (job, samplers) in admitted {
         let fits = |g: &Vec<(Arc<Job>, Vec<Sampler>)>| {
             let (head, _) = &g[0];
             head.prompt.len() == job.prompt.len()
                 && head.same_layers(&job)
-                && (g.len() + 1) * job.prompt.len() <= PREFILL_TOKENS
+                && (g.len() + 1) * job.prompt.len() <= limit
         };
         match groups.iter_mut().find(|g| fits(g)) {
             Some(group) => group.push((job, samplers)),

@@ -127,7 +127,7 @@ fn batched_requests_of_several_adapters_equal_each_generated_alone() {
         tiny_model(None),
         tokenizer(),
         vec![2],
-        EngineConfig { max_batch: 3, max_seq_len: 1024, enforce_eager: false },
+        EngineConfig { max_batch: 3, max_seq_len: 1024, enforce_eager: false, max_prefill_tokens: None },
     )
     .unwrap();
     engine.add_adapter("chat", &chat).unwrap();
@@ -211,6 +211,39 @@ fn greedy_tokens_are_the_uncached_forwards_argmax() {
     }
 }
 
+/// A prefill bound splits a batch's prompts over more forwards (four prompts of 12 tokens under
+/// a bound of 24: two forwards, against one without it) and changes no reply.
+#[test]
+fn a_prefill_bound_splits_the_prompts_not_the_replies() {
+    let model = tiny_model(None);
+    let run = |limit: Option<usize>| {
+        let mut scheduler = Scheduler::new(&model, None, vec![], (4, 64)).unwrap();
+        if let Some(tokens) = limit {
+            scheduler.limit_prefill(tokens);
+        }
+        let channels: Vec<_> = (0..4u32)
+            .map(|p| {
+                let (sink, events) = tokio::sync::mpsc::unbounded_channel();
+                scheduler
+                    .add(request((p + 3..p + 15).collect(), SamplingParams::greedy(), vec![0], 6), sink)
+                    .unwrap();
+                events
+            })
+            .collect();
+        scheduler.step().unwrap();
+        let forwards = scheduler.prefill_forwards();
+        while !scheduler.is_idle() {
+            scheduler.step().unwrap();
+        }
+        let replies: Vec<Vec<u32>> = channels.into_iter().map(|e| collect(e, 1).remove(0).tokens).collect();
+        (forwards, replies)
+    };
+    let (whole, replies) = run(None);
+    let (bounded, bounded_replies) = run(Some(24));
+    assert_eq!((whole, bounded), (1, 2));
+    assert_eq!(replies, bounded_replies);
+}
+
 /// A request whose reader is gone leaves the batch at the next step and the waiting one takes its
 /// place; the others' replies are unchanged.
 #[test]
@@ -246,7 +279,7 @@ fn bad_requests_are_refused_and_adapters_come_and_go() {
         tiny_model(None),
         tokenizer(),
         vec![2],
-        EngineConfig { max_batch: 4, max_seq_len: 1024, enforce_eager: false },
+        EngineConfig { max_batch: 4, max_seq_len: 1024, enforce_eager: false, max_prefill_tokens: None },
     )
     .unwrap();
     let ok = request(vec![5, 6, 7], SamplingParams::greedy(), vec![0], 3);
