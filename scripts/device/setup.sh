@@ -16,7 +16,12 @@ export LORA_FT_TEST_NEEDS_CUDNN=1
 # machine sets these already, and the ranks lora-ft starts inherit them
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p /tmp/bin
-for f in .gpu/*.xz; do [ -e "$f" ] || continue; n=$(basename "$f" .xz); xz -dc "$f" > /tmp/bin/$n; chmod +x /tmp/bin/$n; done
+# unpacked beside and renamed over: a second setup (a background script's) while the binary runs
+# would otherwise fail on writing a running file ("text file busy")
+for f in .gpu/*.xz; do
+  [ -e "$f" ] || continue; n=$(basename "$f" .xz)
+  xz -dc "$f" > /tmp/bin/$n.new$$ && chmod +x /tmp/bin/$n.new$$ && mv -f /tmp/bin/$n.new$$ /tmp/bin/$n
+done
 export PATH=/tmp/bin:$PATH
 # test binaries name golden files by the absolute path of the tree they were built in
 mkdir -p /work/main && [ -e /work/main/tests ] || ln -s "$PWD/tests" /work/main/tests
