@@ -69,6 +69,7 @@ pub fn plan_serving(
     loading: &LoadingArgs,
     pending: &[LoraSpec],
     (given, cpu): ((Option<usize>, Option<usize>), (usize, usize)),
+    max_prefill_tokens: Option<usize>,
     hint: &str,
 ) -> anyhow::Result<(usize, usize)> {
     use lora_ft::plan::serving::{adapter_bytes, choose, ServingPlan, ServingShape};
@@ -80,7 +81,13 @@ pub fn plan_serving(
         lora_ft::quant::Quantization::Nf4 { double_quant } => Some(double_quant),
         _ => None,
     };
-    let shape = ServingShape { dtype: model.dtype(), nf4, adapters: pending.to_vec(), gpu: true };
+    let shape = ServingShape {
+        dtype: model.dtype(),
+        nf4,
+        adapters: pending.to_vec(),
+        gpu: true,
+        max_prefill_tokens: max_prefill_tokens.unwrap_or(lora_ft::plan::serving::PREFILL_TOKENS),
+    };
     let (used, pending_bytes) = (memory.used as u64, pending.iter().map(|s| adapter_bytes(m, s)).sum());
     let plan = |n: usize| ServingPlan::new(m, &shape, n).with_resident(used, pending_bytes);
     let budget = lora_ft::memory::VramBudget::new(memory.total as u64, None);
@@ -168,6 +175,7 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
             &args.loading,
             &[],
             ((Some(length), None), (length, DEFAULT_BATCH)),
+            None,
             "shorten the prompts or --max-new-tokens",
         )?;
         run.batch = batch.min(prompts.len() * args.n).max(1);

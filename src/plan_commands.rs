@@ -42,6 +42,7 @@ pub fn estimate(config: &Path, gpu_mem: &str, attention: &str, host_mem: Option<
         nf4: run.run_shape.nf4,
         adapters: vec![run.lora().clone()],
         gpu: true,
+        max_prefill_tokens: lora_ft::plan::serving::PREFILL_TOKENS,
     };
     print!("\n{}", lora_ft::plan::serving::report(&run.model, &serving, budget.bytes()));
     Ok(())

@@ -73,6 +73,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         &args.loading,
         &pending,
         ((args.max_model_len, args.max_batch), cpu),
+        args.max_prefill_tokens,
         "pass a shorter --max-model-len",
     )?;
     let config = EngineConfig {

@@ -57,7 +57,7 @@ pub struct ServeArgs {
     pub enforce_eager: bool,
     /// Prompt tokens one prefill forward takes at most (SGLang's flag): prompts of one length are
     /// prefilled together up to it, a longer prompt alone. Lower it to lower the peak memory of
-    /// the prefill's activations (the planner still sizes them by the default) [default: 16384].
+    /// the prefill's activations, which the planner then sizes by it [default: 16384].
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_prefill_tokens: Option<usize>,
     #[command(flatten)]

@@ -34,12 +34,17 @@ pub struct ServingShape {
     /// On a GPU: the untied embedding table stays in host memory (model/ops/embedding.rs) and the
     /// prefill's attention runs on the fused kernels.
     pub gpu: bool,
+    /// Prompt tokens one prefill forward takes at most (`PREFILL_TOKENS` unless
+    /// `--max-prefill-tokens` says less).
+    pub max_prefill_tokens: usize,
 }
 
 /// Serving's bytes on the device, for sequences of `max_seq_len` positions.
 #[derive(Debug, Clone, Serialize)]
 pub struct ServingPlan {
     pub max_seq_len: usize,
+    /// Prompt tokens one prefill forward takes at most.
+    pub max_prefill_tokens: usize,
     /// The frozen model as stored: NF4 codes and absmax (or dense projections), the 16-bit
     /// lm_head (and the embedding table where it is on the device), norms and RoPE tables.
     pub weights: u64,
@@ -88,6 +93,7 @@ impl ServingPlan {
         let largest_weight = projection_dims(m).iter().map(|&(o, n)| (o * n) as u64).max().unwrap_or(0);
         Self {
             max_seq_len,
+            max_prefill_tokens: shape.max_prefill_tokens.max(1),
             weights,
             adapters,
             prefill_per_token: kv_bytes_per_token + layer_values * b,
@@ -107,11 +113,11 @@ impl ServingPlan {
 
     /// Prompt tokens the largest prefill takes with `sequences` slots: the engine admits a
     /// request only into a free slot and prefills prompts of one length together up to
-    /// `PREFILL_TOKENS` (a longer prompt alone), so as many as the slots' prompts, within those
-    /// bounds.
+    /// `max_prefill_tokens` (a longer prompt alone), so as many as the slots' prompts, within
+    /// those bounds.
     pub fn prefill_tokens(&self, sequences: usize) -> usize {
         let l = self.max_seq_len;
-        sequences.saturating_mul(l).clamp(l, PREFILL_TOKENS.max(l))
+        sequences.saturating_mul(l).clamp(l, self.max_prefill_tokens.max(l))
     }
 
     /// The largest prefill's transients with `sequences` slots.

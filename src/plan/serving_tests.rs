@@ -20,6 +20,7 @@ fn gpu_shape(adapters: usize) -> ServingShape {
         nf4: Some(true),
         adapters: vec![LoraSpec { r: 16, ..LoraSpec::default() }; adapters],
         gpu: true,
+        max_prefill_tokens: PREFILL_TOKENS,
     }
 }
 
@@ -40,7 +41,13 @@ fn kv_bytes_equal_the_slot_caches_allocation() {
             let m = model.config();
             let per_token = kv_bytes_per_token(m, dtype);
             assert_eq!(per_token * (slots * capacity) as u64, allocated as u64, "{family} {dtype:?}");
-            let shape = ServingShape { dtype, nf4: None, adapters: Vec::new(), gpu: false };
+            let shape = ServingShape {
+                dtype,
+                nf4: None,
+                adapters: Vec::new(),
+                gpu: false,
+                max_prefill_tokens: PREFILL_TOKENS,
+            };
             let plan = ServingPlan::new(m, &shape, capacity);
             assert_eq!(plan.kv_bytes_per_sequence() * slots as u64, allocated as u64, "{family} {dtype:?}");
             let d = m.head_dim() * m.num_kv_heads();
@@ -78,6 +85,22 @@ fn the_largest_batch_is_the_last_that_fits() {
     let loaded = plan.clone().with_resident(6 << 30, 1 << 28);
     assert_eq!(loaded.fixed(), (6 << 30) + (1 << 28));
     assert_eq!(loaded.total(3) - plan.total(3), loaded.fixed() - plan.fixed());
+}
+
+/// A lower prefill bound (`--max-prefill-tokens`) plans the prefill at it: 64 sequences of 768
+/// positions prefill 16,384 tokens at most by default and one prompt (768) a forward under a
+/// bound of 512 (a longer prompt alone); the transients shrink by the tokens' bytes at least,
+/// and more sequences fit the same budget.
+#[test]
+fn a_lower_prefill_bound_plans_smaller_prefills() {
+    let m = bench_model("llama3.1-8b");
+    let whole = ServingPlan::new(&m, &gpu_shape(1), 768);
+    let bounded = ServingPlan::new(&m, &ServingShape { max_prefill_tokens: 512, ..gpu_shape(1) }, 768);
+    assert_eq!((whole.prefill_tokens(64), bounded.prefill_tokens(64)), (16384, 768));
+    assert_eq!((whole.prefill_tokens(1), bounded.prefill_tokens(1)), (768, 768));
+    assert!(whole.prefill(64) - bounded.prefill(64) >= (16384 - 768) * whole.prefill_per_token);
+    let budget = 12u64 << 30;
+    assert!(bounded.largest_batch(budget) > whole.largest_batch(budget));
 }
 
 /// Serving's choice where the flags leave it: the longest context at which 16 sequences fit,
