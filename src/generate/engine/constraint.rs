@@ -2,7 +2,6 @@
 //! text the grammar does not allow next are set to -inf (the end-of-turn ids too, until the
 //! grammar may end), so the reply follows it by construction, greedy or sampled.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::generate::constrained::matcher::Matcher;
@@ -20,32 +19,35 @@ impl TokenConstraint {
         Self { matcher, texts, stop_ids: stop_ids.to_vec() }
     }
 
-    /// Sets the logits of the tokens that cannot come next to -inf; an error where none can. A
-    /// token whose first character the grammar refuses is refused without walking the rest (a
-    /// JSON position allows few first characters of a vocabulary's hundred thousand tokens).
+    /// Sets the logits of the tokens that cannot come next to -inf; an error where none can.
+    /// Every logit is refused first, then the allowed tokens get theirs back: those of each
+    /// first character the grammar allows (`TokenTexts::by_first_char`: a JSON position allows
+    /// few of a vocabulary's characters, so most tokens are never visited), each walked whole,
+    /// and the end-of-turn ids where the grammar may end.
     pub fn mask(&self, logits: &mut [f32]) -> anyhow::Result<()> {
-        let can_end = self.matcher.can_end();
-        let mut first: HashMap<char, bool> = HashMap::new();
-        let mut allows = |t: &str| match t.chars().next() {
-            Some(c) => {
-                let mut buf = [0u8; 4];
-                *first.entry(c).or_insert_with(|| self.matcher.allows(c.encode_utf8(&mut buf)))
-                    && (t.len() == c.len_utf8() || self.matcher.allows(t))
-            }
-            None => self.matcher.allows(t),
-        };
+        let original = logits.to_vec();
+        logits.fill(f32::NEG_INFINITY);
         let mut any = false;
-        for (id, logit) in logits.iter_mut().enumerate() {
-            let allowed = if self.stop_ids.contains(&(id as u32)) {
-                can_end
-            } else {
-                self.texts.get(id).and_then(Option::as_deref).is_some_and(&mut allows)
-            };
-            if allowed {
-                any |= *logit > f32::NEG_INFINITY;
-            } else {
-                *logit = f32::NEG_INFINITY;
+        let mut admit = |id: usize| {
+            if let Some(&logit) = original.get(id) {
+                logits[id] = logit;
+                any |= logit > f32::NEG_INFINITY;
             }
+        };
+        let mut buf = [0u8; 4];
+        for (c, ids) in self.texts.by_first_char() {
+            if !self.matcher.allows(c.encode_utf8(&mut buf)) {
+                continue;
+            }
+            for &id in ids {
+                let text = self.texts.get(id as usize).unwrap_or_default();
+                if !self.stop_ids.contains(&id) && (text.len() == c.len_utf8() || self.matcher.allows(text)) {
+                    admit(id as usize);
+                }
+            }
+        }
+        if self.matcher.can_end() {
+            self.stop_ids.iter().for_each(|&id| admit(id as usize));
         }
         anyhow::ensure!(any, "no token of the vocabulary can continue the reply's grammar");
         Ok(())
@@ -53,7 +55,7 @@ impl TokenConstraint {
 
     /// Takes a token the mask allowed; true when the grammar is complete and nothing may follow.
     pub fn accept(&mut self, token: u32) -> anyhow::Result<bool> {
-        let text = self.texts.get(token as usize).and_then(Option::as_deref);
+        let text = self.texts.get(token as usize);
         let fed = text.is_some_and(|t| self.matcher.feed(t));
         anyhow::ensure!(fed, "token {token} does not follow the reply's grammar");
         Ok(self.matcher.must_end())

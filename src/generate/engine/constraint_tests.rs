@@ -127,3 +127,38 @@ fn a_named_function_is_the_one_called() {
         assert!(!reply.tokens.contains(&2));
     }
 }
+
+/// The mask (the tokens grouped by their first character) allows exactly what walking every
+/// token's whole text allows, and the end-of-turn id only where the grammar may end, at every
+/// character of a call's text, from the first to past the last.
+#[test]
+fn the_mask_allows_what_a_walk_of_every_token_allows() {
+    use super::constraint::TokenConstraint;
+    let tokenizer = tokenizer();
+    let reply_text = text::ReplyText::new(&tokenizer);
+    let texts = reply_text.token_texts();
+    let choice = ToolChoice::Required { parallel: false };
+    let grammar = tool_call_grammar(&tools(), &choice, CallSyntax::Hermes).unwrap();
+    let mut matcher = grammar.matcher();
+    let call = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"utc\"}}\n</tool_call>";
+    let stop = [2u32];
+    let vocab = tokenizer.get_vocab_size(true);
+    let mut buf = [0u8; 4];
+    for (i, ch) in call.chars().map(Some).chain([None]).enumerate() {
+        let walked: Vec<bool> = (0..vocab)
+            .map(|id| match stop.contains(&(id as u32)) {
+                true => matcher.can_end(),
+                false => texts.get(id).is_some_and(|t| matcher.allows(t)),
+            })
+            .collect();
+        let mut logits = vec![0.0f32; vocab];
+        let masked = TokenConstraint::new(matcher.clone(), texts.clone(), &stop).mask(&mut logits);
+        let allowed: Vec<bool> = logits.iter().map(|&l| l > f32::NEG_INFINITY).collect();
+        assert_eq!(allowed, walked, "after {i} characters");
+        assert_eq!(masked.is_ok(), walked.contains(&true), "after {i} characters");
+        if let Some(ch) = ch {
+            assert!(matcher.feed(ch.encode_utf8(&mut buf)), "the call's character {i}, {ch:?}");
+        }
+    }
+    assert!(matcher.can_end(), "the call is complete");
+}

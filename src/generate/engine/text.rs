@@ -11,8 +11,34 @@ use tokenizers::Tokenizer;
 use crate::data::TOOL_CALL_TOKENS;
 
 /// Each token's text as it adds to a reply (`None`: a token that adds none, or only part of a
-/// character), by id.
-pub type TokenTexts = Vec<Option<String>>;
+/// character), by id; and the ids of the tokens with a text grouped by its first character, so
+/// that a grammar position that refuses a character refuses its tokens without visiting them.
+pub struct TokenTexts {
+    texts: Vec<Option<String>>,
+    by_first: Vec<(char, Vec<u32>)>,
+}
+
+impl TokenTexts {
+    pub fn new(texts: Vec<Option<String>>) -> Self {
+        let mut groups: std::collections::BTreeMap<char, Vec<u32>> = std::collections::BTreeMap::new();
+        for (id, text) in texts.iter().enumerate() {
+            if let Some(c) = text.as_deref().and_then(|t| t.chars().next()) {
+                groups.entry(c).or_default().push(id as u32);
+            }
+        }
+        Self { texts, by_first: groups.into_iter().collect() }
+    }
+
+    /// Token `id`'s text, where it has one.
+    pub fn get(&self, id: usize) -> Option<&str> {
+        self.texts.get(id).and_then(Option::as_deref)
+    }
+
+    /// The tokens with a text, by its first character.
+    pub fn by_first_char(&self) -> &[(char, Vec<u32>)] {
+        &self.by_first
+    }
+}
 
 /// The tokenizer and the ids a reply's text leaves out.
 pub struct ReplyText<'t> {
@@ -59,7 +85,9 @@ impl<'t> ReplyText<'t> {
                     let text = text.strip_prefix(before.as_str())?;
                     (!text.is_empty() && !text.contains('\u{FFFD}')).then(|| text.to_string())
                 };
-                Arc::new((0..self.tokenizer.get_vocab_size(true) as u32).map(text_of).collect())
+                Arc::new(TokenTexts::new(
+                    (0..self.tokenizer.get_vocab_size(true) as u32).map(text_of).collect(),
+                ))
             })
             .clone()
     }
