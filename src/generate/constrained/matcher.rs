@@ -173,6 +173,24 @@ impl Matcher {
         self.states.iter().any(|state| advance(vec![state.clone()], text).is_some())
     }
 
+    /// Where every state is inside a JSON string and not within an escape: how many more plain
+    /// characters (neither a quote, a backslash nor a control character) the most permissive
+    /// state takes, `Some(None)` for any number; `None` where a state stands anywhere else. A text
+    /// of n plain characters may then come next exactly when n fits, without walking it.
+    pub fn string_room(&self) -> Option<Option<usize>> {
+        let mut room = Some(0);
+        for state in &self.states {
+            let Some(Frame::Str { len, max, escape: Escape::None, .. }) = state.frames.last() else {
+                return None;
+            };
+            room = match (room, max) {
+                (Some(r), Some(max)) => Some(r.max(max.saturating_sub(*len))),
+                _ => None,
+            };
+        }
+        Some(room)
+    }
+
     /// Whether the text may end here (the grammar is complete).
     pub fn can_end(&self) -> bool {
         self.states.iter().any(can_end)

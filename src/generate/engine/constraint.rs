@@ -22,8 +22,9 @@ impl TokenConstraint {
     /// Sets the logits of the tokens that cannot come next to -inf; an error where none can.
     /// Every logit is refused first, then the allowed tokens get theirs back: those of each
     /// first character the grammar allows (`TokenTexts::by_first_char`: a JSON position allows
-    /// few of a vocabulary's characters, so most tokens are never visited), each walked whole,
-    /// and the end-of-turn ids where the grammar may end.
+    /// few of a vocabulary's characters, so most tokens are never visited), each walked whole —
+    /// except inside a string, where a token of plain characters is allowed by its length alone
+    /// (`Matcher::string_room`) — and the end-of-turn ids where the grammar may end.
     pub fn mask(&self, logits: &mut [f32]) -> anyhow::Result<()> {
         let original = logits.to_vec();
         logits.fill(f32::NEG_INFINITY);
@@ -35,13 +36,18 @@ impl TokenConstraint {
             }
         };
         let mut buf = [0u8; 4];
+        let room = self.matcher.string_room();
         for (c, ids) in self.texts.by_first_char() {
             if !self.matcher.allows(c.encode_utf8(&mut buf)) {
                 continue;
             }
             for &id in ids {
                 let text = self.texts.get(id as usize).unwrap_or_default();
-                if !self.stop_ids.contains(&id) && (text.len() == c.len_utf8() || self.matcher.allows(text)) {
+                let allowed = match (room, self.texts.plain_chars(id as usize)) {
+                    (Some(room), Some(n)) => room.is_none_or(|r| n <= r),
+                    _ => text.len() == c.len_utf8() || self.matcher.allows(text),
+                };
+                if allowed && !self.stop_ids.contains(&id) {
                     admit(id as usize);
                 }
             }

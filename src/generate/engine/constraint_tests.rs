@@ -128,9 +128,10 @@ fn a_named_function_is_the_one_called() {
     }
 }
 
-/// The mask (the tokens grouped by their first character) allows exactly what walking every
-/// token's whole text allows, and the end-of-turn id only where the grammar may end, at every
-/// character of a call's text, from the first to past the last.
+/// The mask (the tokens grouped by their first character, plain tokens inside a string judged by
+/// their length) allows exactly what walking every token's whole text allows, and the end-of-turn
+/// id only where the grammar may end, at every character of a call's text, from the first to past
+/// the last.
 #[test]
 fn the_mask_allows_what_a_walk_of_every_token_allows() {
     use super::constraint::TokenConstraint;
@@ -140,7 +141,8 @@ fn the_mask_allows_what_a_walk_of_every_token_allows() {
     let choice = ToolChoice::Required { parallel: false };
     let grammar = tool_call_grammar(&tools(), &choice, CallSyntax::Hermes).unwrap();
     let mut matcher = grammar.matcher();
-    let call = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"utc\"}}\n</tool_call>";
+    // a free string of at most 8 characters ("city") among fixed texts and enums
+    let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris TX\", \"unit\": \"celsius\"}}\n</tool_call>";
     let stop = [2u32];
     let vocab = tokenizer.get_vocab_size(true);
     let mut buf = [0u8; 4];

@@ -16,6 +16,9 @@ use crate::data::TOOL_CALL_TOKENS;
 pub struct TokenTexts {
     texts: Vec<Option<String>>,
     by_first: Vec<(char, Vec<u32>)>,
+    /// Each token's count of characters where all are plain inside a JSON string (no quote,
+    /// backslash or control character), else 0.
+    plain: Vec<u32>,
 }
 
 impl TokenTexts {
@@ -26,7 +29,20 @@ impl TokenTexts {
                 groups.entry(c).or_default().push(id as u32);
             }
         }
-        Self { texts, by_first: groups.into_iter().collect() }
+        let plain_char = |c: char| c != '"' && c != '\\' && c as u32 >= 0x20;
+        let plain = texts
+            .iter()
+            .map(|t| match t.as_deref() {
+                Some(t) if t.chars().all(plain_char) => t.chars().count() as u32,
+                _ => 0,
+            })
+            .collect();
+        Self { texts, by_first: groups.into_iter().collect(), plain }
+    }
+
+    /// Token `id`'s count of characters where all are plain inside a JSON string.
+    pub fn plain_chars(&self, id: usize) -> Option<usize> {
+        self.plain.get(id).filter(|&&n| n > 0).map(|&n| n as usize)
     }
 
     /// Token `id`'s text, where it has one.
