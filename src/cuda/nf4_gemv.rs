@@ -5,7 +5,6 @@
 //! an optional bias, residual and LoRA term h·Bᵀ, where h = scale · x·Aᵀ comes from [`lora_down`];
 //! all of it summed in f32 and rounded once. `quant::nf4_gemv` and `model::lora::decode` call it.
 
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SMEM;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, DType, Result, Tensor, WithDType};
@@ -23,6 +22,10 @@ const MMA_KC: usize = 256;
 const MMA_WARPS: usize = 4;
 /// Bytes of one warp's ring of staged super-chunks (`MMA_STAGES` × `MMA_STAGE` in nf4_gemv.cu).
 const MMA_RING_BYTES: usize = 3 * (16 * 144 + 256);
+/// The tensor-core kernel's static shared memory: B's staged rows, the dynamic map, the warps' sums.
+const MMA_STATIC_BYTES: usize = 16 * 64 * 4 + 256 * 4 + 8 * 16 * 8 * 4;
+// the rings of a block's warps fit beside it in the 48 KiB a launch gets without opting in
+const _: () = assert!(MMA_WARPS * MMA_RING_BYTES + MMA_STATIC_BYTES <= 48 * 1024);
 
 /// Which of nf4_gemv.cu's kernels a launch runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -458,7 +461,6 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
         let warps = (in_dim / MMA_KC).clamp(1, MMA_WARPS);
         let func = KERNELS.function(&dev, &format!("nf4_mma_{}_1", suffix(T::DTYPE)?))?;
         let smem = (warps * MMA_RING_BYTES) as u32;
-        func.set_attribute(MAX_DYNAMIC_SMEM, smem as i32).w()?;
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: ((warps * 32) as u32, 1, 1),
