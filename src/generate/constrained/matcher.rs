@@ -242,7 +242,6 @@ fn may_close(props: &Option<Vec<Property>>, used: &[bool]) -> bool {
     props.as_ref().is_none_or(|p| p.iter().zip(used).all(|(p, used)| *used || !p.required))
 }
 
-/// The states `state` goes to on `c`, pushed onto `out`.
 /// The states `states` reach through `text`, or `None` where no path takes all of it.
 fn advance(mut states: Vec<State>, text: &str) -> Option<Vec<State>> {
     for c in text.chars() {
@@ -258,6 +257,7 @@ fn advance(mut states: Vec<State>, text: &str) -> Option<Vec<State>> {
     Some(states)
 }
 
+/// The states `state` goes to on `c`, pushed onto `out`.
 fn step(mut state: State, c: char, out: &mut Vec<State>) {
     let space = matches!(c, ' ' | '\t' | '\n' | '\r');
     let whitespace = |mut state: State, out: &mut Vec<State>| {
