@@ -458,10 +458,290 @@ __device__ void nf4_mma(const T* __restrict__ x, int n, int in, int accumulate, 
 NF4_MMA(f16, __half, 1)
 NF4_MMA(bf16, __nv_bfloat16, 1)
 
+// ---- The codebook-lookup path: 1 to 64 rows, `in` a multiple of 256 ----
+//
+// The tensor-core product again, with a cheaper decode: each weight is its codebook value
+// rounded to T (not code · absmax), so one table serves every block — byte b of the packed
+// codes is the pair {code[b >> 4], code[b & 15]} — and the absmax multiplies each block's f32 sum
+// of code · x afterwards. The table sits in shared memory, one copy per lane (entry b of lane l
+// at 256 b + 4 l, so the 32 lanes' lookups fall on 32 different banks whatever their bytes), and
+// a lookup's address is one byte permute of the packed word with the lane's offset: a pair of
+// weights costs one permute and one shared load, against about five instructions in nf4_mma.
+//
+// Because the absmax is applied per block, each mma's 16 k lie in one absmax block: lane quad c
+// takes values 16c .. 16c + 15 of each 64-value block (8 contiguous bytes of each of its rows g and
+// g + 8, 32 contiguous bytes of x), its k slots of step s being 16c + 4s .. 16c + 4s + 3, in x as
+// in W. Each block's four mma sum into fresh registers, then its absmax (one per row) scales them
+// into the accumulators. Rounding the code rather than the product changes each weight by at most
+// one rounding of T, as dequantize + GEMM does; scripts/bench/nf4_codebook_scale_error.py measures
+// both against the exact product.
+//
+// Shared memory is one 64 KiB region of 256 entries of 256 bytes: the first 128 bytes of entry e
+// are the table's entry e (32 lane copies), the other 128 are "slot" e, where the warps' rings
+// live: a stage is 18 slots, 16 for the packed rows of its super-chunk and 2 for their scales.
+// A row's 16-byte chunks are stored swizzled (chunk p of row r at p ^ 2(r & 3)), so the 8-byte
+// reads of rows g = 0..3 (and 4..7), all slots starting on the same bank, land on four different
+// 32-byte bank groups. 67 KiB a block (more for the sums of 4 and 8 tiles of batch rows).
+//
+// The grid is persistent: a block of 4 warps walks 16-row groups blockIdx.x, + gridDim.x, ...
+// (over the launch's segments), its warps splitting each group's super-chunks; each warp's ring
+// runs on from one group into the next, so only a block's first loads wait on memory with
+// nothing in flight, and the table is written once a block. At each group's end the warps' sums
+// meet in shared memory (two buffers, alternating), and threads of a different warp each time
+// add the LoRA term, bias, residual (and y with `accumulate`) and round once. Batch rows come in
+// NT tiles of 8, each the B operand of its own mma on the same decoded weights; x is read by
+// every block from L2 (past 8 rows that traffic, not the weights', is what bounds the kernel).
+#define LUT_STAGES 3
+#define LUT_SLOTS_PER_STAGE 18
+#define LUT_BYTES (256 * 256)
+#define LUT_WARPS 4
+
+// The lane's copy of the table entry of byte i of `word`: its offset is 256 · byte + lane4
+// (lane4 = 4 · lane < 256), built by one permute.
+template <int I>
+__device__ __forceinline__ uint32_t lut_pair(const uint8_t* table, uint32_t word, uint32_t lane4) {
+    return *reinterpret_cast<const uint32_t*>(table + __byte_perm(word, lane4, 0x5504 | (I << 4)));
+}
+
+// Slot `i` of the region.
+__device__ __forceinline__ uint8_t* lut_slot(uint8_t* region, int i) { return region + 256 * i + 128; }
+
+// The segment 16-row group `group` of a launch belongs to.
+__device__ __forceinline__ Nf4Segment segment_of(const Nf4Segments& p, int group) {
+    Nf4Segment s = p.s[0];
+    if (p.count > 1 && group >= p.s[1].block0) s = p.s[1];
+    if (p.count > 2 && group >= p.s[2].block0) s = p.s[2];
+    return s;
+}
+
+// One output of a lookup launch: y[nn, row] = v (the sum of code · x · absmax) + the LoRA term +
+// bias + residual (+ y with `accumulate`), rounded once; nothing past the segment's rows or the
+// batch.
+template <typename T>
+__device__ __forceinline__ void lut_output(const Nf4Segment& s, int row, int nn, int n, int accumulate, float v) {
+    if (row >= s.out || nn >= n) return;
+    if (s.rank > 0) {
+        const float* h = s.lora_h + (int64_t)nn * s.h_stride + s.h_col;
+        const float* b = s.lora_b + (int64_t)row * s.rank;
+        for (int q = 0; q < s.rank; q++) v = fmaf(h[q], b[q], v);
+    }
+    T* y = reinterpret_cast<T*>(s.y);
+    const int64_t at = (int64_t)nn * s.out + row;
+    if (s.bias != nullptr) v += to_f32(reinterpret_cast<const T*>(s.bias)[row]);
+    if (s.residual != nullptr) v += to_f32(reinterpret_cast<const T*>(s.residual)[at]);
+    if (accumulate) v += to_f32(y[at]);
+    store(y + at, v);
+}
+
+template <typename T, int NT>
+__device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int accumulate, const Nf4Segments& p) {
+    extern __shared__ __align__(16) uint8_t lut_smem[];
+    __shared__ float dmap[256];
+    __shared__ float red[2][LUT_WARPS][16][8 * NT];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int supers = in / MMA_KC;
+    const int64_t row_bytes = in / 2, blocks_per_row = in / NF4_BLOCK;
+    const uint8_t* table = lut_smem;
+    const int ring = warp * LUT_STAGES * LUT_SLOTS_PER_STAGE;
+
+    // this warp's items: super-chunks warp, warp + warps, ... of each of the block's groups
+    // (blockIdx.x, + gridDim.x, ...)
+    const int unit = blockIdx.x, stride = gridDim.x;
+    const int my_groups = groups > unit ? (groups - unit + stride - 1) / stride : 0;
+    const int count = (supers - warp + warps - 1) / warps;
+    const int items = my_groups * count;
+
+    // The rows the issuing side is copying: the warp's group `ig`, its super-chunk slot `ij`,
+    // where its 16 rows start and how many of them exist.
+    int ig = 0, ij = 0, rows = 0;
+    const uint8_t* w_rows = nullptr;
+    const float* absmax = nullptr;
+    const uint8_t* codes = nullptr;
+    const float* absmax2 = nullptr;
+    int64_t block0 = 0;
+    auto rows_of = [&](int gi) {
+        const int group = unit + gi * stride;
+        const Nf4Segment s = segment_of(p, group);
+        const int row0 = (group - s.block0) * 16;
+        rows = s.out - row0;
+        w_rows = s.packed + (int64_t)row0 * row_bytes;
+        block0 = (int64_t)row0 * blocks_per_row;
+        absmax = s.absmax, codes = s.codes, absmax2 = s.absmax2;
+    };
+    // the next item's 16 packed rows and their scales into stage st of this warp's ring, rows
+    // past the segment's end as zeros
+    auto issue = [&](int st) {
+        if (ij == count) ij = 0, rows_of(++ig);
+        const int sc = warp + ij * warps;
+        ij++;
+        const int slot0 = ring + st * LUT_SLOTS_PER_STAGE;
+#pragma unroll
+        for (int i = lane; i < 128; i += 32) {
+            const int r = i >> 3, part = i & 7;
+            const bool ok = r < rows;
+            cp_async16(lut_slot(lut_smem, slot0 + r) + 16 * (part ^ (2 * (r & 3))),
+                       w_rows + (int64_t)(ok ? r : 0) * row_bytes + sc * (MMA_KC / 2) + 16 * part, ok);
+        }
+        if (lane < 16) {
+            const bool ok = lane < rows;
+            const int64_t block = block0 + (int64_t)(ok ? lane : 0) * blocks_per_row + 4 * sc;
+            if (codes == nullptr) {
+                cp_async16(lut_slot(lut_smem, slot0 + 16 + lane / 8) + 16 * (lane & 7), absmax + block, ok);
+            } else {
+                uint8_t* sd = lut_slot(lut_smem, slot0 + 16);
+                cp_async4(sd + 4 * lane, codes + block, ok);
+                cp_async4(sd + 64 + 4 * lane, absmax2 + block / DQ_BLOCK, ok);
+            }
+        }
+    };
+
+    if (items > 0) rows_of(0);
+#pragma unroll
+    for (int i = 0; i < LUT_STAGES - 1; i++) {
+        if (i < items) issue(i);
+        cp_async_commit();
+    }
+    // the table, while the first copies are in flight: entry b = {code[b >> 4], code[b & 15]} in T,
+    // the same word in each lane's copy
+    for (int i = tid; i < 256 * 8; i += blockDim.x) {
+        const int b = i >> 3;
+        const uint32_t v = pack2<T>(NF4_CODE[b >> 4], NF4_CODE[b & 15]);
+        *reinterpret_cast<uint4*>(lut_smem + 256 * b + 16 * (i & 7)) = make_uint4(v, v, v, v);
+    }
+    for (int i = tid; i < 256; i += blockDim.x) dmap[i] = DYNAMIC_MAP[i];
+    __syncthreads();
+
+    float acc[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[t][e] = 0.0f;
+    const uint32_t lane4 = 4 * lane;
+    const int swz = 2 * (g & 3);
+
+    // the computing side: item j is super-chunk slot jj of the block's group gi, in stage st
+    int gi = 0, jj = 0, st = 0, group = unit;
+    bool dq = false;
+    float offset = 0.0f;
+    for (int j = 0; j < items; j++) {
+        cp_async_wait<LUT_STAGES - 2>();
+        __syncwarp();
+        if (j + LUT_STAGES - 1 < items) issue(st == 0 ? LUT_STAGES - 1 : st - 1);
+        cp_async_commit();
+
+        if (jj == 0) {
+            const Nf4Segment s = segment_of(p, group);
+            dq = s.codes != nullptr, offset = s.offset;
+        }
+        const int sc = warp + jj * warps;
+        const int slot0 = ring + st * LUT_SLOTS_PER_STAGE;
+        st = st + 1 == LUT_STAGES ? 0 : st + 1;
+        const uint8_t* row_a = lut_slot(lut_smem, slot0 + g);
+        const uint8_t* row_b = lut_slot(lut_smem, slot0 + g + 8);
+        const uint8_t* sd = lut_slot(lut_smem, slot0 + 16);
+        // the absmax of rows g and g + 8 in each of the super-chunk's four blocks
+        float amax_a[4], amax_b[4];
+        if (!dq) {
+            const float4 va = *reinterpret_cast<const float4*>(sd + 16 * g);
+            const float4 vb = *reinterpret_cast<const float4*>(lut_slot(lut_smem, slot0 + 17) + 16 * g);
+            amax_a[0] = va.x, amax_a[1] = va.y, amax_a[2] = va.z, amax_a[3] = va.w;
+            amax_b[0] = vb.x, amax_b[1] = vb.y, amax_b[2] = vb.z, amax_b[3] = vb.w;
+        } else {
+            const uint32_t ca = *reinterpret_cast<const uint32_t*>(sd + 4 * g);
+            const uint32_t cb = *reinterpret_cast<const uint32_t*>(sd + 4 * (g + 8));
+            const float* absmax2 = reinterpret_cast<const float*>(sd + 64);
+            const float sa = absmax2[g], sb = absmax2[g + 8];
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                amax_a[b] = restore_absmax(dmap[(ca >> (8 * b)) & 0xFF], sa, offset);
+                amax_b[b] = restore_absmax(dmap[(cb >> (8 * b)) & 0xFF], sb, offset);
+            }
+        }
+        // (four tiles and more: one block at a time, so the compiler does not hold every block's
+        // x in registers at once)
+#pragma unroll(NT >= 4 ? 1 : 4)
+        for (int b = 0; b < 4; b++) {
+            const float scale_a = b == 0 ? amax_a[0] : b == 1 ? amax_a[1] : b == 2 ? amax_a[2] : amax_a[3];
+            const float scale_b = b == 0 ? amax_b[0] : b == 1 ? amax_b[1] : b == 2 ? amax_b[2] : amax_b[3];
+            const int at = 16 * ((2 * b + (c >> 1)) ^ swz) + 8 * (c & 1);
+            const uint2 wa = *reinterpret_cast<const uint2*>(row_a + at);
+            const uint2 wb = *reinterpret_cast<const uint2*>(row_b + at);
+            // the mma's A operand of steps 0 .. 3: bytes 2s and 2s + 1 of the lane's 8 of each row
+            uint32_t a[4][4];
+            a[0][0] = lut_pair<0>(table, wa.x, lane4), a[0][2] = lut_pair<1>(table, wa.x, lane4);
+            a[1][0] = lut_pair<2>(table, wa.x, lane4), a[1][2] = lut_pair<3>(table, wa.x, lane4);
+            a[2][0] = lut_pair<0>(table, wa.y, lane4), a[2][2] = lut_pair<1>(table, wa.y, lane4);
+            a[3][0] = lut_pair<2>(table, wa.y, lane4), a[3][2] = lut_pair<3>(table, wa.y, lane4);
+            a[0][1] = lut_pair<0>(table, wb.x, lane4), a[0][3] = lut_pair<1>(table, wb.x, lane4);
+            a[1][1] = lut_pair<2>(table, wb.x, lane4), a[1][3] = lut_pair<3>(table, wb.x, lane4);
+            a[2][1] = lut_pair<0>(table, wb.y, lane4), a[2][3] = lut_pair<1>(table, wb.y, lane4);
+            a[3][1] = lut_pair<2>(table, wb.y, lane4), a[3][3] = lut_pair<3>(table, wb.y, lane4);
+            const int64_t k = (int64_t)sc * MMA_KC + 64 * b + 16 * c;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const int xr = 8 * t + g;
+                uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
+                if (xr < n) {
+                    x0 = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)xr * in + k));
+                    x1 = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)xr * in + k + 8));
+                }
+                float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma<T>(sum, a[0], x0.x, x0.y);
+                mma<T>(sum, a[1], x0.z, x0.w);
+                mma<T>(sum, a[2], x1.x, x1.y);
+                mma<T>(sum, a[3], x1.z, x1.w);
+                acc[t][0] = fmaf(sum[0], scale_a, acc[t][0]);
+                acc[t][1] = fmaf(sum[1], scale_a, acc[t][1]);
+                acc[t][2] = fmaf(sum[2], scale_b, acc[t][2]);
+                acc[t][3] = fmaf(sum[3], scale_b, acc[t][3]);
+            }
+        }
+        if (++jj < count) continue;
+
+        {
+            // the warps' sums meet, then the epilogue, on a different warp each group (accumulator
+            // e of tile t is row g + 8 (e / 2), batch row 8t + 2c + e % 2)
+            float(*sums)[16][8 * NT] = red[gi & 1];
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    sums[warp][g + 8 * (e / 2)][8 * t + 2 * c + (e % 2)] = acc[t][e];
+                    acc[t][e] = 0.0f;
+                }
+            __syncthreads();
+            const Nf4Segment s = segment_of(p, group);
+            const int row0 = (group - s.block0) * 16;
+            const int first = 32 * (gi % warps);
+            for (int o = (tid + (int)blockDim.x - first) % (int)blockDim.x; o < 16 * n; o += blockDim.x) {
+                const int r = o & 15;
+                float v = 0.0f;
+                for (int w = 0; w < warps; w++) v += sums[w][r][o >> 4];
+                lut_output<T>(s, row0 + r, o >> 4, n, accumulate, v);
+            }
+        }
+        jj = 0, gi++, group += stride;
+    }
+    cp_async_wait<0>();
+}
+
+#define NF4_LUT(NAME, T, NT)                                                                       \
+    extern "C" __global__ void __launch_bounds__(LUT_WARPS * 32, NT <= 2 ? 3 : 2)                   \
+        nf4_lut_##NAME##_##NT(const T* x, int n, int in, int groups, int accumulate,               \
+                              const Nf4Segments p) {                                               \
+        nf4_lut<T, NT>(x, n, in, groups, accumulate, p);                                           \
+    }
+// 1, 2, 4 or 8 tiles of 8 rows; three blocks a multiprocessor, two from 4 tiles (whose sums and
+// accumulators would not fit the shared memory and registers of three)
+#define NF4_LUTS(NAME, T) NF4_LUT(NAME, T, 1) NF4_LUT(NAME, T, 2) NF4_LUT(NAME, T, 4) NF4_LUT(NAME, T, 8)
+NF4_LUTS(f16, __half)
+NF4_LUTS(bf16, __nv_bfloat16)
+
 // LoRA's first product for the decode rows: h[n, c] = scale_i · x[n] · A_i[j] for column c, row j
 // of adapter i (up to three adapters reading the same x, their A stacked: c runs over Σ r_i).
-// One block a column, its threads striding over `in` with 16-byte loads of A (f32), the sum in
-// f32. h feeds nf4_gemv's LoRA term.
+// One block a column (and 8 rows: blockIdx.y takes the next 8), its threads striding over `in`
+// with 16-byte loads of A (f32), the sum in f32. h feeds nf4_gemv's LoRA term.
 #define LORA_THREADS 256
 
 struct LoraDown {
@@ -472,7 +752,11 @@ struct LoraDown {
 };
 
 template <typename T, int N>
-__device__ void lora_down(const T* __restrict__ x, int in, float* __restrict__ h, int h_stride, const LoraDown& p) {
+__device__ void lora_down(const T* __restrict__ x, int rows, int in, float* __restrict__ h, int h_stride, const LoraDown& p) {
+    // rows N · blockIdx.y on (a batch of more than N rows takes several blocks a column)
+    const int r0 = N * (int)blockIdx.y, live = min(N, rows - r0);
+    x += (int64_t)r0 * in;
+    h += (int64_t)r0 * h_stride;
     int c = blockIdx.x, i = 0;
     const float* a = p.a[0];
     float scale = p.scale[0];
@@ -498,7 +782,10 @@ __device__ void lora_down(const T* __restrict__ x, int in, float* __restrict__ h
             if (k >= in) break;
 #pragma unroll
             for (int n = 0; n < N; n++) {
-                const T* xr = x + (int64_t)n * in + k;
+                if (n >= live) break;
+                // four values of x in one 8-byte load
+                const uint2 raw = *reinterpret_cast<const uint2*>(x + (int64_t)n * in + k);
+                const T* xr = reinterpret_cast<const T*>(&raw);
                 acc[n] = fmaf(av[u].x, to_f32(xr[0]), acc[n]);
                 acc[n] = fmaf(av[u].y, to_f32(xr[1]), acc[n]);
                 acc[n] = fmaf(av[u].z, to_f32(xr[2]), acc[n]);
@@ -516,7 +803,7 @@ __device__ void lora_down(const T* __restrict__ x, int in, float* __restrict__ h
         if (lane == 0) partial[warp][n] = v;
     }
     __syncthreads();
-    if ((int)threadIdx.x < N) {
+    if ((int)threadIdx.x < live) {
         float v = 0.0f;
 #pragma unroll
         for (int w = 0; w < LORA_THREADS / 32; w++) v += partial[w][threadIdx.x];
@@ -526,8 +813,8 @@ __device__ void lora_down(const T* __restrict__ x, int in, float* __restrict__ h
 
 #define LORA_DOWN(NAME, T, N)                                                                                   \
     extern "C" __global__ void __launch_bounds__(LORA_THREADS)                                                  \
-        lora_down_##NAME##_##N(const T* x, int in, float* h, int h_stride, const LoraDown p) {                \
-        lora_down<T, N>(x, in, h, h_stride, p);                                                                 \
+        lora_down_##NAME##_##N(const T* x, int rows, int in, float* h, int h_stride, const LoraDown p) {      \
+        lora_down<T, N>(x, rows, in, h, h_stride, p);                                                           \
     }
 ROWS_1_TO_8(LORA_DOWN, f16, __half)
 ROWS_1_TO_8(LORA_DOWN, bf16, __nv_bfloat16)

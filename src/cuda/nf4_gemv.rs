@@ -5,6 +5,7 @@
 //! an optional bias, residual and LoRA term h·Bᵀ, where h = scale · x·Aᵀ comes from [`lora_down`];
 //! all of it summed in f32 and rounded once. `quant::nf4_gemv` and `model::lora::decode` call it.
 
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SMEM;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, DType, Result, Tensor, WithDType};
@@ -14,8 +15,10 @@ use super::{address, cuda_device, suffix, view, wrap};
 
 pub static KERNELS: super::module::Kernels = super::module::kernels!("nf4_gemv");
 
-/// The most rows of x one launch takes (the kernels are instantiated for 1 to 8).
+/// The most rows of x one launch takes where `in` is a multiple of 256 (the lookup kernel's
+/// [`LOOKUP_MAX_ROWS`]), and [`MAX_ROWS`] elsewhere (the CUDA-core kernel's 1 to 8).
 pub const MAX_ROWS: usize = 8;
+pub const LOOKUP_MAX_ROWS: usize = 64;
 /// `MMA_KC` in nf4_gemv.cu: the tensor-core kernel takes an `in` that is a multiple of it.
 const MMA_KC: usize = 256;
 /// Warps of a tensor-core block (at most `MMA_MAX_WARPS` in nf4_gemv.cu).
@@ -26,6 +29,11 @@ const MMA_RING_BYTES: usize = 3 * (16 * 144 + 256);
 const MMA_STATIC_BYTES: usize = 16 * 64 * 4 + 256 * 4 + 8 * 16 * 8 * 4;
 // the rings of a block's warps fit beside it in the 48 KiB a launch gets without opting in
 const _: () = assert!(MMA_WARPS * MMA_RING_BYTES + MMA_STATIC_BYTES <= 48 * 1024);
+/// The lookup kernel's dynamic shared memory: the table's 256 entries of 256 bytes, the warps'
+/// rings in their second halves (`LUT_BYTES` in nf4_gemv.cu).
+const LUT_BYTES: usize = 256 * 256;
+/// Warps of a lookup block (`LUT_WARPS`).
+const LUT_WARPS: usize = 4;
 
 /// Which of nf4_gemv.cu's kernels a launch runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,19 +44,37 @@ pub enum Kernel {
     /// `nf4_mma`: tensor cores on each weight rounded to the compute dtype as the dequantize
     /// kernel rounds it; `in` a multiple of 256.
     TensorCores,
+    /// `nf4_lut`: tensor cores on each weight's codebook value rounded to the compute dtype,
+    /// looked up in a shared-memory table, each absmax block's sum scaled by its absmax after;
+    /// `in` a multiple of 256.
+    Lookup,
 }
 
 impl Kernel {
-    /// The kernel for `n` rows of `in_dim` values: tensor cores from two rows where they take
-    /// the width (one row runs as fast on the CUDA cores, which take any multiple of 32; from
-    /// two rows on, the tensor cores' cost stays that of one row while the lanes' grows with
-    /// each), unless the environment says `LORA_FT_NF4_GEMV=lanes` (a diagnostic, read once).
-    pub fn for_shape(n: usize, in_dim: usize) -> Kernel {
-        static LANES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let lanes = *LANES.get_or_init(|| std::env::var("LORA_FT_NF4_GEMV").is_ok_and(|v| v == "lanes"));
-        match n >= 2 && in_dim.is_multiple_of(MMA_KC) && !lanes {
-            true => Kernel::TensorCores,
-            false => Kernel::Lanes,
+    /// The kernel for `n` rows of `in_dim` values, if one takes them: the codebook lookup for up
+    /// to `LOOKUP_MAX_ROWS` rows where it takes the width, else the CUDA cores for up to
+    /// `MAX_ROWS`. `LORA_FT_NF4_GEMV` (read once) is a diagnostic: `lanes` runs the CUDA cores,
+    /// `mma` the first tensor-core kernel from two rows, both for up to `MAX_ROWS` rows only (as
+    /// before the lookup kernel: past them the NF4 GEMM or dequantize + GEMM).
+    pub fn for_shape(n: usize, in_dim: usize) -> Option<Kernel> {
+        static CHOICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        let choice = CHOICE.get_or_init(|| std::env::var("LORA_FT_NF4_GEMV").ok());
+        let wide = in_dim.is_multiple_of(MMA_KC);
+        let kernel = match choice.as_deref() {
+            Some("lanes") => Kernel::Lanes,
+            Some("mma") if wide && n >= 2 => Kernel::TensorCores,
+            Some("mma") => Kernel::Lanes,
+            _ if wide => Kernel::Lookup,
+            _ => Kernel::Lanes,
+        };
+        ((1..=kernel.max_rows()).contains(&n) && kernel.takes(in_dim)).then_some(kernel)
+    }
+
+    /// The most batch rows this kernel takes.
+    pub fn max_rows(self) -> usize {
+        match self {
+            Kernel::Lookup => LOOKUP_MAX_ROWS,
+            Kernel::Lanes | Kernel::TensorCores => MAX_ROWS,
         }
     }
 
@@ -56,7 +82,7 @@ impl Kernel {
     pub fn takes(self, in_dim: usize) -> bool {
         match self {
             Kernel::Lanes => in_dim.is_multiple_of(32),
-            Kernel::TensorCores => in_dim.is_multiple_of(MMA_KC),
+            Kernel::TensorCores | Kernel::Lookup => in_dim.is_multiple_of(MMA_KC),
         }
     }
 }
@@ -166,7 +192,8 @@ struct RawLoraDown {
 unsafe impl DeviceRepr for RawLoraDown {}
 
 /// Whether the kernel takes x `[n, in]` against a weight `[out_dim, in_dim]`: a CUDA f16/bf16
-/// x, contiguous from a 16-byte boundary, 1 to `MAX_ROWS` rows, and `in` a multiple of 32 (so
+/// x, contiguous from a 16-byte boundary, 1 to `MAX_ROWS` rows (to `LOOKUP_MAX_ROWS` where `in` is
+/// a multiple of 256), and `in` a multiple of 32 (so
 /// each row of packed codes starts on a 16-byte boundary and each 16-byte load lies in one
 /// absmax block). Anything else goes through dequantize + GEMM.
 pub fn supports(x: &Tensor, out_dim: usize, in_dim: usize) -> bool {
@@ -181,8 +208,7 @@ pub fn supports(x: &Tensor, out_dim: usize, in_dim: usize) -> bool {
 /// `supports` for a fresh contiguous x of `n` rows in `dtype`: the rows, dtype and shape rules.
 pub fn supports_shape(n: usize, dtype: DType, (out_dim, in_dim): (usize, usize)) -> bool {
     matches!(dtype, DType::F16 | DType::BF16)
-        && (1..=MAX_ROWS).contains(&n)
-        && in_dim.is_multiple_of(32)
+        && Kernel::for_shape(n, in_dim).is_some()
         && in_dim > 0
         && out_dim > 0
         && in_dim <= i32::MAX as usize
@@ -237,7 +263,11 @@ pub unsafe fn gemv_into(
 /// Each segment's `y` must address `n · out_dim` elements of x's dtype on x's device, which no
 /// other work reads or writes until this launch has run on the device's stream.
 pub unsafe fn gemv_segments(x: &Tensor, segments: &[Segment], accumulate: bool) -> Result<()> {
-    gemv_segments_on(Kernel::for_shape(x.dim(0)?, x.dim(1)?), x, segments, accumulate)
+    let (n, in_dim) = x.dims2()?;
+    let Some(kernel) = Kernel::for_shape(n, in_dim) else {
+        bail!("the NF4 GEMV takes no {n} rows of {in_dim} values");
+    };
+    gemv_segments_on(kernel, x, segments, accumulate)
 }
 
 /// `gemv_segments` on the given kernel.
@@ -260,7 +290,11 @@ pub unsafe fn gemv_segments_on(
 /// Each segment's output as a new `[n, out_dim]` tensor in x's dtype (the segments' `y` are
 /// ignored), in one launch: y = x · Wᵀ + bias + residual + the LoRA term.
 pub fn gemv_outputs(x: &Tensor, segments: Vec<Segment>) -> Result<Vec<Tensor>> {
-    gemv_outputs_on(Kernel::for_shape(x.dim(0)?, x.dim(1)?), x, segments)
+    let (n, in_dim) = x.dims2()?;
+    let Some(kernel) = Kernel::for_shape(n, in_dim) else {
+        bail!("the NF4 GEMV takes no {n} rows of {in_dim} values");
+    };
+    gemv_outputs_on(kernel, x, segments)
 }
 
 /// `gemv_outputs` on the given kernel.
@@ -303,7 +337,7 @@ fn lora_down_typed<T: CudaDType + WithDType + DeviceRepr>(
     let (n, in_dim) = x.dims2()?;
     if adapters.is_empty() || adapters.len() > MAX_SEGMENTS || !supports(x, 1, in_dim) {
         bail!(
-            "lora_down: 1 to {MAX_SEGMENTS} adapters and x of 1 to {MAX_ROWS} rows, not {}",
+            "lora_down: 1 to {MAX_SEGMENTS} adapters and x of 1 to {LOOKUP_MAX_ROWS} rows, not {}",
             adapters.len()
         );
     }
@@ -326,13 +360,20 @@ fn lora_down_typed<T: CudaDType + WithDType + DeviceRepr>(
         width += r;
     }
     let h = wrap(unsafe { dev.alloc::<f32>(n * width)? }, &dev, &[n, width]);
-    let func = KERNELS.function(&dev, &format!("lora_down_{}_{n}", suffix(T::DTYPE)?))?;
+    // past 8 rows, blocks of 8 rows each
+    let per_block = n.min(MAX_ROWS);
+    let func = KERNELS.function(&dev, &format!("lora_down_{}_{per_block}", suffix(T::DTYPE)?))?;
     let (gx, gh) = (x.storage_and_layout().0, h.storage_and_layout().0);
     let (xv, hv) = (view::<T>(&gx, x)?, view::<f32>(&gh, &h)?);
-    let (in_i, stride) = (in_dim as i32, width as i32);
+    let (rows, in_i, stride) = (n as i32, in_dim as i32, width as i32);
     let mut b = func.builder();
-    b.arg(&xv).arg(&in_i).arg(&hv).arg(&stride).arg(&raw);
-    unsafe { b.launch(super::blocks(width, LORA_THREADS)) }.w()?;
+    b.arg(&xv).arg(&rows).arg(&in_i).arg(&hv).arg(&stride).arg(&raw);
+    let cfg = LaunchConfig {
+        grid_dim: (width as u32, n.div_ceil(per_block) as u32, 1),
+        block_dim: (LORA_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    unsafe { b.launch(cfg) }.w()?;
     drop((gx, gh));
     Ok(h)
 }
@@ -349,14 +390,14 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     if segments.is_empty() || segments.len() > MAX_SEGMENTS {
         bail!("the NF4 GEMV takes 1 to {MAX_SEGMENTS} weights a launch, not {}", segments.len());
     }
-    if !kernel.takes(in_dim) {
-        bail!("the NF4 GEMV's {kernel:?} kernel does not take rows of {in_dim} values");
+    if !kernel.takes(in_dim) || n > kernel.max_rows() {
+        bail!("the NF4 GEMV's {kernel:?} kernel does not take {n} rows of {in_dim} values");
     }
     let dev = cuda_device(x)?;
     let stream = dev.cuda_stream();
     let rows_per_block = match kernel {
         Kernel::Lanes => WARPS * rows_per_warp(n),
-        Kernel::TensorCores => 16,
+        Kernel::TensorCores | Kernel::Lookup => 16,
     };
     let mut raw = RawSegments { count: segments.len() as i32, ..Default::default() };
     let mut blocks = 0;
@@ -436,7 +477,7 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
                 );
             }
             // the tensor cores stage B's rows by 16-byte copies
-            if kernel == Kernel::TensorCores && !l.b.layout().start_offset().is_multiple_of(4) {
+            if kernel != Kernel::Lanes && !l.b.layout().start_offset().is_multiple_of(4) {
                 bail!(
                     "NF4 GEMV: a LoRA B starting at element {}, not on a 16-byte boundary",
                     l.b.layout().start_offset()
@@ -455,6 +496,28 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     let gx = x.storage_and_layout().0;
     let xv = view::<T>(&gx, x)?;
     let (in_i, acc) = (in_dim as i32, accumulate as i32);
+    if kernel == Kernel::Lookup {
+        // a persistent grid, each block walking 16-row groups, its warps splitting each group's k;
+        // the batch rows in 1, 2, 4 or 8 tiles of 8
+        let tiles = n.div_ceil(8).next_power_of_two();
+        let warps = (in_dim / MMA_KC).clamp(1, LUT_WARPS);
+        // three blocks a multiprocessor, two from four tiles (`__launch_bounds__`)
+        let per_sm = if tiles <= 2 { 3 } else { 2 };
+        let func = KERNELS.function(&dev, &format!("nf4_lut_{}_{tiles}", suffix(T::DTYPE)?))?;
+        let smem = LUT_BYTES as u32;
+        func.set_attribute(MAX_DYNAMIC_SMEM, smem as i32).w()?;
+        let grid = blocks.min(per_sm * super::multiprocessors(&dev)?);
+        let cfg = LaunchConfig {
+            grid_dim: (grid as u32, 1, 1),
+            block_dim: ((warps * 32) as u32, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let (n_i, groups) = (n as i32, blocks as i32);
+        let mut b = func.builder();
+        b.arg(&xv).arg(&n_i).arg(&in_i).arg(&groups).arg(&acc).arg(&raw);
+        unsafe { b.launch(cfg) }.w()?;
+        return Ok(());
+    }
     if kernel == Kernel::TensorCores {
         // a block is one 16-row group, its warps across the k; four warps (more leave too little
         // L1 beside the rings for the x rows every warp reads)

@@ -39,28 +39,30 @@ fn nf4_gemv_is_within_twice_the_dequantize_matmul_error() -> Result<()> {
     let shapes = [(4096, 4096), (14336, 4096), (4096, 14336), (1000, 576), (576, 1536), (1000, 768)];
     for (i, &(out_dim, in_dim)) in shapes.iter().enumerate() {
         let w = (randn(&[out_dim, in_dim], 100 + i as u64) * 0.05)?;
-        let x8 = randn(&[8, in_dim], 200 + i as u64);
+        let x64 = randn(&[64, in_dim], 200 + i as u64);
         let w_gpu = w.to_device(&gpu)?;
         for double_quant in [false, true] {
             let q_cpu = Nf4Tensor::quantize(&w, double_quant)?;
             let q = Nf4Tensor::quantize(&w_gpu, double_quant)?;
             let w64 = q_cpu.dequantize(DType::F32)?.to_dtype(DType::F64)?;
             for dtype in [DType::F16, DType::BF16] {
-                let x8 = x8.to_dtype(dtype)?;
+                let x64 = x64.to_dtype(dtype)?;
                 // the first n rows of the exact product are the exact product of n rows
-                let exact8 = x8.to_dtype(DType::F64)?.matmul(&w64.t()?)?;
+                let exact64 = x64.to_dtype(DType::F64)?.matmul(&w64.t()?)?;
                 let w16 = q.dequantize(dtype)?;
-                for n in [1, 3, 8] {
-                    let x = x8.narrow(0, 0, n)?.contiguous()?.to_device(&gpu)?;
+                // past 8 rows where the lookup kernel takes the width
+                let rows: &[usize] = if in_dim % 256 == 0 { &[1, 3, 8, 9, 24, 64] } else { &[1, 3, 8] };
+                for &n in rows {
+                    let x = x64.narrow(0, 0, n)?.contiguous()?.to_device(&gpu)?;
                     assert!(nf4_gemv_applies(&x, &q));
-                    let exact = exact8.narrow(0, 0, n)?;
+                    let exact = exact64.narrow(0, 0, n)?;
                     let stack = x.matmul(&w16.t()?)?;
                     let stack_err = max_abs_err(&stack, &exact)?;
                     let scale = exact.abs()?.max_all()?.to_scalar::<f64>()?;
                     let bound = 2.0 * stack_err + scale * f32::EPSILON as f64;
                     let mut outputs = vec![(None, nf4_gemv(&x, &q)?)];
-                    for kernel in [Kernel::Lanes, Kernel::TensorCores].into_iter().filter(|k| k.takes(in_dim))
-                    {
+                    let kernels = [Kernel::Lanes, Kernel::TensorCores, Kernel::Lookup];
+                    for kernel in kernels.into_iter().filter(|k| k.takes(in_dim) && n <= k.max_rows()) {
                         let segment = q.gemv_segment(&x).expect("the GEMV takes x");
                         outputs.push((Some(kernel), gemv_outputs_on(kernel, &x, vec![segment])?.remove(0)));
                     }

@@ -177,14 +177,16 @@ impl Nf4Tensor {
     }
 }
 
-/// The most rows of x the NF4 GEMV takes (decode batches); more go through dequantize + GEMM.
-pub const GEMV_MAX_ROWS: usize = 8;
+/// The most rows of x the NF4 GEMV takes (decode batches) where `in` is a multiple of 256; 8
+/// elsewhere. More go through the NF4 GEMM or dequantize + GEMM.
+pub const GEMV_MAX_ROWS: usize = 64;
 
 #[cfg(feature = "cuda")]
-const _: () = assert!(GEMV_MAX_ROWS == crate::cuda::nf4_gemv::MAX_ROWS);
+const _: () = assert!(GEMV_MAX_ROWS == crate::cuda::nf4_gemv::LOOKUP_MAX_ROWS);
 
 /// Whether `nf4_gemv` takes x against w: both on one CUDA device, x `[n, in]` f16 or bf16,
-/// contiguous, 1 to `GEMV_MAX_ROWS` rows, and `in` a multiple of 32 (the layout the kernel's
+/// contiguous, 1 to `GEMV_MAX_ROWS` rows (8 where `in` is not a multiple of 256), and `in` a
+/// multiple of 32 (the layout the kernel's
 /// 16-byte loads need).
 #[cfg(feature = "cuda")]
 pub fn nf4_gemv_applies(x: &Tensor, w: &Nf4Tensor) -> bool {

@@ -141,7 +141,8 @@ mod tests {
     /// two) and a lone one with the residual added, in one launch each, against the exact f64
     /// product on the CPU, held to the crate's multiple of the error of each projection's own
     /// path (`LoraLinear::forward`: the low-rank GEMMs, then the GEMV accumulating onto them; the
-    /// residual added after), for 1, 3 and 8 rows in f16 and bf16, at widths for each GEMV kernel.
+    /// residual added after), for 1, 3 and 8 rows in f16 and bf16 at widths for each GEMV kernel,
+    /// and 9, 24 and 64 rows where the lookup kernel takes the width.
     #[test]
     fn a_fused_group_equals_its_projections_run_one_by_one() -> Result<()> {
         let gpu = Device::new_cuda(0)?;
@@ -154,7 +155,9 @@ mod tests {
                     projs.push(projection(shape, extras, dtype, 10 * i as u64, &gpu)?);
                 }
                 let (lone, lone_exact) = projection((inp, lone_in), (false, 8), dtype, 77, &gpu)?;
-                for n in [1, 3, 8] {
+                // past 8 rows where the lookup kernel takes the width
+                let rows: &[usize] = if inp % 256 == 0 { &[1, 3, 8, 9, 24, 64] } else { &[1, 3, 8] };
+                for &n in rows {
                     let x = randn(&[n, inp], 500 + n as u64).to_dtype(dtype)?;
                     let x_gpu = x.to_device(&gpu)?;
                     let x64 = x.to_dtype(DType::F64)?;
@@ -192,9 +195,9 @@ mod tests {
                         &exact,
                     );
                 }
-                // what the launch does not take: 9 rows, f32, a dense base
+                // what the launch does not take: a row past the most, f32, a dense base
                 let members: Vec<&LoraLinear> = projs.iter().map(|(p, _)| p).collect();
-                assert!(!applies(&members, 9, dtype, &gpu));
+                assert!(!applies(&members, rows[rows.len() - 1] + 1, dtype, &gpu));
                 assert!(!applies(&members, 2, DType::F32, &gpu));
             }
         }
