@@ -1,9 +1,13 @@
-// The decode batch's projections: y[n, out] = x[n, in] · Wᵀ for n = 1..8 rows, reading W's packed
+// The decode batch's projections: y[n, out] = x[n, in] · Wᵀ for n = 1..64 rows, reading W's packed
 // NF4 codes and its absmax (plain f32 or double-quantized) directly: no 16-bit copy of the weight
 // is written, and the weight is read once for all n rows. One launch takes up to three weights
 // that read the same x (q/k/v, gate/up), each a `Nf4Segment` with its own output, and each
 // output row may add a bias, a residual and the LoRA term h_n · B_rowᵀ (h = scale · x·Aᵀ, made
 // by `lora_down` below), all summed in f32 and rounded once.
+//
+// Three kernels: nf4_gemv on the CUDA cores (1 to 8 rows, any `in` a multiple of 32), nf4_mma on
+// the tensor cores (a diagnostic now), nf4_lut on the tensor cores by codebook lookup (1 to 64
+// rows, `in` a multiple of 256; the default where it applies). First nf4_gemv:
 //
 // Each weight value is code · absmax, exact in f32 (bitsandbytes' codebook value times the
 // block's absmax, restored as the dequantize kernel restores it); a lane sums code · x in f32

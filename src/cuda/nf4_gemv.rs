@@ -1,5 +1,5 @@
 //! The decode batch's projections of `nf4_gemv.cu`: y `[n, out]` = x `[n, in]` · Wᵀ for at most
-//! [`MAX_ROWS`] rows, read straight from W's packed NF4 codes and absmax (plain f32 or
+//! [`LOOKUP_MAX_ROWS`] rows ([`MAX_ROWS`] where `in` is not a multiple of 256), read straight from W's packed NF4 codes and absmax (plain f32 or
 //! double-quantized), without the 16-bit copy of W that dequantize + GEMM writes and reads back.
 //! One launch takes up to three weights reading the same x ([`Segment`]s), each output row with
 //! an optional bias, residual and LoRA term h·Bᵀ, where h = scale · x·Aᵀ comes from [`lora_down`];

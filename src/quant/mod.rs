@@ -201,9 +201,10 @@ pub fn nf4_gemv_applies(_x: &Tensor, _w: &Nf4Tensor) -> bool {
 }
 
 /// x `[n, in]` · wᵀ `[n, out]` in x's dtype, read straight from w's NF4 codes and absmax (no
-/// 16-bit copy of w): each weight its code times its block's absmax, exact in f32 for one row
-/// and rounded to x's dtype as the dequantize kernel rounds it for more (`nf4_gemv::Kernel`), the
-/// sums in f32. An error where `nf4_gemv_applies` is false.
+/// 16-bit copy of w), the sums in f32: where `in` is a multiple of 256 each weight is its codebook
+/// value rounded to x's dtype and each block's sum is scaled by its absmax
+/// (`nf4_gemv::Kernel::Lookup`), elsewhere each weight is code · absmax exact in f32. An error
+/// where `nf4_gemv_applies` is false.
 pub fn nf4_gemv(x: &Tensor, w: &Nf4Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if nf4_gemv_applies(x, w) {
