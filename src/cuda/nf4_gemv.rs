@@ -2,7 +2,8 @@
 //! [`LOOKUP_MAX_ROWS`] rows ([`MAX_ROWS`] where `in` is not a multiple of 256), read straight from W's packed NF4 codes and absmax (plain f32 or
 //! double-quantized), without the 16-bit copy of W that dequantize + GEMM writes and reads back.
 //! One launch takes up to three weights reading the same x ([`Segment`]s), each output row with
-//! an optional bias, residual and LoRA term h·Bᵀ, where h = scale · x·Aᵀ comes from [`lora_down`];
+//! an optional bias, residual and LoRA term h·Bᵀ, where h = scale · x·Aᵀ comes from
+//! [`lora_down`](super::lora_down::lora_down);
 //! all of it summed in f32 and rounded once. `quant::nf4_gemv` and `model::lora::decode` call it.
 
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SMEM;
@@ -90,8 +91,6 @@ impl Kernel {
 pub const MAX_SEGMENTS: usize = 3;
 /// Warps per block (`GEMV_WARPS` in nf4_gemv.cu).
 const WARPS: usize = 4;
-/// Threads of a `lora_down` block (`LORA_THREADS` in nf4_gemv.cu).
-const LORA_THREADS: u32 = 256;
 /// Batch rows × staged columns of x per tile: the tile (f32, with 4 floats of padding per 32)
 /// stays under 48 KiB of shared memory, the most a launch gets without opting in.
 const TILE_VALUES: usize = 10_000;
@@ -133,7 +132,7 @@ pub struct Segment<'a> {
     pub residual: Option<&'a Tensor>,
     /// Added to every row: `[out_dim]` in x's dtype, contiguous.
     pub bias: Option<&'a Tensor>,
-    /// The LoRA term: h `[n, width]` f32 from [`lora_down`] (this weight's columns from `col`)
+    /// The LoRA term: h `[n, width]` f32 from `lora_down` (this weight's columns from `col`)
     /// times B `[out_dim, rank]` f32.
     pub lora: Option<LoraUp<'a>>,
 }
@@ -178,19 +177,6 @@ struct RawSegments {
 // SAFETY: plain-old-data laid out as the kernel's parameter struct (repr(C), the same fields).
 unsafe impl DeviceRepr for RawSegments {}
 
-/// `LoraDown` of nf4_gemv.cu.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct RawLoraDown {
-    a: [u64; MAX_SEGMENTS],
-    scale: [f32; MAX_SEGMENTS],
-    rank: [i32; MAX_SEGMENTS],
-    count: i32,
-}
-
-// SAFETY: as `RawSegments`.
-unsafe impl DeviceRepr for RawLoraDown {}
-
 /// Whether the kernel takes x `[n, in]` against a weight `[out_dim, in_dim]`: a CUDA f16/bf16
 /// x, contiguous from a 16-byte boundary, 1 to `MAX_ROWS` rows (to `LOOKUP_MAX_ROWS` where `in` is
 /// a multiple of 256), and `in` a multiple of 32 (so
@@ -213,22 +199,6 @@ pub fn supports_shape(n: usize, dtype: DType, (out_dim, in_dim): (usize, usize))
         && out_dim > 0
         && in_dim <= i32::MAX as usize
         && out_dim <= i32::MAX as usize
-}
-
-/// Whether `lora_down` and a segment's LoRA term take A `[r, in_dim]` and B `[out, r]`: f32,
-/// contiguous, on `device`, A's rows and B's start on 16-byte boundaries.
-pub fn lora_supports(a: &Tensor, b: &Tensor, in_dim: usize, device: &candle_core::Device) -> bool {
-    let (Ok((r, cols)), Ok((_, rb))) = (a.dims2(), b.dims2()) else { return false };
-    let f32_here =
-        |t: &Tensor| t.dtype() == DType::F32 && t.is_contiguous() && t.device().same_device(device);
-    f32_here(a)
-        && f32_here(b)
-        && r == rb
-        && r > 0
-        && cols == in_dim
-        && a.layout().start_offset().is_multiple_of(4)
-        && b.layout().start_offset().is_multiple_of(4)
-        && r <= i32::MAX as usize
 }
 
 /// x · Wᵀ as a new `[n, out_dim]` tensor in x's dtype; W is `[out_dim, x.dim(1)]`, its packed
@@ -320,66 +290,8 @@ pub fn gemv_outputs_on(kernel: Kernel, x: &Tensor, mut segments: Vec<Segment>) -
     Ok(outputs)
 }
 
-/// h `[n, Σ r_i]` f32 = [scale_1 · x·A_1ᵀ, …] for up to three adapters' A `[r_i, in]` (f32)
-/// reading the same x `[n, in]`: the first half of the decode rows' LoRA terms.
-pub fn lora_down(x: &Tensor, adapters: &[(&Tensor, f64)]) -> Result<Tensor> {
-    match x.dtype() {
-        DType::F16 => lora_down_typed::<f16>(x, adapters),
-        DType::BF16 => lora_down_typed::<bf16>(x, adapters),
-        dt => bail!("the LoRA decode product takes f16 or bf16, not {dt:?}"),
-    }
-}
-
-fn lora_down_typed<T: CudaDType + WithDType + DeviceRepr>(
-    x: &Tensor,
-    adapters: &[(&Tensor, f64)],
-) -> Result<Tensor> {
-    let (n, in_dim) = x.dims2()?;
-    if adapters.is_empty() || adapters.len() > MAX_SEGMENTS || !supports(x, 1, in_dim) {
-        bail!(
-            "lora_down: 1 to {MAX_SEGMENTS} adapters and x of 1 to {LOOKUP_MAX_ROWS} rows, not {}",
-            adapters.len()
-        );
-    }
-    let dev = cuda_device(x)?;
-    let stream = dev.cuda_stream();
-    let mut raw = RawLoraDown { count: adapters.len() as i32, ..Default::default() };
-    let mut width = 0;
-    for (i, (a, scale)) in adapters.iter().enumerate() {
-        let (r, cols) = a.dims2()?;
-        if cols != in_dim
-            || a.dtype() != DType::F32
-            || !a.is_contiguous()
-            || !a.layout().start_offset().is_multiple_of(4)
-        {
-            bail!("lora_down: A {:?} {:?} for x {:?}", a.dims(), a.dtype(), x.dims());
-        }
-        raw.a[i] = address(a, &stream)?;
-        raw.scale[i] = *scale as f32;
-        raw.rank[i] = r as i32;
-        width += r;
-    }
-    let h = wrap(unsafe { dev.alloc::<f32>(n * width)? }, &dev, &[n, width]);
-    // past 8 rows, blocks of 8 rows each
-    let per_block = n.min(MAX_ROWS);
-    let func = KERNELS.function(&dev, &format!("lora_down_{}_{per_block}", suffix(T::DTYPE)?))?;
-    let (gx, gh) = (x.storage_and_layout().0, h.storage_and_layout().0);
-    let (xv, hv) = (view::<T>(&gx, x)?, view::<f32>(&gh, &h)?);
-    let (rows, in_i, stride) = (n as i32, in_dim as i32, width as i32);
-    let mut b = func.builder();
-    b.arg(&xv).arg(&rows).arg(&in_i).arg(&hv).arg(&stride).arg(&raw);
-    let cfg = LaunchConfig {
-        grid_dim: (width as u32, n.div_ceil(per_block) as u32, 1),
-        block_dim: (LORA_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    unsafe { b.launch(cfg) }.w()?;
-    drop((gx, gh));
-    Ok(h)
-}
-
-/// Checks the operands against each other and launches `nf4_gemv_<dtype>_<n>` or
-/// `nf4_mma_<dtype>_1`.
+/// Checks the operands against each other and launches `nf4_gemv_<dtype>_<n>`,
+/// `nf4_mma_<dtype>_1` or `nf4_lut_<dtype>_<tiles>`.
 unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     kernel: Kernel,
     x: &Tensor,

@@ -15,7 +15,8 @@ pub fn applies(projs: &[&LoraLinear], rows: usize, dtype: DType, device: &Device
     #[cfg(feature = "cuda")]
     {
         use super::linear::BaseWeight;
-        use crate::cuda::nf4_gemv::{lora_supports, supports_shape, MAX_SEGMENTS};
+        use crate::cuda::lora_down::lora_supports;
+        use crate::cuda::nf4_gemv::{supports_shape, MAX_SEGMENTS};
         let Some(in_dim) = projs.first().map(|p| p.base.dims().1) else { return false };
         device.is_cuda()
             && projs.len() <= MAX_SEGMENTS
@@ -43,7 +44,8 @@ pub fn project_group(projs: &[&LoraLinear], x: &Tensor, residual: Option<&Tensor
     #[cfg(feature = "cuda")]
     {
         use super::linear::BaseWeight;
-        use crate::cuda::nf4_gemv::{gemv_outputs, lora_down, LoraUp};
+        use crate::cuda::lora_down::lora_down;
+        use crate::cuda::nf4_gemv::{gemv_outputs, LoraUp};
         let adapters: Vec<_> = projs.iter().filter_map(|p| p.lora.as_ref()).collect();
         let h = match adapters.is_empty() {
             true => None,
