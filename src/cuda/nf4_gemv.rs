@@ -1,6 +1,6 @@
 //! The decode batch's projections of `nf4_gemv.cu`: y `[n, out]` = x `[n, in]` · Wᵀ for at most
-//! [`LOOKUP_MAX_ROWS`] rows ([`MAX_ROWS`] where `in` is not a multiple of 256), read straight from W's packed NF4 codes and absmax (plain f32 or
-//! double-quantized), without the 16-bit copy of W that dequantize + GEMM writes and reads back.
+//! [`LOOKUP_MAX_ROWS`] rows ([`MAX_ROWS`] where `in` is not a multiple of 256), read straight
+//! from W's packed NF4 codes and absmax (plain f32 or double-quantized), without the 16-bit copy of W that dequantize + GEMM writes and reads back.
 //! One launch takes up to three weights reading the same x ([`Segment`]s), each output row with
 //! an optional bias, residual and LoRA term h·Bᵀ, where h = scale · x·Aᵀ comes from
 //! [`lora_down`](super::lora_down::lora_down);
@@ -16,9 +16,9 @@ use super::{address, cuda_device, suffix, view, wrap};
 
 pub static KERNELS: super::module::Kernels = super::module::kernels!("nf4_gemv");
 
-/// The most rows of x one launch takes where `in` is a multiple of 256 (the lookup kernel's
-/// [`LOOKUP_MAX_ROWS`]), and [`MAX_ROWS`] elsewhere (the CUDA-core kernel's 1 to 8).
+/// The most rows of x the CUDA-core and first tensor-core kernels take (instantiated for 1 to 8).
 pub const MAX_ROWS: usize = 8;
+/// The most rows of x the lookup kernel takes (`in` a multiple of 256: 1, 2, 4 or 8 tiles of 8).
 pub const LOOKUP_MAX_ROWS: usize = 64;
 /// `MMA_KC` in nf4_gemv.cu: the tensor-core kernel takes an `in` that is a multiple of it.
 const MMA_KC: usize = 256;
@@ -233,11 +233,7 @@ pub unsafe fn gemv_into(
 /// Each segment's `y` must address `n · out_dim` elements of x's dtype on x's device, which no
 /// other work reads or writes until this launch has run on the device's stream.
 pub unsafe fn gemv_segments(x: &Tensor, segments: &[Segment], accumulate: bool) -> Result<()> {
-    let (n, in_dim) = x.dims2()?;
-    let Some(kernel) = Kernel::for_shape(n, in_dim) else {
-        bail!("the NF4 GEMV takes no {n} rows of {in_dim} values");
-    };
-    gemv_segments_on(kernel, x, segments, accumulate)
+    gemv_segments_on(kernel_for(x)?, x, segments, accumulate)
 }
 
 /// `gemv_segments` on the given kernel.
@@ -260,11 +256,16 @@ pub unsafe fn gemv_segments_on(
 /// Each segment's output as a new `[n, out_dim]` tensor in x's dtype (the segments' `y` are
 /// ignored), in one launch: y = x · Wᵀ + bias + residual + the LoRA term.
 pub fn gemv_outputs(x: &Tensor, segments: Vec<Segment>) -> Result<Vec<Tensor>> {
+    gemv_outputs_on(kernel_for(x)?, x, segments)
+}
+
+/// The kernel for x's rows and width (`Kernel::for_shape`), or an error naming them.
+fn kernel_for(x: &Tensor) -> Result<Kernel> {
     let (n, in_dim) = x.dims2()?;
-    let Some(kernel) = Kernel::for_shape(n, in_dim) else {
-        bail!("the NF4 GEMV takes no {n} rows of {in_dim} values");
-    };
-    gemv_outputs_on(kernel, x, segments)
+    match Kernel::for_shape(n, in_dim) {
+        Some(kernel) => Ok(kernel),
+        None => bail!("the NF4 GEMV takes no {n} rows of {in_dim} values"),
+    }
 }
 
 /// `gemv_outputs` on the given kernel.
