@@ -25,11 +25,11 @@
 
 #include "dtype.cuh"
 #include "mma.cuh"
+#include "nf4_segments.cuh"
 #include "nf4_tables.cuh"
 
 #define GEMV_WARPS 4
 #define GEMV_THREADS (GEMV_WARPS * 32)
-#define MAX_SEGMENTS 3
 
 // Rows per warp and chunks per lane in flight, by batch rows: more rows per warp for larger
 // batches (each x chunk read from shared memory then feeds more products), more chunks at once
@@ -40,30 +40,6 @@ struct GemvShape {
     static constexpr int U = N <= 2 ? 4 : 2;
 };
 
-// One weight of a launch and where its rows go. Pointers are device addresses; a null one is
-// absent. nf4_gemv.rs mirrors the layout (`Segment`).
-struct Nf4Segment {
-    const uint8_t* packed;    // [out · in / 2], the first value of a byte in its high nibble
-    const float* absmax;      // [out · in / 64] plain absmax, or null when double-quantized
-    const uint8_t* codes;     // [out · in / 64] 8-bit absmax codes
-    const float* absmax2;     // [out · in / 64 / 256] their scales
-    void* y;                  // [n, out] of T
-    const void* residual;     // [n, out] of T added, or null
-    const void* bias;         // [out] of T added, or null
-    const float* lora_h;      // [n, h_stride] f32: scale · x·Aᵀ, this segment's columns from h_col
-    const float* lora_b;      // [out, rank] f32
-    float offset;             // added back to a double-quantized absmax
-    int out;
-    int block0;               // the first block of the grid computing this segment
-    int h_stride;
-    int h_col;
-    int rank;                 // 0: no LoRA term
-};
-struct Nf4Segments {
-    Nf4Segment s[MAX_SEGMENTS];
-    int count;
-    int pad;
-};
 
 // The staged x (after the pair table in dynamic shared memory): 4 floats of padding after every 32 columns, so the lanes of a warp (each on
 // its own 32-column chunk) read different banks.
@@ -81,10 +57,8 @@ __device__ void nf4_gemv(const T* __restrict__ x, int in, int tile, int accumula
     float* xs = reinterpret_cast<float*>(staged_raw);
     __shared__ float lut[16];
     __shared__ float dmap[256];
-    // this block's segment, chosen field by field from the parameters (no local copy)
-    Nf4Segment s = p.s[0];
-    if (p.count > 1 && (int)blockIdx.x >= p.s[1].block0) s = p.s[1];
-    if (p.count > 2 && (int)blockIdx.x >= p.s[2].block0) s = p.s[2];
+    // this block's segment
+    const Nf4Segment s = segment_of(p, blockIdx.x);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (tid < 16) lut[tid] = NF4_CODE[tid];
     if (s.codes != nullptr)
@@ -315,9 +289,7 @@ __device__ void nf4_mma(const T* __restrict__ x, int n, int in, int accumulate, 
     __shared__ __align__(16) float lora_bs[16 * MMA_MAX_RANK];
     __shared__ float dmap[256];
     __shared__ float red[MMA_MAX_WARPS][16][8 * NT];
-    Nf4Segment s = p.s[0];
-    if (p.count > 1 && (int)blockIdx.x >= p.s[1].block0) s = p.s[1];
-    if (p.count > 2 && (int)blockIdx.x >= p.s[2].block0) s = p.s[2];
+    const Nf4Segment s = segment_of(p, blockIdx.x);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3;
     if (s.codes != nullptr)
@@ -510,33 +482,6 @@ __device__ __forceinline__ uint32_t lut_pair(const uint8_t* table, uint32_t word
 // Slot `i` of the region.
 __device__ __forceinline__ uint8_t* lut_slot(uint8_t* region, int i) { return region + 256 * i + 128; }
 
-// The segment 16-row group `group` of a launch belongs to.
-__device__ __forceinline__ Nf4Segment segment_of(const Nf4Segments& p, int group) {
-    Nf4Segment s = p.s[0];
-    if (p.count > 1 && group >= p.s[1].block0) s = p.s[1];
-    if (p.count > 2 && group >= p.s[2].block0) s = p.s[2];
-    return s;
-}
-
-// One output of a lookup launch: y[nn, row] = v (the sum of code · x · absmax) + the LoRA term +
-// bias + residual (+ y with `accumulate`), rounded once; nothing past the segment's rows or the
-// batch.
-template <typename T>
-__device__ __forceinline__ void lut_output(const Nf4Segment& s, int row, int nn, int n, int accumulate, float v) {
-    if (row >= s.out || nn >= n) return;
-    if (s.rank > 0) {
-        const float* h = s.lora_h + (int64_t)nn * s.h_stride + s.h_col;
-        const float* b = s.lora_b + (int64_t)row * s.rank;
-        for (int q = 0; q < s.rank; q++) v = fmaf(h[q], b[q], v);
-    }
-    T* y = reinterpret_cast<T*>(s.y);
-    const int64_t at = (int64_t)nn * s.out + row;
-    if (s.bias != nullptr) v += to_f32(reinterpret_cast<const T*>(s.bias)[row]);
-    if (s.residual != nullptr) v += to_f32(reinterpret_cast<const T*>(s.residual)[at]);
-    if (accumulate) v += to_f32(y[at]);
-    store(y + at, v);
-}
-
 template <typename T, int NT>
 __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int accumulate, const Nf4Segments& p) {
     extern __shared__ __align__(16) uint8_t lut_smem[];
@@ -722,7 +667,7 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
                 const int r = o & 15;
                 float v = 0.0f;
                 for (int w = 0; w < warps; w++) v += sums[w][r][o >> 4];
-                lut_output<T>(s, row0 + r, o >> 4, n, accumulate, v);
+                segment_output<T>(s, row0 + r, o >> 4, n, accumulate, v);
             }
         }
         jj = 0, gi++, group += stride;

@@ -28,15 +28,17 @@ fn max_abs_err(a: &Tensor, b: &Tensor) -> Result<f64> {
 ///
 /// Llama-3.1-8B's projection shapes (q/o, gate/up, down), SmolLM2-135M-like ones whose `in`
 /// is not a multiple of the 1024 columns a warp covers per pass (576, 1536) and whose `out`
-/// is not a multiple of a block's rows (1000), n = 1, 3 and 8 batch rows, f16 and bf16,
-/// plain and double-quantized absmax; each through the kernel chosen for it and through both
-/// kernels where they take the width (the tensor cores: a multiple of 256). The tensor-core
+/// is not a multiple of a block's rows (1000; with `in` = 256, one stage, so the skinny GEMM
+/// does not split k, where the larger shapes split it), n = 1, 3 and 8 batch rows (9, 24 and 64
+/// too where `in` is a multiple of 256), f16 and bf16, plain and double-quantized absmax; each
+/// through the kernel chosen for it and through every kernel that takes the width (the tensor
+/// cores: a multiple of 256). The tensor-core
 /// kernel rounds each weight as the stack does, so its error is the stack's up to the order
 /// of the sums: the same bound holds.
 #[test]
 fn nf4_gemv_is_within_twice_the_dequantize_matmul_error() -> Result<()> {
     let gpu = Device::new_cuda(0)?;
-    let shapes = [(4096, 4096), (14336, 4096), (4096, 14336), (1000, 576), (576, 1536), (1000, 768)];
+    let shapes = [(4096, 4096), (14336, 4096), (4096, 14336), (1000, 576), (576, 1536), (1000, 768), (1000, 256)];
     for (i, &(out_dim, in_dim)) in shapes.iter().enumerate() {
         let w = (randn(&[out_dim, in_dim], 100 + i as u64) * 0.05)?;
         let x64 = randn(&[64, in_dim], 200 + i as u64);
@@ -61,7 +63,7 @@ fn nf4_gemv_is_within_twice_the_dequantize_matmul_error() -> Result<()> {
                     let scale = exact.abs()?.max_all()?.to_scalar::<f64>()?;
                     let bound = 2.0 * stack_err + scale * f32::EPSILON as f64;
                     let mut outputs = vec![(None, nf4_gemv(&x, &q)?)];
-                    let kernels = [Kernel::Lanes, Kernel::TensorCores, Kernel::Lookup];
+                    let kernels = [Kernel::Lanes, Kernel::TensorCores, Kernel::Lookup, Kernel::Skinny];
                     for kernel in kernels.into_iter().filter(|k| k.takes(in_dim) && n <= k.max_rows()) {
                         let segment = q.gemv_segment(&x).expect("the GEMV takes x");
                         outputs.push((Some(kernel), gemv_outputs_on(kernel, &x, vec![segment])?.remove(0)));
