@@ -25,10 +25,9 @@ use std::process::Command;
 const ARCHS: &str = "80,86,89,90,100,120";
 
 /// The kernels of src/cuda/, each compiled to `$OUT_DIR/<name>.fatbin`.
-const KERNELS: [&str; 17] = [
+const KERNELS: [&str; 16] = [
     "nf4",
     "nf4_gemv",
-    "nf4_skinny",
     "nf4_gemm",
     "adafactor",
     "adamw",
@@ -75,7 +74,7 @@ fn main() {
     for kernel in KERNELS {
         let src = format!("src/cuda/{kernel}.cu");
         // as bitsandbytes builds its kernels: the NF4 ones and the 8-bit optimizer's
-        let flags: &[&str] = if matches!(kernel, "nf4" | "nf4_gemv" | "nf4_skinny" | "nf4_gemm" | "adamw8bit") {
+        let flags: &[&str] = if matches!(kernel, "nf4" | "nf4_gemv" | "nf4_gemm" | "adamw8bit") {
             &["--use_fast_math"]
         } else {
             &[]

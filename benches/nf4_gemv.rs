@@ -59,14 +59,16 @@ mod gpu {
         lora_ft::cuda::order_by_stream(&dev);
         let dtype = DType::BF16;
         println!(
-            "NF4 GEMV kernels (CUDA cores, tensor cores, codebook lookup, skinny GEMM) vs the NF4 GEMM and dequantize + GEMM, \
+            "NF4 GEMV kernels (CUDA cores, tensor cores, codebook lookup) vs the NF4 GEMM and dequantize + GEMM, \
              {dtype:?}, mean of {iters} calls (µs, GB/s of weight bytes; - where a kernel does not take the rows)"
         );
         println!(
-            "{:>12} {:>6} {:>2} | {:>14} | {:>14} | {:>14} | {:>14} | {:>14} | {:>14} | {:>8} {:>8} {:>8}",
-            "[out, in]", "absmax", "n", "lanes", "mma", "lut", "skinny", "nf4_gemm", "old", "lut/best", "lut/old", "skinny/lut"
+            "{:>12} {:>6} {:>2} | {:>14} | {:>14} | {:>14} | {:>14} | {:>14} | {:>8} {:>8}",
+            "[out, in]", "absmax", "n", "lanes", "mma", "lut", "nf4_gemm", "old", "lut/best", "lut/old"
         );
-        for (out_dim, in_dim) in [(4096, 4096), (1024, 4096), (6144, 4096), (14336, 4096), (28672, 4096), (4096, 14336)] {
+        for (out_dim, in_dim) in
+            [(4096, 4096), (1024, 4096), (6144, 4096), (14336, 4096), (28672, 4096), (4096, 14336)]
+        {
             let w = Tensor::randn(0f32, 0.02, (out_dim, in_dim), &dev)?;
             for double_quant in [true, false] {
                 let q = Nf4Tensor::quantize(&w, double_quant)?;
@@ -86,7 +88,6 @@ mod gpu {
                     let lanes = on(Kernel::Lanes)?;
                     let mma = on(Kernel::TensorCores)?;
                     let lut = on(Kernel::Lookup)?.expect("the lookup kernel takes 64 rows");
-                    let skinny = on(Kernel::Skinny)?.expect("the skinny GEMM takes 64 rows");
                     let gemm = match n > 8 {
                         true => Some(time(&dev, iters, || nf4_gemm(&x, &q).map(drop))?),
                         false => None,
@@ -101,18 +102,16 @@ mod gpu {
                     };
                     let best = [lanes, mma, gemm].into_iter().flatten().fold(old, f64::min);
                     println!(
-                        "{:>12} {:>6} {n:>2} | {} | {} | {} | {} | {} | {} | {:>7.2}x {:>7.2}x {:>7.2}x",
+                        "{:>12} {:>6} {n:>2} | {} | {} | {} | {} | {} | {:>7.2}x {:>7.2}x",
                         format!("{out_dim}x{in_dim}"),
                         if double_quant { "double" } else { "f32" },
                         cell(lanes),
                         cell(mma),
                         cell(Some(lut)),
-                        cell(Some(skinny)),
                         cell(gemm),
                         cell(Some(old)),
                         best / lut,
-                        old / lut,
-                        lut / skinny
+                        old / lut
                     );
                 }
             }

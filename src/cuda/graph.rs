@@ -29,7 +29,6 @@ impl Graph {
             bail!("the device tracks buffers with events across streams, which a graph cannot record");
         }
         pin_cublas_workspace(dev)?;
-        super::nf4_skinny::pin_workspace(dev)?;
         let stream = dev.cuda_stream();
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).w()?;
         let recorded = record();

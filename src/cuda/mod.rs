@@ -44,7 +44,6 @@ pub mod module;
 pub mod nf4;
 pub mod nf4_gemm;
 pub mod nf4_gemv;
-pub mod nf4_skinny;
 pub mod rope;
 pub mod softmax;
 

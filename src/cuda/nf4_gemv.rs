@@ -35,9 +35,6 @@ const _: () = assert!(MMA_WARPS * MMA_RING_BYTES + MMA_STATIC_BYTES <= 48 * 1024
 const LUT_BYTES: usize = 256 * 256;
 /// Warps of a lookup block (`LUT_WARPS`).
 const LUT_WARPS: usize = 4;
-/// The fewest rows the skinny GEMM takes by default (below, the lookup kernel's 16-row groups
-/// re-read x less than its tiles cost).
-pub const SKINNY_MIN_ROWS: usize = 9;
 
 /// Which of nf4_gemv.cu's kernels a launch runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,21 +49,14 @@ pub enum Kernel {
     /// looked up in a shared-memory table, each absmax block's sum scaled by its absmax after;
     /// `in` a multiple of 256.
     Lookup,
-    /// `nf4_skinny` (`nf4_skinny.rs`): `Lookup`'s decode and numerics in a skinny GEMM, tiles of
-    /// up to 128 weight rows sharing each chunk of x staged in shared memory, a tile's k split
-    /// across blocks where the tiles leave multiprocessors idle; `in` a multiple of 256. Where
-    /// the device's shared memory cannot hold its block, the lookup kernel runs instead.
-    Skinny,
 }
 
 impl Kernel {
     /// The kernel for `n` rows of `in_dim` values, if one takes them: the codebook lookup for up
-    /// to `LOOKUP_MAX_ROWS` rows where it takes the width (the skinny GEMM from
-    /// `SKINNY_MIN_ROWS`), else the CUDA cores for up to `MAX_ROWS`. `LORA_FT_NF4_GEMV` (read
-    /// once) is a diagnostic: `lut` runs the lookup kernel for every row count it takes, `lanes`
-    /// the CUDA cores, `mma` the first tensor-core kernel from two rows, both for up to
-    /// `MAX_ROWS` rows only (as before the lookup kernel: past them the NF4 GEMM or dequantize +
-    /// GEMM).
+    /// to `LOOKUP_MAX_ROWS` rows where it takes the width, else the CUDA cores for up to
+    /// `MAX_ROWS`. `LORA_FT_NF4_GEMV` (read once) is a diagnostic: `lanes` runs the CUDA cores,
+    /// `mma` the first tensor-core kernel from two rows, both for up to `MAX_ROWS` rows only (as
+    /// before the lookup kernel: past them the NF4 GEMM or dequantize + GEMM).
     pub fn for_shape(n: usize, in_dim: usize) -> Option<Kernel> {
         static CHOICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
         let choice = CHOICE.get_or_init(|| std::env::var("LORA_FT_NF4_GEMV").ok());
@@ -75,8 +65,6 @@ impl Kernel {
             Some("lanes") => Kernel::Lanes,
             Some("mma") if wide && n >= 2 => Kernel::TensorCores,
             Some("mma") => Kernel::Lanes,
-            Some("lut") if wide => Kernel::Lookup,
-            _ if wide && n >= SKINNY_MIN_ROWS => Kernel::Skinny,
             _ if wide => Kernel::Lookup,
             _ => Kernel::Lanes,
         };
@@ -86,7 +74,7 @@ impl Kernel {
     /// The most batch rows this kernel takes.
     pub fn max_rows(self) -> usize {
         match self {
-            Kernel::Lookup | Kernel::Skinny => LOOKUP_MAX_ROWS,
+            Kernel::Lookup => LOOKUP_MAX_ROWS,
             Kernel::Lanes | Kernel::TensorCores => MAX_ROWS,
         }
     }
@@ -95,7 +83,7 @@ impl Kernel {
     pub fn takes(self, in_dim: usize) -> bool {
         match self {
             Kernel::Lanes => in_dim.is_multiple_of(32),
-            Kernel::TensorCores | Kernel::Lookup | Kernel::Skinny => in_dim.is_multiple_of(MMA_KC),
+            Kernel::TensorCores | Kernel::Lookup => in_dim.is_multiple_of(MMA_KC),
         }
     }
 }
@@ -304,7 +292,7 @@ pub fn gemv_outputs_on(kernel: Kernel, x: &Tensor, mut segments: Vec<Segment>) -
 }
 
 /// Checks the operands against each other and launches `nf4_gemv_<dtype>_<n>`,
-/// `nf4_mma_<dtype>_1`, `nf4_lut_<dtype>_<tiles>` or (`nf4_skinny.rs`) `nf4_skinny_<dtype>_<tiles>`.
+/// `nf4_mma_<dtype>_1` or `nf4_lut_<dtype>_<tiles>`.
 unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     kernel: Kernel,
     x: &Tensor,
@@ -322,7 +310,7 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     let stream = dev.cuda_stream();
     let rows_per_block = match kernel {
         Kernel::Lanes => WARPS * rows_per_warp(n),
-        Kernel::TensorCores | Kernel::Lookup | Kernel::Skinny => 16,
+        Kernel::TensorCores | Kernel::Lookup => 16,
     };
     let mut raw = RawSegments { count: segments.len() as i32, ..Default::default() };
     let mut blocks = 0;
@@ -421,13 +409,7 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     let gx = x.storage_and_layout().0;
     let xv = view::<T>(&gx, x)?;
     let (in_i, acc) = (in_dim as i32, accumulate as i32);
-    // SAFETY (the skinny GEMM): the operands are checked above, as for every kernel
-    if kernel == Kernel::Skinny
-        && unsafe { super::nf4_skinny::launch(&dev, &xv, n, in_dim, blocks, accumulate, &raw)? }
-    {
-        return Ok(());
-    }
-    if matches!(kernel, Kernel::Lookup | Kernel::Skinny) {
+    if kernel == Kernel::Lookup {
         // a persistent grid, each block walking 16-row groups, its warps splitting each group's k;
         // the batch rows in 1, 2, 4 or 8 tiles of 8
         let tiles = n.div_ceil(8).next_power_of_two();

@@ -28,9 +28,8 @@ fn max_abs_err(a: &Tensor, b: &Tensor) -> Result<f64> {
 ///
 /// Llama-3.1-8B's projection shapes (q/o, gate/up, down), SmolLM2-135M-like ones whose `in`
 /// is not a multiple of the 1024 columns a warp covers per pass (576, 1536) and whose `out`
-/// is not a multiple of a block's rows (1000; with `in` = 256, one stage, so the skinny GEMM
-/// does not split k, where the larger shapes split it), n = 1, 3 and 8 batch rows (9, 24 and 64
-/// too where `in` is a multiple of 256), f16 and bf16, plain and double-quantized absmax; each
+/// is not a multiple of a block's rows (1000, also with `in` = 256: one super-chunk a row), n = 1,
+/// 3 and 8 batch rows (9, 24 and 64 too where `in` is a multiple of 256), f16 and bf16, plain and double-quantized absmax; each
 /// through the kernel chosen for it and through every kernel that takes the width (the tensor
 /// cores: a multiple of 256). The tensor-core
 /// kernel rounds each weight as the stack does, so its error is the stack's up to the order
@@ -63,7 +62,7 @@ fn nf4_gemv_is_within_twice_the_dequantize_matmul_error() -> Result<()> {
                     let scale = exact.abs()?.max_all()?.to_scalar::<f64>()?;
                     let bound = 2.0 * stack_err + scale * f32::EPSILON as f64;
                     let mut outputs = vec![(None, nf4_gemv(&x, &q)?)];
-                    let kernels = [Kernel::Lanes, Kernel::TensorCores, Kernel::Lookup, Kernel::Skinny];
+                    let kernels = [Kernel::Lanes, Kernel::TensorCores, Kernel::Lookup];
                     for kernel in kernels.into_iter().filter(|k| k.takes(in_dim) && n <= k.max_rows()) {
                         let segment = q.gemv_segment(&x).expect("the GEMV takes x");
                         outputs.push((Some(kernel), gemv_outputs_on(kernel, &x, vec![segment])?.remove(0)));

@@ -1,4 +1,4 @@
-// The weights of one NF4 decode-projection launch (nf4_gemv.cu, nf4_skinny.cu) and what each
+// The weights of one NF4 decode-projection launch (nf4_gemv.cu's kernels) and what each
 // output row adds: bias, residual, the LoRA term. nf4_gemv.rs mirrors the structs.
 #pragma once
 #include <stdint.h>

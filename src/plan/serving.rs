@@ -50,8 +50,6 @@ pub struct ServingPlan {
     pub weights: u64,
     /// The adapters' A and B (f32).
     pub adapters: u64,
-    /// The NF4 decode projections' split-k workspace (on a GPU, NF4 weights), kept once made.
-    pub decode_workspace: u64,
     /// A prefill's transients per prompt token: the prompts' keys and values for every layer
     /// before they go into their slots, and one layer's activations.
     pub prefill_per_token: u64,
@@ -98,10 +96,6 @@ impl ServingPlan {
             max_prefill_tokens: shape.max_prefill_tokens.max(1),
             weights,
             adapters,
-            decode_workspace: match shape.gpu && shape.nf4.is_some() {
-                true => crate::quant::SPLIT_WORKSPACE_BYTES,
-                false => 0,
-            },
             prefill_per_token: kv_bytes_per_token + layer_values * b,
             prefill_fixed: scores + FIXED_WORKSPACE,
             step_per_sequence: m.vocab_size as u64 * (b + 4)
@@ -133,10 +127,9 @@ impl ServingPlan {
         t as u64 * self.prefill_per_token + self.prefill_fixed + dequantized_slice(largest, t, i) * b
     }
 
-    /// What stays whatever the number of sequences: the weights, the adapters and the decode
-    /// workspace.
+    /// What stays whatever the number of sequences: the weights and the adapters.
     pub fn fixed(&self) -> u64 {
-        self.weights + self.adapters + self.decode_workspace
+        self.weights + self.adapters
     }
 
     /// Each sequence's share: its slot of the KV cache and its part of a decode step.

@@ -184,10 +184,6 @@ pub const GEMV_MAX_ROWS: usize = 64;
 #[cfg(feature = "cuda")]
 const _: () = assert!(GEMV_MAX_ROWS == crate::cuda::nf4_gemv::LOOKUP_MAX_ROWS);
 
-/// Bytes of the NF4 GEMV's split-k workspace on a GPU (`cuda::nf4_skinny`): f32 partial sums
-/// and a counter per tile, allocated once per stream and kept.
-pub const SPLIT_WORKSPACE_BYTES: u64 = (4 << 20) * 4 + 4096 * 4;
-
 /// Whether `nf4_gemv` takes x against w: both on one CUDA device, x `[n, in]` f16 or bf16,
 /// contiguous, 1 to `GEMV_MAX_ROWS` rows (8 where `in` is not a multiple of 256), and `in` a
 /// multiple of 32 (the layout the kernel's
