@@ -37,7 +37,8 @@ fn max_abs_err(a: &Tensor, b: &Tensor) -> Result<f64> {
 #[test]
 fn nf4_gemv_is_within_twice_the_dequantize_matmul_error() -> Result<()> {
     let gpu = Device::new_cuda(0)?;
-    let shapes = [(4096, 4096), (14336, 4096), (4096, 14336), (1000, 576), (576, 1536), (1000, 768), (1000, 256)];
+    let shapes =
+        [(4096, 4096), (14336, 4096), (4096, 14336), (1000, 576), (576, 1536), (1000, 768), (1000, 256)];
     for (i, &(out_dim, in_dim)) in shapes.iter().enumerate() {
         let w = (randn(&[out_dim, in_dim], 100 + i as u64) * 0.05)?;
         let x64 = randn(&[64, in_dim], 200 + i as u64);
