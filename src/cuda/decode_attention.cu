@@ -289,36 +289,45 @@ WRITE_SLOTS(write_slots_bf16, __nv_bfloat16)
 // One decode step's RoPE and cache write in one launch: row r's q `[b, heads, d]` and k
 // `[b, kv_heads, d]` (rows contiguous) rotated at position positions[r] by the tables cos, sin
 // `[positions, d/2]` (rope.cu's rotate_half arithmetic, in the dtype), q into `q_out`, k and
-// row r of v into position positions[r] of slot slots[r] of the caches. One block a row.
+// row r of v into position positions[r] of slot slots[r] of the caches. Block (r, y) takes
+// heads y · per_block .. of row r's q heads, then k heads, then v heads: a thread a pair of
+// values (one block a row, looping over them, left each load's latency exposed in turn).
 template <typename T>
 __device__ void rope_write_slots(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                  const T* __restrict__ cos, const T* __restrict__ sin, T* __restrict__ q_out,
                                  T* __restrict__ kc, T* __restrict__ vc, const uint32_t* __restrict__ slots,
                                  const uint32_t* __restrict__ positions, int heads, int kv_heads, int half,
-                                 int capacity) {
+                                 int capacity, int per_block) {
     const int r = blockIdx.x, d = 2 * half;
+    const int h0 = blockIdx.y * per_block, h1 = min(h0 + per_block, heads + 2 * kv_heads);
     const int64_t pos = positions[r];
     const int64_t at = ((int64_t)slots[r] * capacity + pos) * kv_heads * d;
     const T* c = cos + pos * half;
     const T* s = sin + pos * half;
-    for (int i = threadIdx.x; i < (heads + kv_heads) * half; i += blockDim.x) {
-        const int h = i / half, j = i - h * half;
-        const T* x = h < heads ? q + ((int64_t)r * heads + h) * d : k + ((int64_t)r * kv_heads + h - heads) * d;
-        T* y = h < heads ? q_out + ((int64_t)r * heads + h) * d : kc + at + (int64_t)(h - heads) * d;
-        const T a = x[j], b = x[j + half], cj = c[j], sj = s[j];
-        y[j] = a * cj - b * sj;
-        y[j + half] = a * sj + b * cj;
+    for (int i = threadIdx.x; i < (h1 - h0) * half; i += blockDim.x) {
+        const int h = h0 + i / half, j = i - (h - h0) * half;
+        if (h < heads + kv_heads) {
+            const T* x = h < heads ? q + ((int64_t)r * heads + h) * d : k + ((int64_t)r * kv_heads + h - heads) * d;
+            T* y = h < heads ? q_out + ((int64_t)r * heads + h) * d : kc + at + (int64_t)(h - heads) * d;
+            const T a = x[j], b = x[j + half], cj = c[j], sj = s[j];
+            y[j] = a * cj - b * sj;
+            y[j + half] = a * sj + b * cj;
+        } else {
+            const int64_t hv = h - heads - kv_heads;
+            const T* vr = v + ((int64_t)r * kv_heads + hv) * d;
+            T* y = vc + at + hv * d;
+            y[j] = vr[j];
+            y[j + half] = vr[j + half];
+        }
     }
-    const T* vr = v + (int64_t)r * kv_heads * d;
-    for (int i = threadIdx.x; i < kv_heads * d; i += blockDim.x) vc[at + i] = vr[i];
 }
 
 #define ROPE_WRITE_SLOTS(NAME, T)                                                                            \
     extern "C" __global__ void NAME(const T* q, const T* k, const T* v, const T* cos, const T* sin, T* q_out,  \
                                     T* kc, T* vc, const uint32_t* slots, const uint32_t* positions, int heads, \
-                                    int kv_heads, int half, int capacity) {                                   \
+                                    int kv_heads, int half, int capacity, int per_block) {                    \
         rope_write_slots<T>(q, k, v, cos, sin, q_out, kc, vc, slots, positions, heads, kv_heads, half,        \
-                            capacity);                                                                        \
+                            capacity, per_block);                                                             \
     }
 ROPE_WRITE_SLOTS(rope_write_slots_f32, float)
 ROPE_WRITE_SLOTS(rope_write_slots_f16, __half)

@@ -184,6 +184,9 @@ pub fn write_slots(
     Ok(())
 }
 
+/// Threads of a `rope_write_slots` block.
+const ROPE_THREADS: usize = 256;
+
 /// One decode step's RoPE and cache write in one launch: row r of q `[b, heads, d]` and k
 /// `[b, kv_heads, d]` rotated at position `positions[r]` by the tables `cos`, `sin`
 /// `[positions, d / 2]` (rotate_half, the arithmetic of `rope.cu`), k and v (`[b, kv_heads, d]`)
@@ -244,8 +247,16 @@ fn rope_write_typed<T: CudaDType + WithDType + DeviceRepr>(
     let (heads_i, kv_heads, half, capacity) = (heads as i32, kv_heads as i32, half as i32, capacity as i32);
     let mut l = func.builder();
     l.arg(&qa).arg(&ka).arg(&va).arg(&ca).arg(&sa).arg(&q_out).arg(&kca).arg(&vca).arg(&sla).arg(&pa);
-    l.arg(&heads_i).arg(&kv_heads).arg(&half).arg(&capacity);
-    let config = LaunchConfig { grid_dim: (b as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // a block a row and a few heads (q, k, then v): a thread a pair of values
+    let per_block = (ROPE_THREADS / half as usize).max(1);
+    let blocks_y = (heads as usize + 2 * kv_heads as usize).div_ceil(per_block);
+    let per_block_i = per_block as i32;
+    l.arg(&heads_i).arg(&kv_heads).arg(&half).arg(&capacity).arg(&per_block_i);
+    let config = LaunchConfig {
+        grid_dim: (b as u32, blocks_y as u32, 1),
+        block_dim: (ROPE_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: every address is a live tensor of the checked shape held across the launch; the
     // caches are written only on this stream; the caller keeps each position below the tables'
     // length and the capacity.

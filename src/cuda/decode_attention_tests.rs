@@ -120,7 +120,8 @@ fn cuda_decode_attention_matches_the_training_attention() {
 /// `apply_rows`, then `write_slots`), both against the rotation in f64 of the same rounded
 /// inputs and tables: the rotated q, and the whole caches (each row's k rotated and v copied
 /// at its place, every other position untouched). Llama-3.1's scaled tables and plain ones,
-/// head sizes 64 and 128, grouped heads, f32, f16 and bf16.
+/// head sizes 64 and 128, grouped heads, a row's heads in one block and in several (the last
+/// part-filled), f32, f16 and bf16.
 #[test]
 fn cuda_rope_write_slots_matches_the_composed_path() {
     use crate::arch::{RopeScaling, RopeSpec};
@@ -134,7 +135,10 @@ fn cuda_rope_write_slots_matches_the_composed_path() {
         high_freq_factor: 4.0,
         original_max_position: 8192,
     };
-    for (d, heads, kv, scaling) in [(64, 4, 2, RopeScaling::None), (128, 8, 2, llama3)] {
+    // (5 + 2 · 1 heads of 128: two blocks a row, the second part-filled)
+    for (d, heads, kv, scaling) in
+        [(64, 4, 2, RopeScaling::None), (128, 8, 2, llama3), (128, 5, 1, RopeScaling::None)]
+    {
         let b = rows.len();
         let q = Tensor::randn(0f32, 1.0, (b, heads, d), &Device::Cpu).unwrap();
         let k = Tensor::randn(0f32, 1.0, (b, kv, d), &Device::Cpu).unwrap();
