@@ -19,19 +19,18 @@ impl TokenConstraint {
         Self { matcher, texts, stop_ids: stop_ids.to_vec() }
     }
 
-    /// Sets the logits of the tokens that cannot come next to -inf; an error where none can.
-    /// Every logit is refused first, then the allowed tokens get theirs back: those of each
+    /// `logits` with those of the tokens that cannot come next set to -inf; an error where none
+    /// can. Every logit starts refused and the allowed tokens get theirs: those of each
     /// first character the grammar allows (`TokenTexts::by_first_char`: a JSON position allows
     /// few of a vocabulary's characters, so most tokens are never visited), each walked whole —
     /// except inside a string, where a token of plain characters is allowed by its length alone
     /// (`Matcher::string_room`) — and the end-of-turn ids where the grammar may end.
-    pub fn mask(&self, logits: &mut [f32]) -> anyhow::Result<()> {
-        let original = logits.to_vec();
-        logits.fill(f32::NEG_INFINITY);
+    pub fn masked(&self, logits: &[f32]) -> anyhow::Result<Vec<f32>> {
+        let mut masked = vec![f32::NEG_INFINITY; logits.len()];
         let mut any = false;
         let mut admit = |id: usize| {
-            if let Some(&logit) = original.get(id) {
-                logits[id] = logit;
+            if let Some(&logit) = logits.get(id) {
+                masked[id] = logit;
                 any |= logit > f32::NEG_INFINITY;
             }
         };
@@ -56,7 +55,7 @@ impl TokenConstraint {
             self.stop_ids.iter().for_each(|&id| admit(id as usize));
         }
         anyhow::ensure!(any, "no token of the vocabulary can continue the reply's grammar");
-        Ok(())
+        Ok(masked)
     }
 
     /// Takes a token the mask allowed; true when the grammar is complete and nothing may follow.

@@ -131,7 +131,7 @@ fn a_named_function_is_the_one_called() {
 /// The mask (the tokens grouped by their first character, plain tokens inside a string judged by
 /// their length) allows exactly what walking every token's whole text allows, and the end-of-turn
 /// id only where the grammar may end, at every character of a call's text, from the first to past
-/// the last.
+/// the last; each allowed token keeps its own logit.
 #[test]
 fn the_mask_allows_what_a_walk_of_every_token_allows() {
     use super::constraint::TokenConstraint;
@@ -153,11 +153,16 @@ fn the_mask_allows_what_a_walk_of_every_token_allows() {
                 false => texts.get(id).is_some_and(|t| matcher.allows(t)),
             })
             .collect();
-        let mut logits = vec![0.0f32; vocab];
-        let masked = TokenConstraint::new(matcher.clone(), texts.clone(), &stop).mask(&mut logits);
-        let allowed: Vec<bool> = logits.iter().map(|&l| l > f32::NEG_INFINITY).collect();
-        assert_eq!(allowed, walked, "after {i} characters");
+        // logits that differ by token, so a logit put back at the wrong id shows
+        let logits: Vec<f32> = (0..vocab).map(|id| id as f32).collect();
+        let masked = TokenConstraint::new(matcher.clone(), texts.clone(), &stop).masked(&logits);
         assert_eq!(masked.is_ok(), walked.contains(&true), "after {i} characters");
+        if let Ok(masked) = masked {
+            let allowed: Vec<bool> = masked.iter().map(|&l| l > f32::NEG_INFINITY).collect();
+            assert_eq!(allowed, walked, "after {i} characters");
+            let kept = masked.iter().enumerate().filter(|(_, l)| l.is_finite());
+            assert!(kept.into_iter().all(|(id, &l)| l == id as f32), "after {i} characters: a logit moved");
+        }
         if let Some(ch) = ch {
             assert!(matcher.feed(ch.encode_utf8(&mut buf)), "the call's character {i}, {ch:?}");
         }

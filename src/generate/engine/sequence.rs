@@ -110,8 +110,7 @@ impl Sequence {
         match &self.constraint {
             None => self.sampler.sample(logits, &self.job.prompt, &self.tokens),
             Some(constraint) => {
-                let mut masked = logits.to_vec();
-                constraint.mask(&mut masked)?;
+                let masked = constraint.masked(logits)?;
                 self.sampler.sample(&masked, &self.job.prompt, &self.tokens)
             }
         }
