@@ -244,13 +244,13 @@ fn rope_write_typed<T: CudaDType + WithDType + DeviceRepr>(
     let [qa, ka, va, ca, sa, kca, vca, sla, pa] =
         [q, k, v, cos, sin, k_cache, v_cache, &slots, &positions].map(|t| super::address(t, &stream));
     let (qa, ka, va, ca, sa, kca, vca, sla, pa) = (qa?, ka?, va?, ca?, sa?, kca?, vca?, sla?, pa?);
+    // a block a row and a few heads (q, k, then v): a thread a pair of values
+    let per_block = (ROPE_THREADS / half).max(1);
+    let blocks_y = (heads + 2 * kv_heads).div_ceil(per_block);
     let (heads_i, kv_heads, half, capacity) = (heads as i32, kv_heads as i32, half as i32, capacity as i32);
+    let per_block_i = per_block as i32;
     let mut l = func.builder();
     l.arg(&qa).arg(&ka).arg(&va).arg(&ca).arg(&sa).arg(&q_out).arg(&kca).arg(&vca).arg(&sla).arg(&pa);
-    // a block a row and a few heads (q, k, then v): a thread a pair of values
-    let per_block = (ROPE_THREADS / half as usize).max(1);
-    let blocks_y = (heads as usize + 2 * kv_heads as usize).div_ceil(per_block);
-    let per_block_i = per_block as i32;
     l.arg(&heads_i).arg(&kv_heads).arg(&half).arg(&capacity).arg(&per_block_i);
     let config = LaunchConfig {
         grid_dim: (b as u32, blocks_y as u32, 1),

@@ -1,10 +1,10 @@
 //! The decode batch's projections of `nf4_gemv.cu`: y `[n, out]` = x `[n, in]` · Wᵀ for at most
 //! [`LOOKUP_MAX_ROWS`] rows ([`MAX_ROWS`] where `in` is not a multiple of 256), read straight
-//! from W's packed NF4 codes and absmax (plain f32 or double-quantized), without the 16-bit copy of W that dequantize + GEMM writes and reads back.
-//! One launch takes up to three weights reading the same x ([`Segment`]s), each output row with
-//! an optional bias, residual and LoRA term h·Bᵀ, where h = scale · x·Aᵀ comes from
-//! [`lora_down`](super::lora_down::lora_down);
-//! all of it summed in f32 and rounded once. `quant::nf4_gemv` and `model::lora::decode` call it.
+//! from W's packed NF4 codes and absmax (plain f32 or double-quantized), without the 16-bit copy
+//! of W that dequantize + GEMM writes and reads back. One launch takes up to three weights
+//! reading the same x ([`Segment`]s), each output row with an optional bias, residual and LoRA
+//! term h·Bᵀ, where h = scale · x·Aᵀ comes from [`lora_down`](super::lora_down::lora_down); all
+//! of it summed in f32 and rounded once. `quant::nf4_gemv` and `model::lora::decode` call it.
 
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SMEM;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
@@ -319,7 +319,8 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
         if !supports(x, out_dim, in_dim) {
             bail!(
                 "the NF4 GEMV takes a contiguous f16/bf16 CUDA x of 1 to {MAX_ROWS} rows with a multiple of 32 \
-                 columns, not {:?} {:?} against [{out_dim}, {in_dim}]",
+                 columns (to {LOOKUP_MAX_ROWS} rows with a multiple of 256), not {:?} {:?} against \
+                 [{out_dim}, {in_dim}]",
                 x.dims(),
                 x.dtype()
             );

@@ -186,8 +186,7 @@ const _: () = assert!(GEMV_MAX_ROWS == crate::cuda::nf4_gemv::LOOKUP_MAX_ROWS);
 
 /// Whether `nf4_gemv` takes x against w: both on one CUDA device, x `[n, in]` f16 or bf16,
 /// contiguous, 1 to `GEMV_MAX_ROWS` rows (8 where `in` is not a multiple of 256), and `in` a
-/// multiple of 32 (the layout the kernel's
-/// 16-byte loads need).
+/// multiple of 32 (the layout the kernel's 16-byte loads need).
 #[cfg(feature = "cuda")]
 pub fn nf4_gemv_applies(x: &Tensor, w: &Nf4Tensor) -> bool {
     let Ok((out_dim, in_dim)) = w.shape.dims2() else { return false };
@@ -212,8 +211,8 @@ pub fn nf4_gemv(x: &Tensor, w: &Nf4Tensor) -> Result<Tensor> {
         return crate::cuda::nf4_gemv::gemv(x, &w.packed, w.gemv_scales(), out_dim);
     }
     bail!(
-        "the NF4 GEMV takes a CUDA f16/bf16 x of 1 to {GEMV_MAX_ROWS} rows and a multiple of 32 columns, not {:?} \
-         {:?} on {:?} against {:?}",
+        "the NF4 GEMV takes a CUDA f16/bf16 x of 1 to 8 rows and a multiple of 32 columns (to {GEMV_MAX_ROWS} rows \
+         with a multiple of 256), not {:?} {:?} on {:?} against {:?}",
         x.dims(),
         x.dtype(),
         x.device().location(),

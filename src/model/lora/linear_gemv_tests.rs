@@ -8,9 +8,8 @@ use crate::model::ops::test_util::randn;
 use crate::quant::Nf4Tensor;
 
 /// `LoraLinear::forward` of a decode batch (1, 3, 8 rows; 24 and 64 where `in` is a multiple of
-/// 256) on CUDA with an NF4 base, which
-/// takes the NF4 GEMV (accumulated in place onto the low-rank product, then the bias), held
-/// to the dequantize path — the same projection with the dequantize kernel's 16-bit weight
+/// 256) on CUDA with an NF4 base, which takes the NF4 GEMV (accumulated in place onto the
+/// low-rank product, then the bias), held to the dequantize path — the same projection with the dequantize kernel's 16-bit weight
 /// as a dense base — by the rule of `cuda::nf4_gemv`'s test: against the exact output (f64
 /// on the host, from the CPU reference's dequantized weight and the f32 adapter and bias),
 /// max abs error ≤ 2 × the dequantize path's + 2⁻²³ · max |exact|. Both paths round the same
