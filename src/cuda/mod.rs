@@ -37,6 +37,7 @@ pub mod flash;
 pub mod gemm;
 pub mod graph;
 pub mod greedy;
+pub mod grid_counters;
 pub mod lora_down;
 pub mod lora_weights;
 pub mod mapped;
