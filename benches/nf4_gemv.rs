@@ -81,7 +81,7 @@ mod gpu {
                         }
                         let run = || -> Result<()> {
                             let segment = q.gemv_segment(&x).expect("the GEMV takes x");
-                            gemv_outputs_on(kernel, &x, vec![segment], None).map(drop)
+                            gemv_outputs_on(kernel, &x, vec![segment]).map(drop)
                         };
                         time(&dev, iters, run).map(Some)
                     };

@@ -4,7 +4,7 @@
 // the G query heads that share one kv head (GQA: each key and value is read once for all of
 // them) over one split of the row's positions; the splits (S, chosen on the host from the batch
 // and the cache's capacity, never from the lengths, so a recorded CUDA graph stays valid as
-// rows grow) write f32 partial results that the last of them to finish merges, or, with S = 1,
+// rows grow) write f32 partial results that decode_attention_combine merges, or, with S = 1,
 // the output itself. In a block of four warps, a key's d values are spread over d/8 lanes (8
 // values a lane, 16 or 32 contiguous bytes), so one warp-load reads several keys; each group of
 // lanes walks its own keys four at a time (keys and values of all four loaded before any use)
@@ -76,20 +76,15 @@ __device__ __forceinline__ void merge(float* m, float* l, float (*acc)[E], const
     }
 }
 
-// The most splits of a row's positions (`Launch` in decode_attention.rs caps them).
-#define MAX_SPLITS 64
-
 // Grid: (kv_heads · hsplit, rows, splits); a block takes query heads h0 .. h0 + count of the
-// kv head, count ≤ G. With splits > 1 each block writes its partial results, part_acc [rows,
-// heads, splits, D] and part_ml [rows, heads, splits, 2], and the last split of a (row, heads)
-// to finish — `arrivals` [rows, kv_heads · hsplit] counts them, and that block zeroes its count
-// for the next launch — merges all of them into the output (no second launch).
+// kv head, count ≤ G. part_acc [rows, heads, splits, D] and part_ml [rows, heads, splits, 2]
+// are written when splits > 1.
 template <typename T, int D, int G>
 __device__ void decode_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                  T* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
-                                 unsigned* __restrict__ arrivals, const uint32_t* __restrict__ slots,
-                                 const uint32_t* __restrict__ lens, int heads, int kv_heads, int capacity,
-                                 float scale, float softcap, int window, int splits, int hsplit) {
+                                 const uint32_t* __restrict__ slots, const uint32_t* __restrict__ lens, int heads,
+                                 int kv_heads, int capacity, float scale, float softcap, int window, int splits,
+                                 int hsplit) {
     constexpr int LPK = D / E;             // lanes a key
     constexpr int KPW = 32 / LPK;          // keys a warp-load
     constexpr int GROUPS = WARPS * KPW;    // lane groups a block
@@ -212,64 +207,15 @@ __device__ void decode_attention(const T* __restrict__ q, const T* __restrict__ 
             if (d == 0) part_ml[(at * splits + split) * 2] = mx, part_ml[(at * splits + split) * 2 + 1] = total;
         }
     }
-    if (splits == 1) return;
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned* arrived = arrivals + (int64_t)row * gridDim.x + blockIdx.x;
-        last = atomicAdd(arrived, 1u) == (unsigned)splits - 1;
-        if (last) *arrived = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    // The merge: a warp a head computes each split's weight exp(m_s − max m) and the weighted
-    // softmax sum's inverse; then a thread an output value sums the splits' weighted values.
-    // The partials come from L2 (other blocks of the launch wrote them).
-    __shared__ float weight[G][MAX_SPLITS], inverse[G];
-    for (int g = warp; g < count; g += WARPS) {
-        const float* ml = part_ml + ((int64_t)row * heads + h0 + g) * splits * 2;
-        float ms[MAX_SPLITS / 32], ls[MAX_SPLITS / 32], mx = -FLT_MAX;
-#pragma unroll
-        for (int j = 0; j < MAX_SPLITS / 32; j++) {
-            const int sp = lane + 32 * j;
-            ms[j] = sp < splits ? __ldcg(ml + 2 * sp) : -FLT_MAX;
-            ls[j] = sp < splits ? __ldcg(ml + 2 * sp + 1) : 0.f;
-            mx = fmaxf(mx, ms[j]);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
-        float total = 0.f;
-#pragma unroll
-        for (int j = 0; j < MAX_SPLITS / 32; j++) {
-            const float wt = __expf(ms[j] - mx);
-            total += ls[j] * wt;
-            if (lane + 32 * j < splits) weight[g][lane + 32 * j] = wt;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o /= 2) total += __shfl_xor_sync(0xffffffff, total, o);
-        if (lane == 0) inverse[g] = total > 0.f ? 1.f / total : 0.f;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < count * D; i += WARPS * 32) {
-        const int g = i / D;
-        const int64_t at = (int64_t)row * heads + h0 + g;
-        const float* acc_s = part_acc + at * splits * D + i % D;
-        float o = 0.f;
-#pragma unroll 8
-        for (int sp = 0; sp < splits; sp++) o = fmaf(__ldcg(acc_s + (int64_t)sp * D), weight[g][sp], o);
-        store(out + at * D + i % D, o * inverse[g]);
-    }
 }
 
 #define DECODE_ATTENTION(NAME, T, D, G)                                                                         \
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                    \
-        NAME(const T* q, const T* k, const T* v, T* out, float* part_acc, float* part_ml, unsigned* arrivals,   \
-             const uint32_t* slots, const uint32_t* lens, int heads, int kv_heads, int capacity, float scale,    \
-             float softcap, int window, int splits, int hsplit) {                                               \
-        decode_attention<T, D, G>(q, k, v, out, part_acc, part_ml, arrivals, slots, lens, heads, kv_heads,      \
-                                  capacity, scale, softcap, window, splits, hsplit);                            \
+        NAME(const T* q, const T* k, const T* v, T* out, float* part_acc, float* part_ml, const uint32_t* slots, \
+             const uint32_t* lens, int heads, int kv_heads, int capacity, float scale, float softcap, int window, \
+             int splits, int hsplit) {                                                                          \
+        decode_attention<T, D, G>(q, k, v, out, part_acc, part_ml, slots, lens, heads, kv_heads, capacity, scale, \
+                                  softcap, window, splits, hsplit);                                            \
     }
 #define DECODE_ATTENTION_GROUPS(D, SUFFIX, T)                       \
     DECODE_ATTENTION(decode_attention_##D##_##SUFFIX##_g1, T, D, 1) \
@@ -283,6 +229,36 @@ __device__ void decode_attention(const T* __restrict__ q, const T* __restrict__ 
 DECODE_ATTENTION_DTYPES(64)
 DECODE_ATTENTION_DTYPES(128)
 DECODE_ATTENTION_DTYPES(256)
+
+// The splits' partial results of each (row, head) merged into the output: weights
+// exp(m_s − max m), the weighted sums over the weighted softmax sums. One block a (head, row),
+// a thread a dimension.
+template <typename T>
+__device__ void decode_attention_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                         T* __restrict__ out, int heads, int splits, int d) {
+    const int64_t at = (int64_t)blockIdx.y * heads + blockIdx.x;
+    const float* ml = part_ml + at * splits * 2;
+    float mx = -FLT_MAX;
+    for (int s = 0; s < splits; s++) mx = fmaxf(mx, ml[2 * s]);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float total = 0.f, o = 0.f;
+        for (int s = 0; s < splits; s++) {
+            const float wt = __expf(ml[2 * s] - mx);
+            total += ml[2 * s + 1] * wt;
+            o += part_acc[(at * splits + s) * d + i] * wt;
+        }
+        store(out + at * d + i, total > 0.f ? o / total : 0.f);
+    }
+}
+
+#define DECODE_ATTENTION_COMBINE(NAME, T)                                                                   \
+    extern "C" __global__ void NAME(const float* part_acc, const float* part_ml, T* out, int heads, int splits, \
+                                    int d) {                                                                \
+        decode_attention_combine<T>(part_acc, part_ml, out, heads, splits, d);                              \
+    }
+DECODE_ATTENTION_COMBINE(decode_attention_combine_f32, float)
+DECODE_ATTENTION_COMBINE(decode_attention_combine_f16, __half)
+DECODE_ATTENTION_COMBINE(decode_attention_combine_bf16, __nv_bfloat16)
 
 // One decode step's new keys and values into the cache: row r's `width` values (kv_heads · d,
 // contiguous in `k` and `v`, [b, width]) at position positions[r] of slot slots[r]. One block a

@@ -1,14 +1,13 @@
 //! One decode step's attention for many sequences (`decode_attention.cu`, flash decoding): each
 //! row's query against its own slot of the engine's KV cache, of its own length, the query heads
-//! of a kv head in one block, short batches split along the positions and merged by the last
-//! split to finish ([`Launch`]). The engine's CPU path (a row at a time through the training
-//! attention) is its reference.
+//! of a kv head in one block, short batches split along the positions and merged by a second
+//! launch ([`Launch`]). The engine's CPU path (a row at a time through the training attention)
+//! is its reference.
 
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, DType, Result, Tensor, WithDType};
 
-use super::grid_counters::{grid_counters, GRID_COUNTERS};
 use super::{by_dtype, cuda_device, suffix, view, wrap};
 
 pub static KERNELS: super::module::Kernels = super::module::kernels!("decode_attention");
@@ -34,13 +33,10 @@ impl Launch {
         let hsplit = per_kv.div_ceil(8);
         let blocks = (kv_heads * hsplit * rows).max(1);
         let wanted = (2 * multiprocessors).div_ceil(blocks);
-        let splits = wanted.clamp(1, capacity.div_ceil(32).clamp(1, MAX_SPLITS));
+        let splits = wanted.clamp(1, capacity.div_ceil(32).clamp(1, 64));
         Launch { group, hsplit, splits }
     }
 }
-
-/// The most splits of a row's positions (`MAX_SPLITS` in decode_attention.cu).
-pub const MAX_SPLITS: usize = 64;
 
 /// The head sizes the kernel is instantiated for.
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
@@ -101,13 +97,6 @@ fn typed<T: CudaDType + WithDType + DeviceRepr>(
     let parts = shape.splits.max(2) * b * heads;
     let part_acc = unsafe { dev.alloc::<f32>(if shape.splits > 1 { parts * d } else { 1 })? };
     let part_ml = unsafe { dev.alloc::<f32>(if shape.splits > 1 { parts * 2 } else { 1 })? };
-    // a count a (row, block of heads) of the splits done, where there are splits (then fewer
-    // blocks than two a multiprocessor)
-    let arrivals = match shape.splits > 1 {
-        true if b * kv_heads * shape.hsplit <= GRID_COUNTERS => grid_counters(&dev.cuda_stream())?,
-        true => bail!("decode attention: {b} rows of {kv_heads} kv heads in splits, more than the grid's counters"),
-        false => 0,
-    };
     {
         let g = [q, k, v, &slots, &lens].map(|t| t.storage_and_layout().0);
         let (qv, kv, vv) = (view::<T>(&g[0], q)?, view::<T>(&g[1], k)?, view::<T>(&g[2], v)?);
@@ -118,12 +107,24 @@ fn typed<T: CudaDType + WithDType + DeviceRepr>(
         let window = scores.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
         let (splits, hsplit) = (shape.splits as i32, shape.hsplit as i32);
         let mut l = func.builder();
-        l.arg(&qv).arg(&kv).arg(&vv).arg(&out).arg(&part_acc).arg(&part_ml).arg(&arrivals).arg(&sv).arg(&lv);
+        l.arg(&qv).arg(&kv).arg(&vv).arg(&out).arg(&part_acc).arg(&part_ml).arg(&sv).arg(&lv);
         l.arg(&heads_i).arg(&kv_heads_i).arg(&capacity_i).arg(&scale).arg(&softcap).arg(&window);
         l.arg(&splits).arg(&hsplit);
         let config = LaunchConfig {
             grid_dim: ((kv_heads * shape.hsplit) as u32, b as u32, shape.splits as u32),
             block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        unsafe { l.launch(config) }.w()?;
+    }
+    if shape.splits > 1 {
+        let combine = KERNELS.function(&dev, &format!("decode_attention_combine_{dtype}"))?;
+        let (heads_i, splits, d_i) = (heads as i32, shape.splits as i32, d as i32);
+        let mut l = combine.builder();
+        l.arg(&part_acc).arg(&part_ml).arg(&out).arg(&heads_i).arg(&splits).arg(&d_i);
+        let config = LaunchConfig {
+            grid_dim: (heads as u32, b as u32, 1),
+            block_dim: (d as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         unsafe { l.launch(config) }.w()?;

@@ -30,8 +30,6 @@ impl Graph {
         }
         pin_cublas_workspace(dev)?;
         let stream = dev.cuda_stream();
-        // the kernels' grid counters, made before the recording so the graph does not own them
-        super::grid_counters::grid_counters(&stream)?;
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).w()?;
         let recorded = record();
         // the capture always ends, whatever `record` did, so the stream runs work again

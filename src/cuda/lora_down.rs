@@ -1,19 +1,31 @@
 //! LoRA's first product for the decode rows, h `[n, Σ r_i]` = scale_i · x·A_iᵀ for up to three
 //! adapters reading the same x, straight from their f32 A: the h that the NF4 GEMV's segments
-//! (`nf4_gemv::LoraUp`) multiply by B in their epilogue, where the GEMV's lookup kernel does not
-//! make h itself (`nf4_gemv::LoraDownIn`). Its kernel, `lora_down`, lives in nf4_gemv.cu beside
-//! the GEMV it feeds.
+//! (`nf4_gemv::LoraUp`) multiply by B in their epilogue. Its kernel, `lora_down`, lives in
+//! nf4_gemv.cu beside the GEMV it feeds.
 
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, DType, Result, Tensor, WithDType};
 use half::{bf16, f16};
 
-use super::nf4_gemv::{supports, RawLoraDown, KERNELS, LOOKUP_MAX_ROWS, MAX_ROWS};
-use super::{cuda_device, suffix, view, wrap};
+use super::nf4_gemv::{supports, KERNELS, LOOKUP_MAX_ROWS, MAX_ROWS, MAX_SEGMENTS};
+use super::{address, cuda_device, suffix, view, wrap};
 
 /// Threads of a `lora_down` block (`LORA_THREADS` in nf4_gemv.cu).
 const LORA_THREADS: u32 = 256;
+
+/// `LoraDown` of nf4_gemv.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RawLoraDown {
+    a: [u64; MAX_SEGMENTS],
+    scale: [f32; MAX_SEGMENTS],
+    rank: [i32; MAX_SEGMENTS],
+    count: i32,
+}
+
+// SAFETY: plain-old-data laid out as the kernel's parameter struct (repr(C), the same fields).
+unsafe impl DeviceRepr for RawLoraDown {}
 
 /// Whether `lora_down` and a segment's LoRA term take A `[r, in_dim]` and B `[out, r]`: f32,
 /// contiguous, on `device`, A's rows and B's start on 16-byte boundaries.
@@ -46,12 +58,30 @@ fn lora_down_typed<T: CudaDType + WithDType + DeviceRepr>(
     adapters: &[(&Tensor, f64)],
 ) -> Result<Tensor> {
     let (n, in_dim) = x.dims2()?;
-    if !supports(x, 1, in_dim) {
-        bail!("lora_down: x of 1 to {LOOKUP_MAX_ROWS} rows, not {:?} {:?}", x.dims(), x.dtype());
+    if adapters.is_empty() || adapters.len() > MAX_SEGMENTS || !supports(x, 1, in_dim) {
+        bail!(
+            "lora_down: 1 to {MAX_SEGMENTS} adapters and x of 1 to {LOOKUP_MAX_ROWS} rows, not {}",
+            adapters.len()
+        );
     }
     let dev = cuda_device(x)?;
     let stream = dev.cuda_stream();
-    let (raw, width) = RawLoraDown::new(adapters, x, &stream)?;
+    let mut raw = RawLoraDown { count: adapters.len() as i32, ..Default::default() };
+    let mut width = 0;
+    for (i, (a, scale)) in adapters.iter().enumerate() {
+        let (r, cols) = a.dims2()?;
+        if cols != in_dim
+            || a.dtype() != DType::F32
+            || !a.is_contiguous()
+            || !a.layout().start_offset().is_multiple_of(4)
+        {
+            bail!("lora_down: A {:?} {:?} for x {:?}", a.dims(), a.dtype(), x.dims());
+        }
+        raw.a[i] = address(a, &stream)?;
+        raw.scale[i] = *scale as f32;
+        raw.rank[i] = r as i32;
+        width += r;
+    }
     let h = wrap(unsafe { dev.alloc::<f32>(n * width)? }, &dev, &[n, width]);
     // past 8 rows, blocks of 8 rows each
     let per_block = n.min(MAX_ROWS);

@@ -37,7 +37,6 @@ pub mod flash;
 pub mod gemm;
 pub mod graph;
 pub mod greedy;
-pub mod grid_counters;
 pub mod lora_down;
 pub mod lora_weights;
 pub mod mapped;

@@ -434,94 +434,6 @@ __device__ void nf4_mma(const T* __restrict__ x, int n, int in, int accumulate, 
 NF4_MMA(f16, __half, 1)
 NF4_MMA(bf16, __nv_bfloat16, 1)
 
-// LoRA's first product for the decode rows: h[n, c] = scale_i · x[n] · A_i[j] for column c, row j
-// of adapter i (up to three adapters reading the same x, their A stacked: c runs over Σ r_i).
-// `lora_down_column` computes one column for up to N rows with a block's threads striding over
-// `in` (16-byte loads of A, f32, four in flight a thread), the sum in f32: the `lora_down` kernel
-// runs it a block a column (and 8 rows: blockIdx.y takes the next 8); `nf4_lut` runs it in its
-// prologue instead, so the lookup path needs no launch of its own for h. h feeds the GEMVs' LoRA
-// term.
-#define LORA_THREADS 256
-
-struct LoraDown {
-    const float* a[MAX_SEGMENTS];   // [r_i, in] f32, contiguous
-    float scale[MAX_SEGMENTS];
-    int rank[MAX_SEGMENTS];
-    int count;                      // 0: no adapters
-};
-
-// Column c of h for rows r0 .. r0 + live - 1 (live ≤ N); `part` is [warps][N] of shared memory.
-// Every thread of the block calls it; the threads that write h fence their writes before the
-// closing barrier, so a thread that publishes the column after it publishes the values too.
-template <typename T, int N>
-__device__ void lora_down_column(const T* __restrict__ x, int r0, int live, int in, int c, const LoraDown& p,
-                                 float* __restrict__ h, int h_stride, float* part) {
-    x += (int64_t)r0 * in;
-    h += (int64_t)r0 * h_stride;
-    const int col = c;
-    int i = 0;
-    const float* a = p.a[0];
-    float scale = p.scale[0];
-    if (p.count > 1 && c >= p.rank[0]) {
-        c -= p.rank[0], i = 1, a = p.a[1], scale = p.scale[1];
-        if (p.count > 2 && c >= p.rank[1]) c -= p.rank[1], i = 2, a = p.a[2], scale = p.scale[2];
-    }
-    const float* arow = a + (int64_t)c * in;
-    const int threads = blockDim.x;
-    float acc[N];
-#pragma unroll
-    for (int n = 0; n < N; n++) acc[n] = 0.0f;
-    // four float4 loads of A in flight a thread, then their products with each row of x
-    for (int k0 = 4 * threadIdx.x; k0 < in; k0 += 4 * 4 * threads) {
-        float4 av[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int k = k0 + 4 * threads * u;
-            av[u] = k < in ? *reinterpret_cast<const float4*>(arow + k) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int k = k0 + 4 * threads * u;
-            if (k >= in) break;
-#pragma unroll
-            for (int n = 0; n < N; n++) {
-                if (n >= live) break;
-                // four values of x in one 8-byte load
-                const uint2 raw = *reinterpret_cast<const uint2*>(x + (int64_t)n * in + k);
-                const T* xr = reinterpret_cast<const T*>(&raw);
-                acc[n] = fmaf(av[u].x, to_f32(xr[0]), acc[n]);
-                acc[n] = fmaf(av[u].y, to_f32(xr[1]), acc[n]);
-                acc[n] = fmaf(av[u].z, to_f32(xr[2]), acc[n]);
-                acc[n] = fmaf(av[u].w, to_f32(xr[3]), acc[n]);
-            }
-        }
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int n = 0; n < N; n++) {
-        float v = acc[n];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
-        if (lane == 0) part[warp * N + n] = v;
-    }
-    __syncthreads();
-    if ((int)threadIdx.x < live) {
-        float v = 0.0f;
-        for (int w = 0; w < threads / 32; w++) v += part[w * N + threadIdx.x];
-        h[(int64_t)threadIdx.x * h_stride + col] = scale * v;
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-template <typename T, int N>
-__device__ void lora_down(const T* __restrict__ x, int rows, int in, float* __restrict__ h, int h_stride, const LoraDown& p) {
-    __shared__ float part[LORA_THREADS / 32 * N];
-    // rows N · blockIdx.y on (a batch of more than N rows takes several blocks a column)
-    const int r0 = N * (int)blockIdx.y;
-    lora_down_column<T, N>(x, r0, min(N, rows - r0), in, blockIdx.x, p, h, h_stride, part);
-}
-
 // ---- The codebook-lookup path: 1 to 64 rows, `in` a multiple of 256 ----
 //
 // The tensor-core product again, with a cheaper decode: each weight is its codebook value
@@ -555,14 +467,6 @@ __device__ void lora_down(const T* __restrict__ x, int rows, int in, float* __re
 // add the LoRA term, bias, residual (and y with `accumulate`) and round once. Batch rows come in
 // NT tiles of 8, each the B operand of its own mma on the same decoded weights; x is read by
 // every block from L2 (past 8 rows that traffic, not the weights', is what bounds the kernel).
-//
-// The LoRA terms' h = scale · x·Aᵀ is made by the grid itself (no launch before it): unit u
-// (one column of h, 8 batch rows) falls to block u mod gridDim.x, which computes it after its
-// first copies are issued and the table written, while they are in flight. `sync[0]` counts the
-// units done; a block's first epilogue waits until all are (its thread 0 spinning on an acquire
-// load), which cannot deadlock because a unit's block computes it before it ever waits, and the
-// grid (one wave) is resident at once, or, on a busy device, dispatched lowest index first.
-// `sync[1]` counts the blocks that finished; the last one zeroes both for the next launch.
 #define LUT_STAGES 3
 #define LUT_SLOTS_PER_STAGE 18
 #define LUT_BYTES (256 * 256)
@@ -578,20 +482,11 @@ __device__ __forceinline__ uint32_t lut_pair(const uint8_t* table, uint32_t word
 // Slot `i` of the region.
 __device__ __forceinline__ uint8_t* lut_slot(uint8_t* region, int i) { return region + 256 * i + 128; }
 
-// Whether all `units` columns of h are done (`sync[0]`, an acquire load at the GPU's scope).
-__device__ __forceinline__ unsigned units_done(const unsigned* sync) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(sync) : "memory");
-    return v;
-}
-
 template <typename T, int NT>
-__device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int accumulate, const Nf4Segments& p,
-                        const LoraDown& down, float* h, int h_stride, unsigned* sync) {
+__device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int accumulate, const Nf4Segments& p) {
     extern __shared__ __align__(16) uint8_t lut_smem[];
     __shared__ float dmap[256];
     __shared__ float red[2][LUT_WARPS][16][8 * NT];
-    __shared__ float down_part[LUT_WARPS * 8];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3;
     const int supers = in / MMA_KC;
@@ -665,20 +560,6 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
     }
     for (int i = tid; i < 256; i += blockDim.x) dmap[i] = DYNAMIC_MAP[i];
     __syncthreads();
-
-    // this block's columns of h, while its first copies are in flight
-    const int width = (down.count > 0 ? down.rank[0] : 0) + (down.count > 1 ? down.rank[1] : 0) +
-                      (down.count > 2 ? down.rank[2] : 0);
-    const int units = width * ((n + 7) / 8);
-    if (units > 0) {
-        int mine = 0;
-        for (int u = unit; u < units; u += stride, mine++) {
-            const int r0 = 8 * (u / width);
-            lora_down_column<T, 8>(x, r0, min(8, n - r0), in, u % width, down, h, h_stride, down_part);
-        }
-        if (tid == 0 && mine > 0) atomicAdd(sync, (unsigned)mine);
-    }
-    bool h_ready = units == 0;
 
     float acc[NT][4];
 #pragma unroll
@@ -778,11 +659,6 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
                     sums[warp][g + 8 * (e / 2)][8 * t + 2 * c + (e % 2)] = acc[t][e];
                     acc[t][e] = 0.0f;
                 }
-            if (!h_ready) {
-                if (tid == 0)
-                    while (units_done(sync) < (unsigned)units) __nanosleep(32);
-                h_ready = true;
-            }
             __syncthreads();
             const Nf4Segment s = segment_of(p, group);
             const int row0 = (group - s.block0) * 16;
@@ -797,25 +673,92 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
         jj = 0, gi++, group += stride;
     }
     cp_async_wait<0>();
-    // the last block out zeroes the counters (every block has waited, if it waits, by then)
-    if (units > 0 && tid == 0 && atomicAdd(sync + 1, 1u) == gridDim.x - 1) {
-        atomicExch(sync, 0u);
-        atomicExch(sync + 1, 0u);
-    }
 }
 
 #define NF4_LUT(NAME, T, NT)                                                                       \
     extern "C" __global__ void __launch_bounds__(LUT_WARPS * 32, NT <= 2 ? 3 : 2)                   \
         nf4_lut_##NAME##_##NT(const T* x, int n, int in, int groups, int accumulate,               \
-                              const Nf4Segments p, const LoraDown down, float* h, int h_stride,    \
-                              unsigned* sync) {                                                    \
-        nf4_lut<T, NT>(x, n, in, groups, accumulate, p, down, h, h_stride, sync);                  \
+                              const Nf4Segments p) {                                               \
+        nf4_lut<T, NT>(x, n, in, groups, accumulate, p);                                           \
     }
 // 1, 2, 4 or 8 tiles of 8 rows; three blocks a multiprocessor, two from 4 tiles (whose sums and
 // accumulators would not fit the shared memory and registers of three)
 #define NF4_LUTS(NAME, T) NF4_LUT(NAME, T, 1) NF4_LUT(NAME, T, 2) NF4_LUT(NAME, T, 4) NF4_LUT(NAME, T, 8)
 NF4_LUTS(f16, __half)
 NF4_LUTS(bf16, __nv_bfloat16)
+
+// LoRA's first product for the decode rows: h[n, c] = scale_i · x[n] · A_i[j] for column c, row j
+// of adapter i (up to three adapters reading the same x, their A stacked: c runs over Σ r_i).
+// One block a column (and 8 rows: blockIdx.y takes the next 8), its threads striding over `in`
+// with 16-byte loads of A (f32), the sum in f32. h feeds nf4_gemv's LoRA term.
+#define LORA_THREADS 256
+
+struct LoraDown {
+    const float* a[MAX_SEGMENTS];   // [r_i, in] f32, contiguous
+    float scale[MAX_SEGMENTS];
+    int rank[MAX_SEGMENTS];
+    int count;
+};
+
+template <typename T, int N>
+__device__ void lora_down(const T* __restrict__ x, int rows, int in, float* __restrict__ h, int h_stride, const LoraDown& p) {
+    // rows N · blockIdx.y on (a batch of more than N rows takes several blocks a column)
+    const int r0 = N * (int)blockIdx.y, live = min(N, rows - r0);
+    x += (int64_t)r0 * in;
+    h += (int64_t)r0 * h_stride;
+    int c = blockIdx.x, i = 0;
+    const float* a = p.a[0];
+    float scale = p.scale[0];
+    if (p.count > 1 && c >= p.rank[0]) {
+        c -= p.rank[0], i = 1, a = p.a[1], scale = p.scale[1];
+        if (p.count > 2 && c >= p.rank[1]) c -= p.rank[1], i = 2, a = p.a[2], scale = p.scale[2];
+    }
+    const float* arow = a + (int64_t)c * in;
+    float acc[N];
+#pragma unroll
+    for (int n = 0; n < N; n++) acc[n] = 0.0f;
+    // four float4 loads of A in flight a thread, then their products with each row of x
+    for (int k0 = 4 * threadIdx.x; k0 < in; k0 += 4 * 4 * LORA_THREADS) {
+        float4 av[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int k = k0 + 4 * LORA_THREADS * u;
+            av[u] = k < in ? *reinterpret_cast<const float4*>(arow + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int k = k0 + 4 * LORA_THREADS * u;
+            if (k >= in) break;
+#pragma unroll
+            for (int n = 0; n < N; n++) {
+                if (n >= live) break;
+                // four values of x in one 8-byte load
+                const uint2 raw = *reinterpret_cast<const uint2*>(x + (int64_t)n * in + k);
+                const T* xr = reinterpret_cast<const T*>(&raw);
+                acc[n] = fmaf(av[u].x, to_f32(xr[0]), acc[n]);
+                acc[n] = fmaf(av[u].y, to_f32(xr[1]), acc[n]);
+                acc[n] = fmaf(av[u].z, to_f32(xr[2]), acc[n]);
+                acc[n] = fmaf(av[u].w, to_f32(xr[3]), acc[n]);
+            }
+        }
+    }
+    __shared__ float partial[LORA_THREADS / 32][N];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+        float v = acc[n];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
+        if (lane == 0) partial[warp][n] = v;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < live) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < LORA_THREADS / 32; w++) v += partial[w][threadIdx.x];
+        h[(int64_t)threadIdx.x * h_stride + blockIdx.x] = scale * v;
+    }
+}
 
 #define LORA_DOWN(NAME, T, N)                                                                                   \
     extern "C" __global__ void __launch_bounds__(LORA_THREADS)                                                  \

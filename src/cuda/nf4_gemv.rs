@@ -7,7 +7,7 @@
 //! of it summed in f32 and rounded once. `quant::nf4_gemv` and `model::lora::decode` call it.
 
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SMEM;
-use candle_core::cuda_backend::cudarc::driver::{CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, DType, Result, Tensor, WithDType};
 use half::{bf16, f16};
@@ -144,72 +144,6 @@ pub struct LoraUp<'a> {
     pub b: &'a Tensor,
 }
 
-/// LoRA's first products made by the lookup kernel's own grid before its epilogues: h (the
-/// segments' `LoraUp::h`, `[n, Σ r_i]` f32, written by the launch) = [scale_1 · x·A_1ᵀ, …] for up
-/// to three adapters' A `[r_i, in]` (f32), so no `lora_down` launch precedes the projection.
-pub struct LoraDownIn<'a> {
-    pub h: &'a Tensor,
-    pub adapters: &'a [(&'a Tensor, f64)],
-}
-
-impl LoraDownIn<'_> {
-    /// A fresh h `[n, Σ r_i]` f32 for x `[n, in]` and the adapters' A `[r_i, in]`, for the
-    /// launch to write (its values are undefined until then).
-    pub fn h_for(x: &Tensor, adapters: &[(&Tensor, f64)]) -> Result<Tensor> {
-        let dev = cuda_device(x)?;
-        let width = adapters.iter().map(|(a, _)| a.dim(0)).sum::<Result<usize>>()?;
-        let n = x.dim(0)?;
-        Ok(wrap(unsafe { dev.alloc::<f32>(n * width)? }, &dev, &[n, width]))
-    }
-}
-
-/// `LoraDown` of nf4_gemv.cu: up to three adapters' A, scales and ranks (count 0: none).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub(super) struct RawLoraDown {
-    a: [u64; MAX_SEGMENTS],
-    scale: [f32; MAX_SEGMENTS],
-    rank: [i32; MAX_SEGMENTS],
-    count: i32,
-}
-
-// SAFETY: plain-old-data laid out as the kernel's parameter struct (repr(C), the same fields).
-unsafe impl DeviceRepr for RawLoraDown {}
-
-impl RawLoraDown {
-    /// The adapters' A (f32 `[r_i, in_dim]`, contiguous from a 16-byte boundary) and scales,
-    /// checked against x, with h's width Σ r_i.
-    pub(super) fn new(
-        adapters: &[(&Tensor, f64)],
-        x: &Tensor,
-        stream: &std::sync::Arc<CudaStream>,
-    ) -> Result<(Self, usize)> {
-        let in_dim = x.dim(1)?;
-        if adapters.is_empty() || adapters.len() > MAX_SEGMENTS {
-            bail!("LoRA's decode product takes 1 to {MAX_SEGMENTS} adapters, not {}", adapters.len());
-        }
-        let mut raw = RawLoraDown { count: adapters.len() as i32, ..Default::default() };
-        let mut width = 0;
-        for (i, (a, scale)) in adapters.iter().enumerate() {
-            let (r, cols) = a.dims2()?;
-            if cols != in_dim
-                || a.dtype() != DType::F32
-                || !a.is_contiguous()
-                || !a.layout().start_offset().is_multiple_of(4)
-                || !a.device().same_device(x.device())
-                || r > i32::MAX as usize
-            {
-                bail!("LoRA's decode product: A {:?} {:?} for x {:?}", a.dims(), a.dtype(), x.dims());
-            }
-            raw.a[i] = address(a, stream)?;
-            raw.scale[i] = *scale as f32;
-            raw.rank[i] = r as i32;
-            width += r;
-        }
-        Ok((raw, width))
-    }
-}
-
 /// `Nf4Segment` of nf4_gemv.cu, field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -271,7 +205,7 @@ pub fn supports_shape(n: usize, dtype: DType, (out_dim, in_dim): (usize, usize))
 /// codes `packed` (U8, two per byte, the first value in the high nibble) and its `scales`.
 pub fn gemv(x: &Tensor, packed: &Tensor, scales: Scales, out_dim: usize) -> Result<Tensor> {
     let segment = Segment { packed, scales, out_dim, y: 0, residual: None, bias: None, lora: None };
-    Ok(gemv_outputs(x, vec![segment], None)?.remove(0))
+    Ok(gemv_outputs(x, vec![segment])?.remove(0))
 }
 
 /// y `[n, out_dim]` (x's dtype, row-major) at device address `y` set to x · Wᵀ, or added to
@@ -299,7 +233,7 @@ pub unsafe fn gemv_into(
 /// Each segment's `y` must address `n · out_dim` elements of x's dtype on x's device, which no
 /// other work reads or writes until this launch has run on the device's stream.
 pub unsafe fn gemv_segments(x: &Tensor, segments: &[Segment], accumulate: bool) -> Result<()> {
-    gemv_segments_on(kernel_for(x)?, x, segments, None, accumulate)
+    gemv_segments_on(kernel_for(x)?, x, segments, accumulate)
 }
 
 /// `gemv_segments` on the given kernel.
@@ -310,21 +244,19 @@ pub unsafe fn gemv_segments_on(
     kernel: Kernel,
     x: &Tensor,
     segments: &[Segment],
-    down: Option<&LoraDownIn>,
     accumulate: bool,
 ) -> Result<()> {
     match x.dtype() {
-        DType::F16 => launch::<f16>(kernel, x, segments, down, accumulate),
-        DType::BF16 => launch::<bf16>(kernel, x, segments, down, accumulate),
+        DType::F16 => launch::<f16>(kernel, x, segments, accumulate),
+        DType::BF16 => launch::<bf16>(kernel, x, segments, accumulate),
         dt => bail!("the NF4 GEMV takes f16 or bf16, not {dt:?}"),
     }
 }
 
 /// Each segment's output as a new `[n, out_dim]` tensor in x's dtype (the segments' `y` are
-/// ignored), in one launch: y = x · Wᵀ + bias + residual + the LoRA term; with `down`, the
-/// launch (the lookup kernel's) also makes the LoRA terms' h first.
-pub fn gemv_outputs(x: &Tensor, segments: Vec<Segment>, down: Option<&LoraDownIn>) -> Result<Vec<Tensor>> {
-    gemv_outputs_on(kernel_for(x)?, x, segments, down)
+/// ignored), in one launch: y = x · Wᵀ + bias + residual + the LoRA term.
+pub fn gemv_outputs(x: &Tensor, segments: Vec<Segment>) -> Result<Vec<Tensor>> {
+    gemv_outputs_on(kernel_for(x)?, x, segments)
 }
 
 /// The kernel for x's rows and width (`Kernel::for_shape`), or an error naming them.
@@ -337,12 +269,7 @@ fn kernel_for(x: &Tensor) -> Result<Kernel> {
 }
 
 /// `gemv_outputs` on the given kernel.
-pub fn gemv_outputs_on(
-    kernel: Kernel,
-    x: &Tensor,
-    mut segments: Vec<Segment>,
-    down: Option<&LoraDownIn>,
-) -> Result<Vec<Tensor>> {
+pub fn gemv_outputs_on(kernel: Kernel, x: &Tensor, mut segments: Vec<Segment>) -> Result<Vec<Tensor>> {
     let dev = cuda_device(x)?;
     let n = x.dim(0)?;
     let outputs = segments
@@ -360,7 +287,7 @@ pub fn gemv_outputs_on(
     }
     // SAFETY: each y is a fresh [n, out_dim] buffer of x's dtype on x's device, every element
     // of which the launch writes (accumulate off), held across the launch.
-    unsafe { gemv_segments_on(kernel, x, &segments, down, false)? };
+    unsafe { gemv_segments_on(kernel, x, &segments, false)? };
     Ok(outputs)
 }
 
@@ -370,7 +297,6 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     kernel: Kernel,
     x: &Tensor,
     segments: &[Segment],
-    down: Option<&LoraDownIn>,
     accumulate: bool,
 ) -> Result<()> {
     let (n, in_dim) = x.dims2()?;
@@ -484,27 +410,7 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     let gx = x.storage_and_layout().0;
     let xv = view::<T>(&gx, x)?;
     let (in_i, acc) = (in_dim as i32, accumulate as i32);
-    if down.is_some() && kernel != Kernel::Lookup {
-        bail!("the NF4 GEMV makes LoRA's h in the launch on its lookup kernel only, not {kernel:?}");
-    }
     if kernel == Kernel::Lookup {
-        // LoRA's h made by the grid: every segment's term reads the launch's h, of the adapters' width
-        let (raw_down, h, h_stride, sync) = match down {
-            None => (RawLoraDown::default(), 0, 0, 0),
-            Some(d) => {
-                let (raw_down, width) = RawLoraDown::new(d.adapters, x, &stream)?;
-                if d.h.dims() != [n, width] || d.h.dtype() != DType::F32 || !d.h.is_contiguous() {
-                    bail!("NF4 GEMV: LoRA's h {:?} {:?} for [{n}, {width}] f32", d.h.dims(), d.h.dtype());
-                }
-                let h = address(d.h, &stream)?;
-                for s in segments.iter().filter_map(|s| s.lora.as_ref()) {
-                    if address(s.h, &stream)? != h {
-                        bail!("NF4 GEMV: a segment's LoRA term reads another h than the launch makes");
-                    }
-                }
-                (raw_down, h, width as i32, super::grid_counters::grid_counters(&stream)?)
-            }
-        };
         // a persistent grid, each block walking 16-row groups, its warps splitting each group's k;
         // the batch rows in 1, 2, 4 or 8 tiles of 8
         let tiles = n.div_ceil(8).next_power_of_two();
@@ -523,7 +429,6 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
         let (n_i, groups) = (n as i32, blocks as i32);
         let mut b = func.builder();
         b.arg(&xv).arg(&n_i).arg(&in_i).arg(&groups).arg(&acc).arg(&raw);
-        b.arg(&raw_down).arg(&h).arg(&h_stride).arg(&sync);
         unsafe { b.launch(cfg) }.w()?;
         return Ok(());
     }

@@ -66,7 +66,7 @@ fn nf4_gemv_is_within_twice_the_dequantize_matmul_error() -> Result<()> {
                     let kernels = [Kernel::Lanes, Kernel::TensorCores, Kernel::Lookup];
                     for kernel in kernels.into_iter().filter(|k| k.takes(in_dim) && n <= k.max_rows()) {
                         let segment = q.gemv_segment(&x).expect("the GEMV takes x");
-                        outputs.push((Some(kernel), gemv_outputs_on(kernel, &x, vec![segment], None)?.remove(0)));
+                        outputs.push((Some(kernel), gemv_outputs_on(kernel, &x, vec![segment])?.remove(0)));
                     }
                     for (kernel, ours) in outputs {
                         assert_eq!(ours.dims(), &[n, out_dim]);

@@ -49,8 +49,7 @@ __device__ __forceinline__ void segment_output(const Nf4Segment& s, int row, int
     if (s.rank > 0) {
         const float* h = s.lora_h + (int64_t)nn * s.h_stride + s.h_col;
         const float* b = s.lora_b + (int64_t)row * s.rank;
-        // h from L2: nf4_lut's grid writes it during the launch
-        for (int q = 0; q < s.rank; q++) v = fmaf(__ldcg(h + q), b[q], v);
+        for (int q = 0; q < s.rank; q++) v = fmaf(h[q], b[q], v);
     }
     T* y = reinterpret_cast<T*>(s.y);
     const int64_t at = (int64_t)nn * s.out + row;

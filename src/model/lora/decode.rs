@@ -1,9 +1,8 @@
 //! The decode rows' projections on CUDA: the projections that read one input (q/k/v, gate/up,
 //! or one alone) as one NF4 GEMV launch, each with its LoRA term, bias and (for a lone
 //! projection) the residual stream added in the kernel, all summed in f32 and rounded once; the
-//! group's adapters' h = scale · x·Aᵀ is made straight from the f32 A (no cast of the adapters'
-//! weights, no 16-bit copy of a base weight) by the lookup kernel's own grid where it runs, else
-//! by one `lora_down` launch before it.
+//! group's adapters' h = scale · x·Aᵀ is one `lora_down` launch before it, straight from the f32
+//! A (no cast of the adapters' weights, no 16-bit copy of a base weight).
 
 use candle_core::{DType, Device, Result, Tensor};
 
@@ -46,16 +45,14 @@ pub fn project_group(projs: &[&LoraLinear], x: &Tensor, residual: Option<&Tensor
     {
         use super::linear::BaseWeight;
         use crate::cuda::lora_down::lora_down;
-        use crate::cuda::nf4_gemv::{gemv_outputs, Kernel, LoraDownIn, LoraUp};
-        let adapters: Vec<_> =
-            projs.iter().filter_map(|p| p.lora.as_ref()).map(|l| (l.lora_a.as_tensor(), l.scale)).collect();
-        let (n, in_dim) = x.dims2()?;
-        // the lookup kernel makes h in its own launch; the others take it from `lora_down`
-        let in_launch = Kernel::for_shape(n, in_dim) == Some(Kernel::Lookup);
+        use crate::cuda::nf4_gemv::{gemv_outputs, LoraUp};
+        let adapters: Vec<_> = projs.iter().filter_map(|p| p.lora.as_ref()).collect();
         let h = match adapters.is_empty() {
             true => None,
-            false if in_launch => Some(LoraDownIn::h_for(x, &adapters)?),
-            false => Some(lora_down(x, &adapters)?),
+            false => {
+                let a: Vec<_> = adapters.iter().map(|l| (l.lora_a.as_tensor(), l.scale)).collect();
+                Some(lora_down(x, &a)?)
+            }
         };
         let mut col = 0;
         let mut segments = Vec::with_capacity(projs.len());
@@ -74,8 +71,7 @@ pub fn project_group(projs: &[&LoraLinear], x: &Tensor, residual: Option<&Tensor
             }
             segments.push(segment);
         }
-        let down = h.as_ref().filter(|_| in_launch).map(|h| LoraDownIn { h, adapters: &adapters });
-        gemv_outputs(x, segments, down.as_ref())
+        gemv_outputs(x, segments)
     }
     #[cfg(not(feature = "cuda"))]
     {
