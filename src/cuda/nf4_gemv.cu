@@ -501,46 +501,60 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
     const int count = (supers - warp + warps - 1) / warps;
     const int items = my_groups * count;
 
-    // The rows the issuing side is copying: the warp's group `ig`, its super-chunk slot `ij`,
-    // where its 16 rows start and how many of them exist.
-    int ig = 0, ij = 0, rows = 0;
-    const uint8_t* w_rows = nullptr;
-    const float* absmax = nullptr;
+    // The rows the issuing side is copying (the warp's group `ig`, its super-chunk slot `ij`),
+    // set once a group so that an item's copies cost an add each: this lane's four 16-byte
+    // sources in the packed rows at super-chunk 0 (row lane / 8 + 4i; a row past the segment's
+    // end reads row 0 and is zero-filled, bit i of `w_ok` clear), and for lanes 0..15 its row's
+    // first absmax block (`s_block`), where its scales start and whether that row exists.
+    int ig = 0, ij = 0;
+    const int part = lane & 7, r_lane = lane >> 3;
+    const uint8_t* w_src[4];
+    unsigned w_ok = 0;
+    int64_t s_block = 0;
+    bool s_ok = false;
+    const uint8_t* s_src = nullptr;
     const uint8_t* codes = nullptr;
     const float* absmax2 = nullptr;
-    int64_t block0 = 0;
     auto rows_of = [&](int gi) {
         const int group = unit + gi * stride;
         const Nf4Segment s = segment_of(p, group);
         const int row0 = (group - s.block0) * 16;
-        rows = s.out - row0;
-        w_rows = s.packed + (int64_t)row0 * row_bytes;
-        block0 = (int64_t)row0 * blocks_per_row;
-        absmax = s.absmax, codes = s.codes, absmax2 = s.absmax2;
+        const int rows = s.out - row0;
+        const uint8_t* w_rows = s.packed + (int64_t)row0 * row_bytes + 16 * part;
+        w_ok = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = r_lane + 4 * i;
+            w_ok |= (unsigned)(r < rows) << i;
+            w_src[i] = w_rows + (int64_t)(r < rows ? r : 0) * row_bytes;
+        }
+        s_ok = lane < rows;
+        s_block = ((int64_t)row0 + (s_ok ? lane : 0)) * blocks_per_row;
+        codes = s.codes, absmax2 = s.absmax2;
+        // the row's first scale: its absmax (f32) or its absmax code (double-quantized)
+        s_src = codes != nullptr ? codes + s_block : reinterpret_cast<const uint8_t*>(s.absmax + s_block);
     };
+    // this lane's first destination in the ring (row lane / 8 of stage 0, its 16-byte chunk
+    // swizzled; row lane / 8 + 4i is 4i slots on, with the same swizzle)
+    uint8_t* const w_dst = lut_slot(lut_smem, ring + r_lane) + 16 * (part ^ (2 * (r_lane & 3)));
     // the next item's 16 packed rows and their scales into stage st of this warp's ring, rows
     // past the segment's end as zeros
     auto issue = [&](int st) {
         if (ij == count) ij = 0, rows_of(++ig);
         const int sc = warp + ij * warps;
         ij++;
-        const int slot0 = ring + st * LUT_SLOTS_PER_STAGE;
+        const int64_t at = (int64_t)sc * (MMA_KC / 2);
+        uint8_t* dst = w_dst + st * LUT_SLOTS_PER_STAGE * 256;
 #pragma unroll
-        for (int i = lane; i < 128; i += 32) {
-            const int r = i >> 3, part = i & 7;
-            const bool ok = r < rows;
-            cp_async16(lut_slot(lut_smem, slot0 + r) + 16 * (part ^ (2 * (r & 3))),
-                       w_rows + (int64_t)(ok ? r : 0) * row_bytes + sc * (MMA_KC / 2) + 16 * part, ok);
-        }
+        for (int i = 0; i < 4; i++) cp_async16(dst + 4 * 256 * i, w_src[i] + at, (w_ok >> i) & 1);
         if (lane < 16) {
-            const bool ok = lane < rows;
-            const int64_t block = block0 + (int64_t)(ok ? lane : 0) * blocks_per_row + 4 * sc;
+            const int slot0 = ring + st * LUT_SLOTS_PER_STAGE;
             if (codes == nullptr) {
-                cp_async16(lut_slot(lut_smem, slot0 + 16 + lane / 8) + 16 * (lane & 7), absmax + block, ok);
+                cp_async16(lut_slot(lut_smem, slot0 + 16 + lane / 8) + 16 * (lane & 7), s_src + 16 * sc, s_ok);
             } else {
                 uint8_t* sd = lut_slot(lut_smem, slot0 + 16);
-                cp_async4(sd + 4 * lane, codes + block, ok);
-                cp_async4(sd + 64 + 4 * lane, absmax2 + block / DQ_BLOCK, ok);
+                cp_async4(sd + 4 * lane, s_src + 4 * sc, s_ok);
+                cp_async4(sd + 64 + 4 * lane, absmax2 + (uint64_t)(s_block + 4 * sc) / DQ_BLOCK, s_ok);
             }
         }
     };
@@ -597,14 +611,15 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
             amax_a[0] = va.x, amax_a[1] = va.y, amax_a[2] = va.z, amax_a[3] = va.w;
             amax_b[0] = vb.x, amax_b[1] = vb.y, amax_b[2] = vb.z, amax_b[3] = vb.w;
         } else {
-            const uint32_t ca = *reinterpret_cast<const uint32_t*>(sd + 4 * g);
-            const uint32_t cb = *reinterpret_cast<const uint32_t*>(sd + 4 * (g + 8));
-            const float* absmax2 = reinterpret_cast<const float*>(sd + 64);
-            const float sa = absmax2[g], sb = absmax2[g + 8];
+            // lane (g, c) restores block c of rows g and g + 8, and its quad's shuffles hand
+            // every lane of the quad all four (each restored once, not four times)
+            const float* scales2 = reinterpret_cast<const float*>(sd + 64);
+            const float mine_a = restore_absmax(dmap[sd[4 * g + c]], scales2[g], offset);
+            const float mine_b = restore_absmax(dmap[sd[4 * (g + 8) + c]], scales2[g + 8], offset);
 #pragma unroll
             for (int b = 0; b < 4; b++) {
-                amax_a[b] = restore_absmax(dmap[(ca >> (8 * b)) & 0xFF], sa, offset);
-                amax_b[b] = restore_absmax(dmap[(cb >> (8 * b)) & 0xFF], sb, offset);
+                amax_a[b] = __shfl_sync(0xffffffff, mine_a, 4 * g + b);
+                amax_b[b] = __shfl_sync(0xffffffff, mine_b, 4 * g + b);
             }
         }
         // (four tiles and more: one block at a time, so the compiler does not hold every block's
