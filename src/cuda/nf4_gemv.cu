@@ -581,6 +581,25 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[t][e] = 0.0f;
     const uint32_t lane4 = 4 * lane;
+    // (four tiles) the lane's x for the next 64-value block, loaded a block ahead so a block's
+    // loads wait behind the previous block's products, not in front of its own (at eight tiles
+    // the 64 registers more it takes lost more than they hid, benches/issue38)
+    constexpr bool X_AHEAD = NT == 4;
+    constexpr int AHEAD = X_AHEAD ? NT : 1;
+    uint4 x_next[AHEAD][2];
+    auto load_x = [&](int64_t k) {
+#pragma unroll
+        for (int t = 0; t < AHEAD; t++) {
+            const int xr = 8 * t + g;
+            x_next[t][0] = x_next[t][1] = make_uint4(0, 0, 0, 0);
+            if (xr < n) {
+                x_next[t][0] = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)xr * in + k));
+                x_next[t][1] = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)xr * in + k + 8));
+            }
+        }
+    };
+    // the first item's first block (super-chunk `warp`)
+    if (X_AHEAD && items > 0) load_x((int64_t)warp * MMA_KC + 16 * c);
     const int swz = 2 * (g & 3);
 
     // the computing side: item j is super-chunk slot jj of the block's group gi, in stage st
@@ -642,11 +661,22 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
             a[2][1] = lut_pair<0>(table, wb.y, lane4), a[2][3] = lut_pair<1>(table, wb.y, lane4);
             a[3][1] = lut_pair<2>(table, wb.y, lane4), a[3][3] = lut_pair<3>(table, wb.y, lane4);
             const int64_t k = (int64_t)sc * MMA_KC + 64 * b + 16 * c;
+            uint4 x_now[AHEAD][2];
+            if (X_AHEAD) {
+#pragma unroll
+                for (int t = 0; t < AHEAD; t++) x_now[t][0] = x_next[t][0], x_now[t][1] = x_next[t][1];
+                // the next block: this super-chunk's, else the next item's first (its k only
+                // depends on its super-chunk; past the last item, loads of x that go unused)
+                const int next_jj = jj + 1 < count ? jj + 1 : 0;
+                load_x(b < 3 ? k + 64 : (int64_t)(warp + next_jj * warps) * MMA_KC + 16 * c);
+            }
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 const int xr = 8 * t + g;
                 uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
-                if (xr < n) {
+                if (X_AHEAD) {
+                    x0 = x_now[t < AHEAD ? t : 0][0], x1 = x_now[t < AHEAD ? t : 0][1];
+                } else if (xr < n) {
                     x0 = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)xr * in + k));
                     x1 = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)xr * in + k + 8));
                 }
