@@ -581,11 +581,12 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[t][e] = 0.0f;
     const uint32_t lane4 = 4 * lane;
-    // (four tiles) the lane's x for the next 64-value block, loaded a block ahead so a block's
-    // loads wait behind the previous block's products, not in front of its own (at eight tiles
-    // the 64 registers more it takes lost more than they hid, benches/issue38)
-    constexpr bool X_AHEAD = NT == 4;
-    constexpr int AHEAD = X_AHEAD ? NT : 1;
+    // (four tiles and more) the lane's x of the first four tiles for the next 64-value block,
+    // loaded a block ahead so those loads wait behind the previous block's products, not in front
+    // of this block's; at eight tiles the last four still load in the block itself, behind the
+    // first four's products (all eight ahead took 64 registers more and lost, benches/issue38)
+    constexpr bool X_AHEAD = NT >= 4;
+    constexpr int AHEAD = X_AHEAD ? 4 : 1;
     uint4 x_next[AHEAD][2];
     auto load_x = [&](int64_t k) {
 #pragma unroll
@@ -674,7 +675,7 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
             for (int t = 0; t < NT; t++) {
                 const int xr = 8 * t + g;
                 uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
-                if (X_AHEAD) {
+                if (X_AHEAD && t < AHEAD) {
                     x0 = x_now[t < AHEAD ? t : 0][0], x1 = x_now[t < AHEAD ? t : 0][1];
                 } else if (xr < n) {
                     x0 = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)xr * in + k));
