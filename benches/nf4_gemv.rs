@@ -63,17 +63,40 @@ mod gpu {
              {dtype:?}, mean of {iters} calls (µs, GB/s of weight bytes; - where a kernel does not take the rows)"
         );
         println!(
-            "{:>12} {:>6} {:>2} | {:>14} | {:>14} | {:>14} | {:>14} | {:>14} | {:>8} {:>8}",
-            "[out, in]", "absmax", "n", "lanes", "mma", "lut", "nf4_gemm", "old", "lut/best", "lut/old"
+            "{:>12} {:>6} {:>2} | {:>14} | {:>14} | {:>14} | {:>14} | {:>14} | {:>14} | {:>8} {:>8} {:>9}",
+            "[out, in]",
+            "absmax",
+            "n",
+            "lanes",
+            "mma",
+            "lut",
+            "lut_gemm",
+            "nf4_gemm",
+            "old",
+            "lut/best",
+            "lut/old",
+            "gemm/lut"
         );
+        // NF4_GEMV_BENCH_SHAPES=28672x4096,4096x14336 and NF4_GEMV_BENCH_ROWS=8,64 narrow the
+        // table (to profile one kernel on one shape)
+        let list =
+            |var: &str| std::env::var(var).ok().map(|v| v.split(',').map(str::to_owned).collect::<Vec<_>>());
+        let shapes = list("NF4_GEMV_BENCH_SHAPES");
+        let rows = list("NF4_GEMV_BENCH_ROWS");
         for (out_dim, in_dim) in
             [(4096, 4096), (1024, 4096), (6144, 4096), (14336, 4096), (28672, 4096), (4096, 14336)]
         {
+            if shapes.as_ref().is_some_and(|s| !s.contains(&format!("{out_dim}x{in_dim}"))) {
+                continue;
+            }
             let w = Tensor::randn(0f32, 0.02, (out_dim, in_dim), &dev)?;
             for double_quant in [true, false] {
                 let q = Nf4Tensor::quantize(&w, double_quant)?;
                 let gb = q.size_in_bytes() as f64 / 1e9;
                 for n in [1, 4, 8, 12, 16, 24, 32, 48, 64] {
+                    if rows.as_ref().is_some_and(|r| !r.contains(&n.to_string())) {
+                        continue;
+                    }
                     let x = Tensor::randn(0f32, 1.0, (n, in_dim), &dev)?.to_dtype(dtype)?;
                     let on = |kernel: Kernel| -> Result<Option<f64>> {
                         if n > kernel.max_rows() {
@@ -88,6 +111,7 @@ mod gpu {
                     let lanes = on(Kernel::Lanes)?;
                     let mma = on(Kernel::TensorCores)?;
                     let lut = on(Kernel::Lookup)?.expect("the lookup kernel takes 64 rows");
+                    let lut_gemm = on(Kernel::LookupGemm)?.expect("the lookup GEMM takes 64 rows");
                     let gemm = match n > 8 {
                         true => Some(time(&dev, iters, || nf4_gemm(&x, &q).map(drop))?),
                         false => None,
@@ -102,16 +126,18 @@ mod gpu {
                     };
                     let best = [lanes, mma, gemm].into_iter().flatten().fold(old, f64::min);
                     println!(
-                        "{:>12} {:>6} {n:>2} | {} | {} | {} | {} | {} | {:>7.2}x {:>7.2}x",
+                        "{:>12} {:>6} {n:>2} | {} | {} | {} | {} | {} | {} | {:>7.2}x {:>7.2}x {:>8.2}x",
                         format!("{out_dim}x{in_dim}"),
                         if double_quant { "double" } else { "f32" },
                         cell(lanes),
                         cell(mma),
                         cell(Some(lut)),
+                        cell(Some(lut_gemm)),
                         cell(gemm),
                         cell(Some(old)),
                         best / lut,
-                        old / lut
+                        old / lut,
+                        lut / lut_gemm
                     );
                 }
             }

@@ -28,6 +28,21 @@
 #include "nf4_segments.cuh"
 #include "nf4_tables.cuh"
 
+// Programmatic dependent launch (sm_90 and later): the lookup kernels, launched right after
+// lora_down with the programmatic-serialization attribute (nf4_gemv.rs), start while it runs —
+// their weights need nothing from it — and wait for it to finish before their epilogue reads its
+// h. lora_down lets them start as soon as all its blocks run. Elsewhere both are no-ops.
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void let_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 #define GEMV_WARPS 4
 #define GEMV_THREADS (GEMV_WARPS * 32)
 
@@ -706,6 +721,7 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
                     acc[t][e] = 0.0f;
                 }
             __syncthreads();
+            wait_for_prior_grid();
             const Nf4Segment s = segment_of(p, group);
             const int row0 = (group - s.block0) * 16;
             const int first = 32 * (gi % warps);
@@ -733,6 +749,387 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
 NF4_LUTS(f16, __half)
 NF4_LUTS(bf16, __nv_bfloat16)
 
+// ---- The codebook lookup as a skinny GEMM: 1 to 64 rows, `in` a multiple of 256 ----
+//
+// nf4_lut's decode and products, with the work cut the other way: the 4 warps of a block own
+// 32 weight rows each (two mma row tiles: a 128-row block tile) and walk the same k together, so
+// one copy of x's columns in shared memory serves all 128 rows. In nf4_lut every warp reads its
+// own k range of x from L2 for its 16 rows, which past 8 batch rows moves more bytes of x than of
+// weights and waits on them. Here a stage is one 64-value absmax block: the 128 rows' packed
+// bytes (4 KiB) and the batch rows' 64 values of x (128 bytes a row), both copied by cp.async
+// S − 1 stages ahead; each row's four absmax of a 256-value quad (or their codes and scale,
+// restored once by the quad's first step) come with the quad's first stage into a two-entry ring. A lane's B operand is two 16-byte shared loads a tile and block, its A
+// operand the same lookups as nf4_lut.
+//
+// Few 128-row tiles fill the card only for gate/up, so the grid splits the k as well, stream-K:
+// the launch's items (tile, quad) in tile-major order are cut into gridDim.x equal ranges, one a
+// block, and a block's pipeline runs on across its tiles. A tile cut between blocks is a
+// fragment in each: each writes its f32 sums to the workspace (two slots a block: its first tile
+// and its last) and counts itself in; the last to arrive adds the fragments in block order (the
+// same sum whoever arrives last), runs the epilogue and resets the count for the next launch.
+// A tile inside one block goes straight to the epilogue.
+//
+// Shared memory is nf4_lut's 64 KiB region (the table in the first half of each 256-byte entry,
+// 128-byte slots in the second): a stage's rows in 32 slots (4 rows a slot), the scale ring's two
+// entries in 24 slots each, and x's stages after them where they fit, else after the region. x's
+// 16-byte chunks are swizzled (chunk q of row r at q ^ (r & 7)) so the lanes of a load, 2 rows ×
+// 4 chunks, fall on different banks.
+#define LG_WARPS 4
+#define LG_ROWS 128
+
+template <int NT>
+struct LutGemmShape {
+    static constexpr int S = NT == 1 ? 5 : NT == 2 ? 4 : NT == 4 ? 3 : 4;  // stages (≤ 5: the ring)
+    static constexpr int SC_SLOT0 = 32 * S;  // the scale ring: 2 entries of 24 slots
+    static constexpr int X_ROWS = 8 * NT;
+    static constexpr bool X_IN_REGION = SC_SLOT0 + 48 + S * X_ROWS <= 256;
+    static constexpr int X_SLOT0 = SC_SLOT0 + 48;
+    static constexpr int X_PITCH = X_IN_REGION ? 256 : 128;
+    static constexpr int BYTES = LUT_BYTES + (X_IN_REGION ? 0 : S * X_ROWS * 128);
+    // a block's f32 sums: 2 row tiles × NT × 4 accumulators × 128 threads
+    static constexpr int SUMS = 2 * NT * 4 * LG_ROWS;
+};
+
+// Which block of `blocks` holds item `i` of `items` (block b holds items [b·items/blocks,
+// (b+1)·items/blocks)).
+__device__ __forceinline__ int lg_block_of(int64_t i, int64_t items, int blocks) {
+    return (int)(((i + 1) * blocks + items - 1) / items) - 1;
+}
+
+template <typename T, int NT>
+__device__ void nf4_lut_gemm(const T* __restrict__ x, int n, int in, int tiles, int accumulate, float* __restrict__ ws,
+                             int* __restrict__ counts, const Nf4Segments& p) {
+    using Shape = LutGemmShape<NT>;
+    constexpr int S = Shape::S;
+    extern __shared__ __align__(16) uint8_t lut_smem[];
+    __shared__ float dmap[256];
+    __shared__ int last_in;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int quads = in / MMA_KC;
+    const int64_t row_bytes = in / 2, blocks_per_row = in / NF4_BLOCK;
+    const int64_t items = (int64_t)tiles * quads;
+    const int G = gridDim.x, b = blockIdx.x;
+    const int64_t first = (int64_t)b * items / G, end = (int64_t)(b + 1) * items / G;
+    const int K = 4 * (int)(end - first);  // this block's stages
+    const uint8_t* table = lut_smem;
+    uint8_t* const x_base = Shape::X_IN_REGION ? lut_slot(lut_smem, Shape::X_SLOT0) : lut_smem + LUT_BYTES;
+
+    // The issuing side: the tile and quad of the next stage to copy, and this thread's sources
+    // in that tile (W: rows tid / 2 and 64 + tid / 2, 16-byte chunk tid % 2 of each row's 32
+    // bytes a block; scales: row tid), set once a tile.
+    int i_tile = (int)(first / quads), i_quad = (int)(first % quads);
+    const uint8_t* w_src[2] = {nullptr, nullptr};
+    bool w_ok[2] = {false, false};
+    int64_t s_block = 0;
+    bool s_ok = false;
+    const uint8_t* codes = nullptr;
+    const float* absmax = nullptr;
+    const float* absmax2 = nullptr;
+    auto rows_of = [&](int tile) {
+        const Nf4Segment s = segment_of(p, tile);
+        const int row0 = (tile - s.block0) * LG_ROWS;
+        const int rows = s.out - row0;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = 64 * h + (tid >> 1);
+            w_ok[h] = r < rows;
+            w_src[h] = s.packed + (int64_t)(row0 + (w_ok[h] ? r : 0)) * row_bytes + 16 * (tid & 1);
+        }
+        s_ok = tid < rows;
+        s_block = (int64_t)(row0 + (s_ok ? tid : 0)) * blocks_per_row;
+        codes = s.codes, absmax = s.absmax, absmax2 = s.absmax2;
+    };
+    auto issue = [&](int j) {
+        const int st = j % S;
+        const int kb = 4 * i_quad + (j & 3);
+        // the 128 rows' 32 bytes of block kb
+        uint8_t* w_dst = lut_slot(lut_smem, 32 * st);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = 64 * h + (tid >> 1);
+            cp_async16(w_dst + 256 * (r >> 2) + 32 * (r & 3) + 16 * (tid & 1), w_src[h] + 32 * kb, w_ok[h]);
+        }
+        // x's 64 values of block kb, each batch row (zeros past n)
+        uint8_t* x_dst = x_base + st * Shape::X_ROWS * Shape::X_PITCH;
+#pragma unroll
+        for (int i = tid; i < 8 * Shape::X_ROWS; i += LG_WARPS * 32) {
+            const int rr = i >> 3, q = i & 7;
+            cp_async16(x_dst + rr * Shape::X_PITCH + 16 * (q ^ (rr & 7)),
+                       x + (int64_t)(rr < n ? rr : 0) * in + 64 * kb + 8 * q, rr < n);
+        }
+        // with a quad's first block, its four absmax (or codes and their scale) of each row
+        if ((j & 3) == 0) {
+            // an entry: the f32 absmax in slots 0 .. 15 (row r at slot r / 8, its four blocks'
+            // 16 bytes at 16 (r % 8)); double-quantized, the codes and their scale in slots
+            // 16 .. 23, restored into slots 0 .. 15 by the quad's first computing step
+            uint8_t* sd = lut_slot(lut_smem, Shape::SC_SLOT0 + 24 * ((j >> 2) & 1));
+            if (codes == nullptr) {
+                cp_async16(sd + 256 * (tid >> 3) + 16 * (tid & 7), absmax + s_block + 4 * i_quad, s_ok);
+            } else {
+                cp_async4(sd + 256 * (16 + (tid >> 5)) + 4 * (tid & 31), codes + s_block + 4 * i_quad, s_ok);
+                cp_async4(sd + 256 * (20 + (tid >> 5)) + 4 * (tid & 31),
+                          absmax2 + (uint64_t)(s_block + 4 * i_quad) / DQ_BLOCK, s_ok);
+            }
+        }
+        // past a quad's last block, the next quad (and at a tile's end, the next tile)
+        if ((j & 3) == 3 && ++i_quad == quads) {
+            i_quad = 0;
+            if (++i_tile < tiles) rows_of(i_tile);
+        }
+    };
+
+    if (K > 0) rows_of(i_tile);
+#pragma unroll
+    for (int j = 0; j < S - 1; j++) {
+        if (j < K) issue(j);
+        cp_async_commit();
+    }
+    // the table, while the first copies are in flight (as nf4_lut's)
+    for (int i = tid; i < 256 * 8; i += blockDim.x) {
+        const int e = i >> 3;
+        const uint32_t v = pack2<T>(NF4_CODE[e >> 4], NF4_CODE[e & 15]);
+        *reinterpret_cast<uint4*>(lut_smem + 256 * e + 16 * (i & 7)) = make_uint4(v, v, v, v);
+    }
+    for (int i = tid; i < 256; i += blockDim.x) dmap[i] = DYNAMIC_MAP[i];
+
+    // accumulator e of row tile m, batch tile t: row 32 warp + 16 m + g + 8 (e / 2), batch row
+    // 8t + 2c + e % 2
+    float acc[2][NT][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[m][t][e] = 0.0f;
+    const uint32_t lane4 = 4 * lane;
+
+    // The epilogue of tile `tile` from `acc` (the whole sum of its rows): the LoRA term, bias,
+    // residual (and y with `accumulate`), rounded once.
+    auto epilogue = [&](int tile) {
+        wait_for_prior_grid();
+        const Nf4Segment s = segment_of(p, tile);
+        const int row0 = (tile - s.block0) * LG_ROWS + 32 * warp + g;
+        if (s.rank > 0) {
+            // four ranks at a time (one where B's rows or h's columns are not 16-byte aligned):
+            // the lane's four rows of B, then each of its batch rows' h against them
+            const bool wide = (s.rank & 3) == 0 && (s.h_stride & 3) == 0 && (s.h_col & 3) == 0;
+            const float* brow[4];
+#pragma unroll
+            for (int h = 0; h < 4; h++)
+                brow[h] = s.lora_b + (int64_t)min(row0 + 8 * h, s.out - 1) * s.rank;
+#pragma unroll 1
+            for (int q = 0; q < s.rank; q += wide ? 4 : 1) {
+                float4 bq[4];
+#pragma unroll
+                for (int h = 0; h < 4; h++)
+                    bq[h] = wide ? *reinterpret_cast<const float4*>(brow[h] + q) : make_float4(brow[h][q], 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+#pragma unroll
+                    for (int e2 = 0; e2 < 2; e2++) {
+                        const int nn = min(8 * t + 2 * c + e2, n - 1);
+                        const float* hrow = s.lora_h + (int64_t)nn * s.h_stride + s.h_col + q;
+                        const float4 hq = wide ? *reinterpret_cast<const float4*>(hrow) : make_float4(*hrow, 0.f, 0.f, 0.f);
+#pragma unroll
+                        for (int h = 0; h < 4; h++) {
+                            // row 32 warp + g + 8h is accumulator 2 (h % 2) + e2 of row tile h / 2
+                            float& v = acc[h >> 1][t][2 * (h & 1) + e2];
+                            v = fmaf(hq.x, bq[h].x, v);
+                            v = fmaf(hq.y, bq[h].y, v);
+                            v = fmaf(hq.z, bq[h].z, v);
+                            v = fmaf(hq.w, bq[h].w, v);
+                        }
+                    }
+            }
+        }
+        T* y = reinterpret_cast<T*>(s.y);
+        const T* residual = reinterpret_cast<const T*>(s.residual);
+        const T* bias = reinterpret_cast<const T*>(s.bias);
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = row0 + 16 * m + 8 * (e >> 1);
+                if (row >= s.out) continue;
+                const float bv = bias != nullptr ? to_f32(bias[row]) : 0.0f;
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const int nn = 8 * t + 2 * c + (e & 1);
+                    if (nn >= n) continue;
+                    const int64_t at = (int64_t)nn * s.out + row;
+                    float v = acc[m][t][e] + bv;
+                    if (residual != nullptr) v += to_f32(residual[at]);
+                    if (accumulate) v += to_f32(y[at]);
+                    store(y + at, v);
+                }
+            }
+    };
+
+    // the computing side: stage j is block kb of quad c_quad of tile c_tile
+    int c_tile = (int)(first / quads), c_quad = (int)(first % quads);
+    const int first_tile = c_tile;
+    bool dq = false;
+    float offset = 0.0f;
+    if (K > 0) {
+        const Nf4Segment s = segment_of(p, c_tile);
+        dq = s.codes != nullptr, offset = s.offset;
+    }
+    __syncthreads();
+    for (int j = 0; j < K; j++) {
+        cp_async_wait<S - 2>();
+        __syncthreads();
+        if (j + S - 1 < K) issue(j + S - 1);
+        cp_async_commit();
+
+        const int st = j % S, bq = j & 3;
+        uint8_t* sd = lut_slot(lut_smem, Shape::SC_SLOT0 + 24 * ((j >> 2) & 1));
+        if (dq && bq == 0) {
+            // thread tid restores row tid's four absmax of the quad
+            const uint32_t codes4 = *reinterpret_cast<const uint32_t*>(sd + 256 * (16 + (tid >> 5)) + 4 * (tid & 31));
+            const float a2 = *reinterpret_cast<const float*>(sd + 256 * (20 + (tid >> 5)) + 4 * (tid & 31));
+            float4 r;
+            r.x = restore_absmax(dmap[codes4 & 255], a2, offset);
+            r.y = restore_absmax(dmap[(codes4 >> 8) & 255], a2, offset);
+            r.z = restore_absmax(dmap[(codes4 >> 16) & 255], a2, offset);
+            r.w = restore_absmax(dmap[codes4 >> 24], a2, offset);
+            *reinterpret_cast<float4*>(sd + 256 * (tid >> 3) + 16 * (tid & 7)) = r;
+            __syncthreads();
+        }
+        // the absmax of this lane's rows 32 warp + 8h + g, h = 0..3, in block bq of the quad
+        const uint8_t* sa = sd + 256 * 4 * warp + 16 * g + 4 * bq;
+        float amax[4];
+#pragma unroll
+        for (int h = 0; h < 4; h++) amax[h] = *reinterpret_cast<const float*>(sa + 256 * h);
+        // this lane's 8 bytes (values 16c .. 16c + 15) of rows 32 warp + 8h + g
+        const uint8_t* w_st = lut_slot(lut_smem, 32 * st);
+        uint2 wr[4];
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            const int r = 32 * warp + 8 * h + g;
+            wr[h] = *reinterpret_cast<const uint2*>(w_st + 256 * (r >> 2) + 32 * (r & 3) + 8 * c);
+        }
+        // the mma's A operand of steps 0 .. 3 for row tiles 0 and 1 (rows g, g + 8 of each)
+        uint32_t a[2][4][4];
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            const uint2 wa = wr[2 * m], wb = wr[2 * m + 1];
+            a[m][0][0] = lut_pair<0>(table, wa.x, lane4), a[m][0][2] = lut_pair<1>(table, wa.x, lane4);
+            a[m][1][0] = lut_pair<2>(table, wa.x, lane4), a[m][1][2] = lut_pair<3>(table, wa.x, lane4);
+            a[m][2][0] = lut_pair<0>(table, wa.y, lane4), a[m][2][2] = lut_pair<1>(table, wa.y, lane4);
+            a[m][3][0] = lut_pair<2>(table, wa.y, lane4), a[m][3][2] = lut_pair<3>(table, wa.y, lane4);
+            a[m][0][1] = lut_pair<0>(table, wb.x, lane4), a[m][0][3] = lut_pair<1>(table, wb.x, lane4);
+            a[m][1][1] = lut_pair<2>(table, wb.x, lane4), a[m][1][3] = lut_pair<3>(table, wb.x, lane4);
+            a[m][2][1] = lut_pair<0>(table, wb.y, lane4), a[m][2][3] = lut_pair<1>(table, wb.y, lane4);
+            a[m][3][1] = lut_pair<2>(table, wb.y, lane4), a[m][3][3] = lut_pair<3>(table, wb.y, lane4);
+        }
+        // batch row 8t + g, values 16c .. 16c + 15 (chunks 2c and 2c + 1), one tile ahead of
+        // its products (the compiler barrier keeps it from holding every tile's x at once)
+        const uint8_t* x_st = x_base + st * Shape::X_ROWS * Shape::X_PITCH + g * Shape::X_PITCH;
+        const int q0 = 16 * ((2 * c) ^ g), q1 = 16 * ((2 * c + 1) ^ g);
+        uint4 x0 = *reinterpret_cast<const uint4*>(x_st + q0);
+        uint4 x1 = *reinterpret_cast<const uint4*>(x_st + q1);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            uint4 n0 = x0, n1 = x1;
+            if (t + 1 < NT) {
+                n0 = *reinterpret_cast<const uint4*>(x_st + 8 * (t + 1) * Shape::X_PITCH + q0);
+                n1 = *reinterpret_cast<const uint4*>(x_st + 8 * (t + 1) * Shape::X_PITCH + q1);
+            }
+            asm volatile("" ::: "memory");
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma<T>(sum, a[m][0], x0.x, x0.y);
+                mma<T>(sum, a[m][1], x0.z, x0.w);
+                mma<T>(sum, a[m][2], x1.x, x1.y);
+                mma<T>(sum, a[m][3], x1.z, x1.w);
+                acc[m][t][0] = fmaf(sum[0], amax[2 * m], acc[m][t][0]);
+                acc[m][t][1] = fmaf(sum[1], amax[2 * m], acc[m][t][1]);
+                acc[m][t][2] = fmaf(sum[2], amax[2 * m + 1], acc[m][t][2]);
+                acc[m][t][3] = fmaf(sum[3], amax[2 * m + 1], acc[m][t][3]);
+            }
+            x0 = n0, x1 = n1;
+        }
+        if (bq != 3) continue;
+
+        // a quad done; at its tile's end or the range's, the tile's sums (a fragment or whole)
+        const bool tile_end = ++c_quad == quads;
+        if (!tile_end && j != K - 1) continue;
+        const int b_first = lg_block_of((int64_t)c_tile * quads, items, G);
+        const int b_last = lg_block_of((int64_t)(c_tile + 1) * quads - 1, items, G);
+        if (b_first == b_last) {
+            epilogue(c_tile);
+        } else {
+            float* mine = ws + (int64_t)(2 * b + (c_tile == first_tile ? 0 : 1)) * Shape::SUMS;
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) __stcg(mine + ((m * NT + t) * 4 + e) * LG_ROWS + tid, acc[m][t][e]);
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) {
+                const bool last = atomicAdd(counts + c_tile, 1) == b_last - b_first;
+                if (last) counts[c_tile] = 0;
+                last_in = last;
+            }
+            __syncthreads();
+            if (last_in) {
+                __threadfence();
+#pragma unroll
+                for (int m = 0; m < 2; m++)
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[m][t][e] = 0.0f;
+                // the fragments in block order: block f's slot is 0 where this tile is its first
+#pragma unroll 1
+                for (int f = b_first; f <= b_last; f++) {
+                    const int f_first_tile = (int)((int64_t)f * items / G / quads);
+                    const float* part = ws + (int64_t)(2 * f + (c_tile == f_first_tile ? 0 : 1)) * Shape::SUMS;
+#pragma unroll
+                    for (int m = 0; m < 2; m++)
+#pragma unroll
+                        for (int t = 0; t < NT; t++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++)
+                                acc[m][t][e] += __ldcg(part + ((m * NT + t) * 4 + e) * LG_ROWS + tid);
+                }
+                epilogue(c_tile);
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[m][t][e] = 0.0f;
+        if (tile_end) {
+            c_quad = 0;
+            if (++c_tile < tiles) {
+                const Nf4Segment s = segment_of(p, c_tile);
+                dq = s.codes != nullptr, offset = s.offset;
+            }
+        }
+    }
+    cp_async_wait<0>();
+}
+
+#define NF4_LUT_GEMM(NAME, T, NT)                                                                          \
+    extern "C" __global__ void __launch_bounds__(LG_WARPS * 32, NT <= 4 ? 3 : 2)                            \
+        nf4_lut_gemm_##NAME##_##NT(const T* x, int n, int in, int tiles, int accumulate, float* ws, int* counts, \
+                                   const Nf4Segments p) {                                                   \
+        nf4_lut_gemm<T, NT>(x, n, in, tiles, accumulate, ws, counts, p);                                    \
+    }
+// 1, 2, 4 or 8 tiles of 8 batch rows; three blocks a multiprocessor to four tiles, two at eight
+// (whose x stages lie past the region)
+#define NF4_LUT_GEMMS(NAME, T) \
+    NF4_LUT_GEMM(NAME, T, 1) NF4_LUT_GEMM(NAME, T, 2) NF4_LUT_GEMM(NAME, T, 4) NF4_LUT_GEMM(NAME, T, 8)
+NF4_LUT_GEMMS(f16, __half)
+NF4_LUT_GEMMS(bf16, __nv_bfloat16)
+
 // LoRA's first product for the decode rows: h[n, c] = scale_i · x[n] · A_i[j] for column c, row j
 // of adapter i (up to three adapters reading the same x, their A stacked: c runs over Σ r_i).
 // One block a column (and 8 rows: blockIdx.y takes the next 8), its threads striding over `in`
@@ -749,6 +1146,7 @@ struct LoraDown {
 template <typename T, int N>
 __device__ void lora_down(const T* __restrict__ x, int rows, int in, float* __restrict__ h, int h_stride, const LoraDown& p) {
     // rows N · blockIdx.y on (a batch of more than N rows takes several blocks a column)
+    let_dependents_launch();
     const int r0 = N * (int)blockIdx.y, live = min(N, rows - r0);
     x += (int64_t)r0 * in;
     h += (int64_t)r0 * h_stride;

@@ -35,6 +35,10 @@ const _: () = assert!(MMA_WARPS * MMA_RING_BYTES + MMA_STATIC_BYTES <= 48 * 1024
 const LUT_BYTES: usize = 256 * 256;
 /// Warps of a lookup block (`LUT_WARPS`).
 const LUT_WARPS: usize = 4;
+/// Weight rows of a block tile of the lookup GEMM (`LG_ROWS`: 4 warps of 32).
+const LG_ROWS: usize = 128;
+/// The most 128-row tiles one lookup-GEMM launch takes (its workspace's counts).
+const LG_MAX_TILES: usize = 1 << 14;
 
 /// Which of nf4_gemv.cu's kernels a launch runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,22 +53,28 @@ pub enum Kernel {
     /// looked up in a shared-memory table, each absmax block's sum scaled by its absmax after;
     /// `in` a multiple of 256.
     Lookup,
+    /// `nf4_lut_gemm`: the same decode and products as a skinny GEMM whose block tile is 128
+    /// weight rows, its warps sharing one staged copy of x, the k split stream-K across the
+    /// grid; `in` a multiple of 256. The default past 8 rows.
+    LookupGemm,
 }
 
 impl Kernel {
-    /// The kernel for `n` rows of `in_dim` values, if one takes them: the codebook lookup for up
-    /// to `LOOKUP_MAX_ROWS` rows where it takes the width, else the CUDA cores for up to
-    /// `MAX_ROWS`. `LORA_FT_NF4_GEMV` (read once) is a diagnostic: `lanes` runs the CUDA cores,
-    /// `mma` the first tensor-core kernel from two rows, both for up to `MAX_ROWS` rows only (as
-    /// before the lookup kernel: past them the NF4 GEMM or dequantize + GEMM).
+    /// The kernel for `n` rows of `in_dim` values, if one takes them: where the codebook lookup
+    /// takes the width, its GEMM past `MAX_ROWS` rows (to `LOOKUP_MAX_ROWS`) and the lookup
+    /// kernel to them, else the CUDA cores for up to `MAX_ROWS`. `LORA_FT_NF4_GEMV` (read once)
+    /// is a diagnostic: `lanes` runs the CUDA cores, `mma` the first tensor-core kernel from two
+    /// rows, both for up to `MAX_ROWS` rows only (as before the lookup kernel: past them the NF4
+    /// GEMM or dequantize + GEMM); `lut` the lookup kernel at every batch, `lut_gemm` its GEMM.
     pub fn for_shape(n: usize, in_dim: usize) -> Option<Kernel> {
-        static CHOICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-        let choice = CHOICE.get_or_init(|| std::env::var("LORA_FT_NF4_GEMV").ok());
         let wide = in_dim.is_multiple_of(MMA_KC);
-        let kernel = match choice.as_deref() {
+        let kernel = match chosen() {
             Some("lanes") => Kernel::Lanes,
             Some("mma") if wide && n >= 2 => Kernel::TensorCores,
             Some("mma") => Kernel::Lanes,
+            Some("lut") if wide => Kernel::Lookup,
+            Some("lut_gemm") if wide => Kernel::LookupGemm,
+            _ if wide && n > MAX_ROWS => Kernel::LookupGemm,
             _ if wide => Kernel::Lookup,
             _ => Kernel::Lanes,
         };
@@ -74,7 +84,7 @@ impl Kernel {
     /// The most batch rows this kernel takes.
     pub fn max_rows(self) -> usize {
         match self {
-            Kernel::Lookup => LOOKUP_MAX_ROWS,
+            Kernel::Lookup | Kernel::LookupGemm => LOOKUP_MAX_ROWS,
             Kernel::Lanes | Kernel::TensorCores => MAX_ROWS,
         }
     }
@@ -83,10 +93,24 @@ impl Kernel {
     pub fn takes(self, in_dim: usize) -> bool {
         match self {
             Kernel::Lanes => in_dim.is_multiple_of(32),
-            Kernel::TensorCores | Kernel::Lookup => in_dim.is_multiple_of(MMA_KC),
+            Kernel::TensorCores | Kernel::Lookup | Kernel::LookupGemm => in_dim.is_multiple_of(MMA_KC),
         }
     }
 }
+/// `LORA_FT_NF4_GEMV`, read once.
+fn chosen() -> Option<&'static str> {
+    static CHOICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    CHOICE.get_or_init(|| std::env::var("LORA_FT_NF4_GEMV").ok()).as_deref()
+}
+
+/// Whether the lookup GEMM pays for a launch of `tiles` 128-row tiles of `batch_tiles` tiles of
+/// batch rows on `sms` multiprocessors: where each tile's k is cut into more than 6 fragments
+/// (few rows, as o and down, against a grid of 2–3 blocks a multiprocessor) the fragments' sums
+/// and the pipeline's start outweigh sharing x, and the lookup kernel is faster (benches/issue38).
+fn lookup_gemm_pays(tiles: usize, batch_tiles: usize, sms: usize) -> bool {
+    6 * tiles >= LutGemmShape::of(batch_tiles).per_sm * sms
+}
+
 /// The most weights one launch takes (`MAX_SEGMENTS` in nf4_gemv.cu).
 pub const MAX_SEGMENTS: usize = 3;
 /// Warps per block (`GEMV_WARPS` in nf4_gemv.cu).
@@ -233,7 +257,7 @@ pub unsafe fn gemv_into(
 /// Each segment's `y` must address `n · out_dim` elements of x's dtype on x's device, which no
 /// other work reads or writes until this launch has run on the device's stream.
 pub unsafe fn gemv_segments(x: &Tensor, segments: &[Segment], accumulate: bool) -> Result<()> {
-    gemv_segments_on(kernel_for(x)?, x, segments, accumulate)
+    gemv_segments_on(kernel_for(x, segments.iter().map(|s| s.out_dim))?, x, segments, accumulate)
 }
 
 /// `gemv_segments` on the given kernel.
@@ -247,29 +271,32 @@ pub unsafe fn gemv_segments_on(
     accumulate: bool,
 ) -> Result<()> {
     match x.dtype() {
-        DType::F16 => launch::<f16>(kernel, x, segments, accumulate),
-        DType::BF16 => launch::<bf16>(kernel, x, segments, accumulate),
+        DType::F16 => launch::<f16>(kernel, x, segments, accumulate, false),
+        DType::BF16 => launch::<bf16>(kernel, x, segments, accumulate, false),
         dt => bail!("the NF4 GEMV takes f16 or bf16, not {dt:?}"),
     }
 }
 
-/// Each segment's output as a new `[n, out_dim]` tensor in x's dtype (the segments' `y` are
-/// ignored), in one launch: y = x · Wᵀ + bias + residual + the LoRA term.
-pub fn gemv_outputs(x: &Tensor, segments: Vec<Segment>) -> Result<Vec<Tensor>> {
-    gemv_outputs_on(kernel_for(x)?, x, segments)
-}
-
-/// The kernel for x's rows and width (`Kernel::for_shape`), or an error naming them.
-fn kernel_for(x: &Tensor) -> Result<Kernel> {
-    let (n, in_dim) = x.dims2()?;
-    match Kernel::for_shape(n, in_dim) {
-        Some(kernel) => Ok(kernel),
-        None => bail!("the NF4 GEMV takes no {n} rows of {in_dim} values"),
+/// `gemv_segments` launched to overlap the launch just before it on the stream, which must be
+/// the `lora_down` that made the segments' h (nothing queued between them, not even an
+/// allocation): on sm_90 and later by programmatic dependent launch, so the lookup kernels'
+/// weights stream in while lora_down runs and only their epilogue waits for its h; elsewhere
+/// (and for the other kernels) an ordinary launch.
+///
+/// # Safety
+/// As `gemv_segments`.
+pub unsafe fn gemv_segments_after_lora_down(x: &Tensor, segments: &[Segment]) -> Result<()> {
+    let kernel = kernel_for(x, segments.iter().map(|s| s.out_dim))?;
+    match x.dtype() {
+        DType::F16 => launch::<f16>(kernel, x, segments, false, true),
+        DType::BF16 => launch::<bf16>(kernel, x, segments, false, true),
+        dt => bail!("the NF4 GEMV takes f16 or bf16, not {dt:?}"),
     }
 }
 
-/// `gemv_outputs` on the given kernel.
-pub fn gemv_outputs_on(kernel: Kernel, x: &Tensor, mut segments: Vec<Segment>) -> Result<Vec<Tensor>> {
+/// Fresh `[n, out_dim]` outputs in x's dtype for `segments` (uninitialized: a launch without
+/// `accumulate` writes every element), each segment's `y` set to its output's address.
+pub fn alloc_outputs(x: &Tensor, segments: &mut [Segment]) -> Result<Vec<Tensor>> {
     let dev = cuda_device(x)?;
     let n = x.dim(0)?;
     let outputs = segments
@@ -285,6 +312,35 @@ pub fn gemv_outputs_on(kernel: Kernel, x: &Tensor, mut segments: Vec<Segment>) -
     for (s, y) in segments.iter_mut().zip(&outputs) {
         s.y = address(y, &dev.cuda_stream())?;
     }
+    Ok(outputs)
+}
+
+/// Each segment's output as a new `[n, out_dim]` tensor in x's dtype (the segments' `y` are
+/// ignored), in one launch: y = x · Wᵀ + bias + residual + the LoRA term.
+pub fn gemv_outputs(x: &Tensor, segments: Vec<Segment>) -> Result<Vec<Tensor>> {
+    let kernel = kernel_for(x, segments.iter().map(|s| s.out_dim))?;
+    gemv_outputs_on(kernel, x, segments)
+}
+
+/// The kernel for x's rows and width (`Kernel::for_shape`) and the launch's weights of
+/// `out_dims` rows, or an error naming them: the lookup GEMM where it pays, unless asked for.
+fn kernel_for(x: &Tensor, out_dims: impl Iterator<Item = usize>) -> Result<Kernel> {
+    let (n, in_dim) = x.dims2()?;
+    match Kernel::for_shape(n, in_dim) {
+        Some(Kernel::LookupGemm) if chosen().is_none() => {
+            let tiles = out_dims.map(|o| o.div_ceil(LG_ROWS)).sum();
+            let sms = super::multiprocessors(&cuda_device(x)?)?;
+            let batch_tiles = n.div_ceil(8).next_power_of_two();
+            Ok(if lookup_gemm_pays(tiles, batch_tiles, sms) { Kernel::LookupGemm } else { Kernel::Lookup })
+        }
+        Some(kernel) => Ok(kernel),
+        None => bail!("the NF4 GEMV takes no {n} rows of {in_dim} values"),
+    }
+}
+
+/// `gemv_outputs` on the given kernel.
+pub fn gemv_outputs_on(kernel: Kernel, x: &Tensor, mut segments: Vec<Segment>) -> Result<Vec<Tensor>> {
+    let outputs = alloc_outputs(x, &mut segments)?;
     // SAFETY: each y is a fresh [n, out_dim] buffer of x's dtype on x's device, every element
     // of which the launch writes (accumulate off), held across the launch.
     unsafe { gemv_segments_on(kernel, x, &segments, false)? };
@@ -298,6 +354,7 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     x: &Tensor,
     segments: &[Segment],
     accumulate: bool,
+    overlap: bool,
 ) -> Result<()> {
     let (n, in_dim) = x.dims2()?;
     if segments.is_empty() || segments.len() > MAX_SEGMENTS {
@@ -311,6 +368,7 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     let rows_per_block = match kernel {
         Kernel::Lanes => WARPS * rows_per_warp(n),
         Kernel::TensorCores | Kernel::Lookup => 16,
+        Kernel::LookupGemm => LG_ROWS,
     };
     let mut raw = RawSegments { count: segments.len() as i32, ..Default::default() };
     let mut blocks = 0;
@@ -427,8 +485,59 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
             shared_mem_bytes: smem,
         };
         let (n_i, groups) = (n as i32, blocks as i32);
+        if overlap && overlaps(&dev)? {
+            let x_ptr = address(x, &stream)?;
+            let mut params = [
+                arg_ptr(&x_ptr),
+                arg_ptr(&n_i),
+                arg_ptr(&in_i),
+                arg_ptr(&groups),
+                arg_ptr(&acc),
+                arg_ptr(&raw),
+            ];
+            return unsafe { launch_overlapping(&func, cfg, &stream, &mut params) };
+        }
         let mut b = func.builder();
         b.arg(&xv).arg(&n_i).arg(&in_i).arg(&groups).arg(&acc).arg(&raw);
+        unsafe { b.launch(cfg) }.w()?;
+        return Ok(());
+    }
+    if kernel == Kernel::LookupGemm {
+        // the batch rows in 1, 2, 4 or 8 tiles of 8; a persistent grid cutting the (tile, quad)
+        // items into equal ranges
+        let tiles = n.div_ceil(8).next_power_of_two();
+        let shape = LutGemmShape::of(tiles);
+        if blocks > LG_MAX_TILES {
+            bail!("the NF4 lookup GEMM takes at most {LG_MAX_TILES} tiles of {LG_ROWS} rows a launch, not {blocks}");
+        }
+        let sms = super::multiprocessors(&dev)?;
+        let items = blocks * (in_dim / MMA_KC);
+        let grid = items.min(shape.per_sm * sms);
+        let (ws, counts) = lut_gemm_workspace(&dev, sms)?;
+        let func = KERNELS.function(&dev, &format!("nf4_lut_gemm_{}_{tiles}", suffix(T::DTYPE)?))?;
+        func.set_attribute(MAX_DYNAMIC_SMEM, shape.bytes as i32).w()?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid as u32, 1, 1),
+            block_dim: ((LG_WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: shape.bytes as u32,
+        };
+        let (n_i, tiles_i) = (n as i32, blocks as i32);
+        if overlap && overlaps(&dev)? {
+            let x_ptr = address(x, &stream)?;
+            let mut params = [
+                arg_ptr(&x_ptr),
+                arg_ptr(&n_i),
+                arg_ptr(&in_i),
+                arg_ptr(&tiles_i),
+                arg_ptr(&acc),
+                arg_ptr(&ws),
+                arg_ptr(&counts),
+                arg_ptr(&raw),
+            ];
+            return unsafe { launch_overlapping(&func, cfg, &stream, &mut params) };
+        }
+        let mut b = func.builder();
+        b.arg(&xv).arg(&n_i).arg(&in_i).arg(&tiles_i).arg(&acc).arg(&ws).arg(&counts).arg(&raw);
         unsafe { b.launch(cfg) }.w()?;
         return Ok(());
     }
@@ -463,6 +572,125 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     b.arg(&xv).arg(&in_i).arg(&tile_i).arg(&acc).arg(&raw);
     unsafe { b.launch(cfg) }.w()?;
     Ok(())
+}
+
+/// Whether `dev` takes programmatic dependent launches (compute capability 9.0 and later), unless
+/// `LORA_FT_PDL=off` (read once; a diagnostic, for measuring what the overlap gains).
+fn overlaps(dev: &candle_core::CudaDevice) -> Result<bool> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR;
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *OFF.get_or_init(|| std::env::var("LORA_FT_PDL").is_ok_and(|v| v == "off")) {
+        return Ok(false);
+    }
+    Ok(dev.cuda_stream().context().attribute(MAJOR).w()? >= 9)
+}
+
+/// A kernel argument as `cuLaunchKernelEx` takes it: the address of its value.
+fn arg_ptr<A>(value: &A) -> *mut std::ffi::c_void {
+    value as *const A as *mut std::ffi::c_void
+}
+
+/// Launches `func` on `stream` with the programmatic-stream-serialization attribute: it may
+/// start before the kernel queued before it has finished, and waits for it in
+/// `wait_for_prior_grid` (nf4_gemv.cu).
+///
+/// # Safety
+/// `params` must point at the kernel's arguments, each of its parameter's type, alive across
+/// the call; the kernel must wait before it reads what the kernel before it writes.
+unsafe fn launch_overlapping(
+    func: &candle_core::cuda_backend::cudarc::driver::CudaFunction,
+    cfg: LaunchConfig,
+    stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
+    params: &mut [*mut std::ffi::c_void],
+) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    stream.context().bind_to_thread().w()?;
+    // SAFETY: a zeroed attribute is a valid value of the C union, its id and value then set.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: the caller's contract on `params`; the function belongs to the stream's context.
+    let status = unsafe {
+        sys::cuLaunchKernelEx(&config, func.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
+    };
+    if status != sys::CUresult::CUDA_SUCCESS {
+        bail!("launching an NF4 lookup kernel after lora_down: {status:?}");
+    }
+    Ok(())
+}
+
+/// Warps of a lookup-GEMM block (`LG_WARPS`).
+const LG_WARPS: usize = 4;
+
+/// `LutGemmShape<NT>` of nf4_gemv.cu: what a launch of `tiles` batch tiles needs.
+struct LutGemmShape {
+    /// Blocks a multiprocessor (`__launch_bounds__`).
+    per_sm: usize,
+    /// Dynamic shared memory: the 64 KiB region, and x's stages where they lie past it.
+    bytes: usize,
+    /// f32 sums a block's fragment writes (`SUMS`).
+    sums: usize,
+}
+
+impl LutGemmShape {
+    fn of(tiles: usize) -> Self {
+        let stages = match tiles {
+            1 => 5,
+            2 => 4,
+            4 => 3,
+            _ => 4,
+        };
+        let x_rows = 8 * tiles;
+        let in_region = 32 * stages + 48 + stages * x_rows <= 256;
+        Self {
+            per_sm: if tiles <= 4 { 3 } else { 2 },
+            bytes: LUT_BYTES + if in_region { 0 } else { stages * x_rows * 128 },
+            sums: 2 * tiles * 4 * LG_ROWS,
+        }
+    }
+}
+
+/// The lookup GEMM's workspace on `dev`'s stream, allocated once (outside any recording, never
+/// freed, as cuBLAS's) for the largest launch: two fragments' f32 sums a block of the largest
+/// grid, and a count a tile (zeros; each launch leaves them zero).
+fn lut_gemm_workspace(dev: &candle_core::CudaDevice, sms: usize) -> Result<(u64, u64)> {
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr};
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    /// A stream's fragment sums (f32) and tile counts (i32).
+    type Workspace = (CudaSlice<f32>, CudaSlice<i32>);
+    static WORKSPACES: Mutex<Option<HashMap<usize, Workspace>>> = Mutex::new(None);
+    let stream = dev.cuda_stream();
+    let mut map =
+        WORKSPACES.lock().map_err(|_| candle_core::Error::Msg("lookup GEMM workspaces poisoned".into()))?;
+    let map = map.get_or_insert_with(HashMap::new);
+    let (ws, counts) = match map.entry(stream.cu_stream() as usize) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let floats = [1, 2, 4, 8].iter().map(|&t| {
+                let s = LutGemmShape::of(t);
+                2 * s.per_sm * sms * s.sums
+            });
+            // SAFETY: every fragment is written before it is read.
+            let ws = unsafe { stream.alloc::<f32>(floats.max().unwrap_or(0)) }.w()?;
+            e.insert((ws, stream.alloc_zeros::<i32>(LG_MAX_TILES).w()?))
+        }
+    };
+    let ws_ptr = ws.device_ptr(&stream).0;
+    let counts_ptr = counts.device_ptr(&stream).0;
+    Ok((ws_ptr, counts_ptr))
 }
 
 #[cfg(all(test, feature = "cuda"))]

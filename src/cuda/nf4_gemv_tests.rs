@@ -63,7 +63,7 @@ fn nf4_gemv_is_within_twice_the_dequantize_matmul_error() -> Result<()> {
                     let scale = exact.abs()?.max_all()?.to_scalar::<f64>()?;
                     let bound = 2.0 * stack_err + scale * f32::EPSILON as f64;
                     let mut outputs = vec![(None, nf4_gemv(&x, &q)?)];
-                    let kernels = [Kernel::Lanes, Kernel::TensorCores, Kernel::Lookup];
+                    let kernels = [Kernel::Lanes, Kernel::TensorCores, Kernel::Lookup, Kernel::LookupGemm];
                     for kernel in kernels.into_iter().filter(|k| k.takes(in_dim) && n <= k.max_rows()) {
                         let segment = q.gemv_segment(&x).expect("the GEMV takes x");
                         outputs.push((Some(kernel), gemv_outputs_on(kernel, &x, vec![segment])?.remove(0)));

@@ -45,16 +45,7 @@ pub fn project_group(projs: &[&LoraLinear], x: &Tensor, residual: Option<&Tensor
     {
         use super::linear::BaseWeight;
         use crate::cuda::lora_down::lora_down;
-        use crate::cuda::nf4_gemv::{gemv_outputs, LoraUp};
-        let adapters: Vec<_> = projs.iter().filter_map(|p| p.lora.as_ref()).collect();
-        let h = match adapters.is_empty() {
-            true => None,
-            false => {
-                let a: Vec<_> = adapters.iter().map(|l| (l.lora_a.as_tensor(), l.scale)).collect();
-                Some(lora_down(x, &a)?)
-            }
-        };
-        let mut col = 0;
+        use crate::cuda::nf4_gemv::{alloc_outputs, gemv_segments, gemv_segments_after_lora_down, LoraUp};
         let mut segments = Vec::with_capacity(projs.len());
         for (i, p) in projs.iter().enumerate() {
             let BaseWeight::Nf4(q) = &p.base else {
@@ -65,13 +56,29 @@ pub fn project_group(projs: &[&LoraLinear], x: &Tensor, residual: Option<&Tensor
             };
             segment.bias = p.bias.as_ref();
             segment.residual = residual.filter(|_| i == 0);
-            if let (Some(l), Some(h)) = (&p.lora, &h) {
-                segment.lora = Some(LoraUp { h, col, b: l.lora_b.as_tensor() });
-                col += l.rank();
-            }
             segments.push(segment);
         }
-        gemv_outputs(x, segments)
+        // the outputs first, so that nothing comes between lora_down and the projections'
+        // launch, which then overlaps it
+        let outputs = alloc_outputs(x, &mut segments)?;
+        let adapters: Vec<_> = projs.iter().filter_map(|p| p.lora.as_ref()).collect();
+        if adapters.is_empty() {
+            // SAFETY: each y is a fresh output of x's rows and dtype, every element written.
+            unsafe { gemv_segments(x, &segments, false)? };
+            return Ok(outputs);
+        }
+        let a: Vec<_> = adapters.iter().map(|l| (l.lora_a.as_tensor(), l.scale)).collect();
+        let h = lora_down(x, &a)?;
+        let mut col = 0;
+        for (p, segment) in projs.iter().zip(segments.iter_mut()) {
+            if let Some(l) = &p.lora {
+                segment.lora = Some(LoraUp { h: &h, col, b: l.lora_b.as_tensor() });
+                col += l.rank();
+            }
+        }
+        // SAFETY: as above; h is the lora_down launched just before.
+        unsafe { gemv_segments_after_lora_down(x, &segments)? };
+        Ok(outputs)
     }
     #[cfg(not(feature = "cuda"))]
     {
