@@ -1,7 +1,8 @@
 //! LoRA's first product for the decode rows, h `[n, Σ r_i]` = scale_i · x·A_iᵀ for up to three
 //! adapters reading the same x, straight from their f32 A: the h that the NF4 GEMV's segments
-//! (`nf4_gemv::LoraUp`) multiply by B in their epilogue. Its kernel, `lora_down`, lives in
-//! nf4_gemv.cu beside the GEMV it feeds.
+//! (`nf4_gemv::LoraUp`) multiply by B in their epilogue. Its kernels, `lora_down` (to 16 rows: a
+//! block a column and 8 rows) and `lora_down_split` (past 16 rows: the k split across blocks,
+//! summed in order by the last), live in nf4_gemv.cu beside the GEMV they feed.
 
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
@@ -9,7 +10,7 @@ use candle_core::{bail, DType, Result, Tensor, WithDType};
 use half::{bf16, f16};
 
 use super::nf4_gemv::{supports, KERNELS, LOOKUP_MAX_ROWS, MAX_ROWS, MAX_SEGMENTS};
-use super::{address, cuda_device, suffix, view, wrap};
+use super::{address, cuda_device, stream_workspace, suffix, view, wrap};
 
 /// Threads of a `lora_down` block (`LORA_THREADS` in nf4_gemv.cu).
 const LORA_THREADS: u32 = 256;
@@ -83,7 +84,38 @@ fn lora_down_typed<T: CudaDType + WithDType + DeviceRepr>(
         width += r;
     }
     let h = wrap(unsafe { dev.alloc::<f32>(n * width)? }, &dev, &[n, width]);
-    // past 8 rows, blocks of 8 rows each
+    if n > SPLIT_FROM_ROWS {
+        // the k split across blocks: about two blocks a multiprocessor, a split at least 8
+        // values, at most four blocks a multiprocessor in all
+        let sms = super::multiprocessors(&dev)?;
+        let groups = width.div_ceil(8);
+        let want = (2 * sms).div_ceil(groups).clamp(1, (4 * sms / groups).max(1));
+        let k_chunk = (in_dim.div_ceil(want)).div_ceil(8) * 8;
+        let splits = in_dim.div_ceil(k_chunk);
+        if groups * splits > SPLIT_BLOCKS_PER_SM * sms || groups > SPLIT_MAX_GROUPS {
+            bail!("lora_down: {width} columns of h in {splits} splits exceed the workspace");
+        }
+        let (ws, counts) = stream_workspace::get(
+            &dev,
+            "lora_down_split",
+            SPLIT_BLOCKS_PER_SM * sms * 512,
+            SPLIT_MAX_GROUPS,
+        )?;
+        let func = KERNELS.function(&dev, &format!("lora_down_split_{}", suffix(T::DTYPE)?))?;
+        let (gx, gh) = (x.storage_and_layout().0, h.storage_and_layout().0);
+        let (xv, hv) = (view::<T>(&gx, x)?, view::<f32>(&gh, &h)?);
+        let (rows, in_i, chunk, stride) = (n as i32, in_dim as i32, k_chunk as i32, width as i32);
+        let mut b = func.builder();
+        b.arg(&xv).arg(&rows).arg(&in_i).arg(&chunk).arg(&hv).arg(&stride).arg(&ws).arg(&counts).arg(&raw);
+        let cfg = LaunchConfig {
+            grid_dim: (groups as u32, splits as u32, 1),
+            block_dim: (LORA_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        unsafe { b.launch(cfg) }.w()?;
+        drop((gx, gh));
+        return Ok(h);
+    }
     let per_block = n.min(MAX_ROWS);
     let func = KERNELS.function(&dev, &format!("lora_down_{}_{per_block}", suffix(T::DTYPE)?))?;
     let (gx, gh) = (x.storage_and_layout().0, h.storage_and_layout().0);
@@ -100,3 +132,11 @@ fn lora_down_typed<T: CudaDType + WithDType + DeviceRepr>(
     drop((gx, gh));
     Ok(h)
 }
+
+/// Rows past which the k-split kernel runs: at 9 to 16 its 64-row blocks idle most threads and
+/// lora_down's two blocks a column were faster (benches/issue38/lut-gemm).
+const SPLIT_FROM_ROWS: usize = 16;
+/// The split kernel's blocks at most, a multiprocessor, and column groups of 8 at most (its
+/// workspace's sizes: 64 × 8 sums a block, a count a group).
+const SPLIT_BLOCKS_PER_SM: usize = 4;
+const SPLIT_MAX_GROUPS: usize = 1024;

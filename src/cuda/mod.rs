@@ -8,7 +8,7 @@
 //! | kernel | wrapper | used by |
 //! |---|---|---|
 //! | `nf4.cu` | `nf4.rs` | `quant` (quantize, dequantize, NF4 GEMM inputs) |
-//! | `nf4_gemv.cu` | `nf4_gemv.rs` | `quant` (x·Wᵀ from the NF4 parts, ≤ 8 rows) |
+//! | `nf4_gemv.cu` | `nf4_gemv.rs`, `nf4_lut_gemm.rs`, `nf4_segments.rs`, `lora_down.rs` | `quant`, `model::lora::decode` (x·Wᵀ from the NF4 parts and the LoRA term, ≤ 64 rows) |
 //! | `nf4_gemm.cu` | `nf4_gemm.rs` | `quant` (x·Wᵀ from the NF4 parts on tensor cores, ≤ 256 rows) |
 //! | `adafactor.cu` | `adafactor.rs` | `optim` (the fused Adafactor step, the global norm) |
 //! | `adamw.cu`, `adamw8bit.cu` | `adamw.rs` | `optim` (the fused AdamW and 8-bit AdamW steps) |
@@ -24,6 +24,7 @@
 //! | (all of the above) | `module.rs` | every wrapper: fatbins loaded once per device |
 //! | candle-kernels' `.cu` | `candle_modules.rs` | candle's ops: its step modules from machine code |
 //! | (cuBLAS) | `gemm.rs` | `model::ops::product_sum` (GEMMs summed into one buffer) |
+//! | (launch plumbing) | `programmatic_launch.rs`, `stream_workspace.rs` | the NF4 lookup kernels and `lora_down` (overlapped launches, scratch for blocks' partial sums) |
 
 pub mod adafactor;
 pub mod adamw;
@@ -44,8 +45,12 @@ pub mod module;
 pub mod nf4;
 pub mod nf4_gemm;
 pub mod nf4_gemv;
+pub mod nf4_lut_gemm;
+pub mod nf4_segments;
+pub mod programmatic_launch;
 pub mod rope;
 pub mod softmax;
+pub mod stream_workspace;
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, LaunchConfig};
 use candle_core::cuda_backend::CudaDType;

@@ -1211,3 +1211,91 @@ __device__ void lora_down(const T* __restrict__ x, int rows, int in, float* __re
     }
 ROWS_1_TO_8(LORA_DOWN, f16, __half)
 ROWS_1_TO_8(LORA_DOWN, bf16, __nv_bfloat16)
+
+// LoRA's first product for 9 to 64 rows, split along the k: block (cg, sp) takes columns
+// 8 cg .. 8 cg + 7 of h (across the adapters, as lora_down) over k range sp of gridDim.y, its 256
+// threads (batch row r = tid / 4, column pair tid % 4) each summing two columns of one row, x
+// and A read by 16-byte loads (the row's four threads share x's, a column's 64 threads A's, in
+// L1). Each block writes its 64 × 8 sums to the workspace and counts itself in; the last of a
+// column group adds the splits in order (the same sum whichever arrives last), scales them and
+// writes h, and resets the count for the next launch. In lora_down one block a column reads the
+// whole row of A and 8 rows of x in a loop of dependent loads: at 64 rows, 8 blocks a column.
+template <typename T>
+__device__ void lora_down_split(const T* __restrict__ x, int rows, int in, int k_chunk, float* __restrict__ h,
+                                int h_stride, float* __restrict__ ws, int* __restrict__ counts, const LoraDown& p) {
+    let_dependents_launch();
+    __shared__ int last_in;
+    const int tid = threadIdx.x, r = tid >> 2, cg = blockIdx.x, sp = blockIdx.y, splits = gridDim.y;
+    int width = 0;
+    for (int i = 0; i < p.count; i++) width += p.rank[i];
+    // this thread's two columns: adapter and row of A (or none past the width)
+    const float* arow[2];
+    float scale[2];
+    bool live[2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        int c = 8 * cg + 2 * (tid & 3) + e, i = 0;
+        live[e] = c < width;
+        while (i + 1 < p.count && c >= p.rank[i]) c -= p.rank[i], i++;
+        arow[e] = p.a[i] + (int64_t)(live[e] ? c : 0) * in;
+        scale[e] = p.scale[i];
+    }
+    const int k0 = sp * k_chunk, k1 = min(in, k0 + k_chunk);
+    float acc[2] = {0.0f, 0.0f};
+    if (r < rows) {
+        const T* xr = x + (int64_t)r * in;
+#pragma unroll 4
+        for (int k = k0; k < k1; k += 8) {
+            const Vec16<T> xv = load16(xr + k);
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                if (!live[e]) continue;
+                const float4 a0 = *reinterpret_cast<const float4*>(arow[e] + k);
+                const float4 a1 = *reinterpret_cast<const float4*>(arow[e] + k + 4);
+                float v = acc[e];
+                v = fmaf(a0.x, to_f32(xv.v[0]), v);
+                v = fmaf(a0.y, to_f32(xv.v[1]), v);
+                v = fmaf(a0.z, to_f32(xv.v[2]), v);
+                v = fmaf(a0.w, to_f32(xv.v[3]), v);
+                v = fmaf(a1.x, to_f32(xv.v[4]), v);
+                v = fmaf(a1.y, to_f32(xv.v[5]), v);
+                v = fmaf(a1.z, to_f32(xv.v[6]), v);
+                v = fmaf(a1.w, to_f32(xv.v[7]), v);
+                acc[e] = v;
+            }
+        }
+    }
+    // this split's sums, then the count; the last split of the group sums them all in order
+    float* mine = ws + ((int64_t)cg * splits + sp) * 512;
+    *reinterpret_cast<float2*>(mine + 2 * tid) = make_float2(acc[0], acc[1]);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        const bool last = atomicAdd(counts + cg, 1) == splits - 1;
+        if (last) counts[cg] = 0;
+        last_in = last;
+    }
+    __syncthreads();
+    if (!last_in) return;
+    __threadfence();
+    float2 sum = make_float2(0.0f, 0.0f);
+    const float* group = ws + (int64_t)cg * splits * 512 + 2 * tid;
+#pragma unroll 4
+    for (int q = 0; q < splits; q++) {
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(group + (int64_t)q * 512));
+        sum.x += v.x, sum.y += v.y;
+    }
+    if (r >= rows) return;
+    const int c = 8 * cg + 2 * (tid & 3);
+    if (live[0]) h[(int64_t)r * h_stride + c] = scale[0] * sum.x;
+    if (live[1]) h[(int64_t)r * h_stride + c + 1] = scale[1] * sum.y;
+}
+
+#define LORA_DOWN_SPLIT(NAME, T)                                                                                \
+    extern "C" __global__ void __launch_bounds__(256)                                                            \
+        lora_down_split_##NAME(const T* x, int rows, int in, int k_chunk, float* h, int h_stride, float* ws,   \
+                               int* counts, const LoraDown p) {                                                  \
+        lora_down_split<T>(x, rows, in, k_chunk, h, h_stride, ws, counts, p);                                    \
+    }
+LORA_DOWN_SPLIT(f16, __half)
+LORA_DOWN_SPLIT(bf16, __nv_bfloat16)

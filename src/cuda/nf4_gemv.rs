@@ -12,7 +12,10 @@ use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, DType, Result, Tensor, WithDType};
 use half::{bf16, f16};
 
-use super::{address, cuda_device, suffix, view, wrap};
+use super::nf4_segments::RawSegments;
+pub use super::nf4_segments::{LoraUp, Scales, Segment, MAX_SEGMENTS};
+use super::programmatic_launch::{self, arg};
+use super::{address, cuda_device, nf4_lut_gemm, suffix, view, wrap};
 
 pub static KERNELS: super::module::Kernels = super::module::kernels!("nf4_gemv");
 
@@ -35,10 +38,6 @@ const _: () = assert!(MMA_WARPS * MMA_RING_BYTES + MMA_STATIC_BYTES <= 48 * 1024
 const LUT_BYTES: usize = 256 * 256;
 /// Warps of a lookup block (`LUT_WARPS`).
 const LUT_WARPS: usize = 4;
-/// Weight rows of a block tile of the lookup GEMM (`LG_ROWS`: 4 warps of 32).
-const LG_ROWS: usize = 128;
-/// The most 128-row tiles one lookup-GEMM launch takes (its workspace's counts).
-const LG_MAX_TILES: usize = 1 << 14;
 
 /// Which of nf4_gemv.cu's kernels a launch runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,16 +102,6 @@ fn chosen() -> Option<&'static str> {
     CHOICE.get_or_init(|| std::env::var("LORA_FT_NF4_GEMV").ok()).as_deref()
 }
 
-/// Whether the lookup GEMM pays for a launch of `tiles` 128-row tiles of `batch_tiles` tiles of
-/// batch rows on `sms` multiprocessors: where each tile's k is cut into more than 6 fragments
-/// (few rows, as o and down, against a grid of 2–3 blocks a multiprocessor) the fragments' sums
-/// and the pipeline's start outweigh sharing x, and the lookup kernel is faster (benches/issue38).
-fn lookup_gemm_pays(tiles: usize, batch_tiles: usize, sms: usize) -> bool {
-    6 * tiles >= LutGemmShape::of(batch_tiles).per_sm * sms
-}
-
-/// The most weights one launch takes (`MAX_SEGMENTS` in nf4_gemv.cu).
-pub const MAX_SEGMENTS: usize = 3;
 /// Warps per block (`GEMV_WARPS` in nf4_gemv.cu).
 const WARPS: usize = 4;
 /// Batch rows × staged columns of x per tile: the tile (f32, with 4 floats of padding per 32)
@@ -134,72 +123,6 @@ fn tile_columns(n: usize, in_dim: usize) -> usize {
     let fit = (TILE_VALUES / n.max(1)) / 1024 * 1024;
     in_dim.min(fit.max(1024))
 }
-
-/// The absmax of W's 64-value blocks, as `quant::Absmax` stores them.
-pub enum Scales<'a> {
-    /// One f32 per block.
-    F32(&'a Tensor),
-    /// 8-bit codes (one per block), f32 scales (one per 256 codes) and the offset added back.
-    Double { codes: &'a Tensor, absmax2: &'a Tensor, offset: f32 },
-}
-
-/// One weight of a launch and where its rows go.
-pub struct Segment<'a> {
-    /// W's packed codes (U8, two per byte, the first value in the high nibble).
-    pub packed: &'a Tensor,
-    pub scales: Scales<'a>,
-    /// W's rows (`[out_dim, in]`).
-    pub out_dim: usize,
-    /// The device address of y `[n, out_dim]`, x's dtype, row-major.
-    pub y: u64,
-    /// Added to y: `[n, out_dim]` in x's dtype, contiguous.
-    pub residual: Option<&'a Tensor>,
-    /// Added to every row: `[out_dim]` in x's dtype, contiguous.
-    pub bias: Option<&'a Tensor>,
-    /// The LoRA term: h `[n, width]` f32 from `lora_down` (this weight's columns from `col`)
-    /// times B `[out_dim, rank]` f32.
-    pub lora: Option<LoraUp<'a>>,
-}
-
-/// A weight's LoRA term in a launch: columns `col .. col + rank` of h times Bᵀ.
-pub struct LoraUp<'a> {
-    pub h: &'a Tensor,
-    pub col: usize,
-    pub b: &'a Tensor,
-}
-
-/// `Nf4Segment` of nf4_gemv.cu, field for field.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct RawSegment {
-    packed: u64,
-    absmax: u64,
-    codes: u64,
-    absmax2: u64,
-    y: u64,
-    residual: u64,
-    bias: u64,
-    lora_h: u64,
-    lora_b: u64,
-    offset: f32,
-    out: i32,
-    block0: i32,
-    h_stride: i32,
-    h_col: i32,
-    rank: i32,
-}
-
-/// `Nf4Segments` of nf4_gemv.cu.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct RawSegments {
-    s: [RawSegment; MAX_SEGMENTS],
-    count: i32,
-    pad: i32,
-}
-
-// SAFETY: plain-old-data laid out as the kernel's parameter struct (repr(C), the same fields).
-unsafe impl DeviceRepr for RawSegments {}
 
 /// Whether the kernel takes x `[n, in]` against a weight `[out_dim, in_dim]`: a CUDA f16/bf16
 /// x, contiguous from a 16-byte boundary, 1 to `MAX_ROWS` rows (to `LOOKUP_MAX_ROWS` where `in` is
@@ -328,10 +251,10 @@ fn kernel_for(x: &Tensor, out_dims: impl Iterator<Item = usize>) -> Result<Kerne
     let (n, in_dim) = x.dims2()?;
     match Kernel::for_shape(n, in_dim) {
         Some(Kernel::LookupGemm) if chosen().is_none() => {
-            let tiles = out_dims.map(|o| o.div_ceil(LG_ROWS)).sum();
+            let tiles = out_dims.map(|o| o.div_ceil(nf4_lut_gemm::ROWS)).sum();
             let sms = super::multiprocessors(&cuda_device(x)?)?;
             let batch_tiles = n.div_ceil(8).next_power_of_two();
-            Ok(if lookup_gemm_pays(tiles, batch_tiles, sms) { Kernel::LookupGemm } else { Kernel::Lookup })
+            Ok(if nf4_lut_gemm::pays(tiles, batch_tiles, sms) { Kernel::LookupGemm } else { Kernel::Lookup })
         }
         Some(kernel) => Ok(kernel),
         None => bail!("the NF4 GEMV takes no {n} rows of {in_dim} values"),
@@ -368,7 +291,7 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     let rows_per_block = match kernel {
         Kernel::Lanes => WARPS * rows_per_warp(n),
         Kernel::TensorCores | Kernel::Lookup => 16,
-        Kernel::LookupGemm => LG_ROWS,
+        Kernel::LookupGemm => nf4_lut_gemm::ROWS,
     };
     let mut raw = RawSegments { count: segments.len() as i32, ..Default::default() };
     let mut blocks = 0;
@@ -468,6 +391,7 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     let gx = x.storage_and_layout().0;
     let xv = view::<T>(&gx, x)?;
     let (in_i, acc) = (in_dim as i32, accumulate as i32);
+    let x_ptr = address(x, &stream)?;
     if kernel == Kernel::Lookup {
         // a persistent grid, each block walking 16-row groups, its warps splitting each group's k;
         // the batch rows in 1, 2, 4 or 8 tiles of 8
@@ -485,61 +409,15 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
             shared_mem_bytes: smem,
         };
         let (n_i, groups) = (n as i32, blocks as i32);
-        if overlap && overlaps(&dev)? {
-            let x_ptr = address(x, &stream)?;
-            let mut params = [
-                arg_ptr(&x_ptr),
-                arg_ptr(&n_i),
-                arg_ptr(&in_i),
-                arg_ptr(&groups),
-                arg_ptr(&acc),
-                arg_ptr(&raw),
-            ];
-            return unsafe { launch_overlapping(&func, cfg, &stream, &mut params) };
-        }
-        let mut b = func.builder();
-        b.arg(&xv).arg(&n_i).arg(&in_i).arg(&groups).arg(&acc).arg(&raw);
-        unsafe { b.launch(cfg) }.w()?;
-        return Ok(());
+        let mut params = [arg(&x_ptr), arg(&n_i), arg(&in_i), arg(&groups), arg(&acc), arg(&raw)];
+        // SAFETY: the parameters are nf4_lut's, alive across the launch.
+        return unsafe { programmatic_launch::launch(&func, cfg, &stream, &mut params, overlap) };
     }
     if kernel == Kernel::LookupGemm {
-        // the batch rows in 1, 2, 4 or 8 tiles of 8; a persistent grid cutting the (tile, quad)
-        // items into equal ranges
-        let tiles = n.div_ceil(8).next_power_of_two();
-        let shape = LutGemmShape::of(tiles);
-        if blocks > LG_MAX_TILES {
-            bail!("the NF4 lookup GEMM takes at most {LG_MAX_TILES} tiles of {LG_ROWS} rows a launch, not {blocks}");
-        }
-        let sms = super::multiprocessors(&dev)?;
-        let items = blocks * (in_dim / MMA_KC);
-        let grid = items.min(shape.per_sm * sms);
-        let (ws, counts) = lut_gemm_workspace(&dev, sms)?;
-        let func = KERNELS.function(&dev, &format!("nf4_lut_gemm_{}_{tiles}", suffix(T::DTYPE)?))?;
-        func.set_attribute(MAX_DYNAMIC_SMEM, shape.bytes as i32).w()?;
-        let cfg = LaunchConfig {
-            grid_dim: (grid as u32, 1, 1),
-            block_dim: ((LG_WARPS * 32) as u32, 1, 1),
-            shared_mem_bytes: shape.bytes as u32,
+        // SAFETY: the caller's contract; `raw` describes this launch's segments.
+        return unsafe {
+            nf4_lut_gemm::launch::<T>(&dev, x_ptr, (n, in_dim), blocks, accumulate, &raw, overlap)
         };
-        let (n_i, tiles_i) = (n as i32, blocks as i32);
-        if overlap && overlaps(&dev)? {
-            let x_ptr = address(x, &stream)?;
-            let mut params = [
-                arg_ptr(&x_ptr),
-                arg_ptr(&n_i),
-                arg_ptr(&in_i),
-                arg_ptr(&tiles_i),
-                arg_ptr(&acc),
-                arg_ptr(&ws),
-                arg_ptr(&counts),
-                arg_ptr(&raw),
-            ];
-            return unsafe { launch_overlapping(&func, cfg, &stream, &mut params) };
-        }
-        let mut b = func.builder();
-        b.arg(&xv).arg(&n_i).arg(&in_i).arg(&tiles_i).arg(&acc).arg(&ws).arg(&counts).arg(&raw);
-        unsafe { b.launch(cfg) }.w()?;
-        return Ok(());
     }
     if kernel == Kernel::TensorCores {
         // a block is one 16-row group, its warps across the k; four warps (more leave too little
@@ -572,125 +450,6 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     b.arg(&xv).arg(&in_i).arg(&tile_i).arg(&acc).arg(&raw);
     unsafe { b.launch(cfg) }.w()?;
     Ok(())
-}
-
-/// Whether `dev` takes programmatic dependent launches (compute capability 9.0 and later), unless
-/// `LORA_FT_PDL=off` (read once; a diagnostic, for measuring what the overlap gains).
-fn overlaps(dev: &candle_core::CudaDevice) -> Result<bool> {
-    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR;
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *OFF.get_or_init(|| std::env::var("LORA_FT_PDL").is_ok_and(|v| v == "off")) {
-        return Ok(false);
-    }
-    Ok(dev.cuda_stream().context().attribute(MAJOR).w()? >= 9)
-}
-
-/// A kernel argument as `cuLaunchKernelEx` takes it: the address of its value.
-fn arg_ptr<A>(value: &A) -> *mut std::ffi::c_void {
-    value as *const A as *mut std::ffi::c_void
-}
-
-/// Launches `func` on `stream` with the programmatic-stream-serialization attribute: it may
-/// start before the kernel queued before it has finished, and waits for it in
-/// `wait_for_prior_grid` (nf4_gemv.cu).
-///
-/// # Safety
-/// `params` must point at the kernel's arguments, each of its parameter's type, alive across
-/// the call; the kernel must wait before it reads what the kernel before it writes.
-unsafe fn launch_overlapping(
-    func: &candle_core::cuda_backend::cudarc::driver::CudaFunction,
-    cfg: LaunchConfig,
-    stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
-    params: &mut [*mut std::ffi::c_void],
-) -> Result<()> {
-    use candle_core::cuda_backend::cudarc::driver::sys;
-    stream.context().bind_to_thread().w()?;
-    // SAFETY: a zeroed attribute is a valid value of the C union, its id and value then set.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
-    let config = sys::CUlaunchConfig {
-        gridDimX: cfg.grid_dim.0,
-        gridDimY: cfg.grid_dim.1,
-        gridDimZ: cfg.grid_dim.2,
-        blockDimX: cfg.block_dim.0,
-        blockDimY: cfg.block_dim.1,
-        blockDimZ: cfg.block_dim.2,
-        sharedMemBytes: cfg.shared_mem_bytes,
-        hStream: stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
-    // SAFETY: the caller's contract on `params`; the function belongs to the stream's context.
-    let status = unsafe {
-        sys::cuLaunchKernelEx(&config, func.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
-    };
-    if status != sys::CUresult::CUDA_SUCCESS {
-        bail!("launching an NF4 lookup kernel after lora_down: {status:?}");
-    }
-    Ok(())
-}
-
-/// Warps of a lookup-GEMM block (`LG_WARPS`).
-const LG_WARPS: usize = 4;
-
-/// `LutGemmShape<NT>` of nf4_gemv.cu: what a launch of `tiles` batch tiles needs.
-struct LutGemmShape {
-    /// Blocks a multiprocessor (`__launch_bounds__`).
-    per_sm: usize,
-    /// Dynamic shared memory: the 64 KiB region, and x's stages where they lie past it.
-    bytes: usize,
-    /// f32 sums a block's fragment writes (`SUMS`).
-    sums: usize,
-}
-
-impl LutGemmShape {
-    fn of(tiles: usize) -> Self {
-        let stages = match tiles {
-            1 => 5,
-            2 => 4,
-            4 => 3,
-            _ => 4,
-        };
-        let x_rows = 8 * tiles;
-        let in_region = 32 * stages + 48 + stages * x_rows <= 256;
-        Self {
-            per_sm: if tiles <= 4 { 3 } else { 2 },
-            bytes: LUT_BYTES + if in_region { 0 } else { stages * x_rows * 128 },
-            sums: 2 * tiles * 4 * LG_ROWS,
-        }
-    }
-}
-
-/// The lookup GEMM's workspace on `dev`'s stream, allocated once (outside any recording, never
-/// freed, as cuBLAS's) for the largest launch: two fragments' f32 sums a block of the largest
-/// grid, and a count a tile (zeros; each launch leaves them zero).
-fn lut_gemm_workspace(dev: &candle_core::CudaDevice, sms: usize) -> Result<(u64, u64)> {
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr};
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-    /// A stream's fragment sums (f32) and tile counts (i32).
-    type Workspace = (CudaSlice<f32>, CudaSlice<i32>);
-    static WORKSPACES: Mutex<Option<HashMap<usize, Workspace>>> = Mutex::new(None);
-    let stream = dev.cuda_stream();
-    let mut map =
-        WORKSPACES.lock().map_err(|_| candle_core::Error::Msg("lookup GEMM workspaces poisoned".into()))?;
-    let map = map.get_or_insert_with(HashMap::new);
-    let (ws, counts) = match map.entry(stream.cu_stream() as usize) {
-        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-        std::collections::hash_map::Entry::Vacant(e) => {
-            let floats = [1, 2, 4, 8].iter().map(|&t| {
-                let s = LutGemmShape::of(t);
-                2 * s.per_sm * sms * s.sums
-            });
-            // SAFETY: every fragment is written before it is read.
-            let ws = unsafe { stream.alloc::<f32>(floats.max().unwrap_or(0)) }.w()?;
-            e.insert((ws, stream.alloc_zeros::<i32>(LG_MAX_TILES).w()?))
-        }
-    };
-    let ws_ptr = ws.device_ptr(&stream).0;
-    let counts_ptr = counts.device_ptr(&stream).0;
-    Ok((ws_ptr, counts_ptr))
 }
 
 #[cfg(all(test, feature = "cuda"))]
