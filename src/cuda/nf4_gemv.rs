@@ -416,7 +416,7 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     if kernel == Kernel::LookupGemm {
         // SAFETY: the caller's contract; `raw` describes this launch's segments.
         return unsafe {
-            nf4_lut_gemm::launch::<T>(&dev, x_ptr, (n, in_dim), blocks, accumulate, &raw, overlap)
+            nf4_lut_gemm::launch::<T>(&KERNELS, &dev, x_ptr, (n, in_dim, blocks), accumulate, &raw, overlap)
         };
     }
     if kernel == Kernel::TensorCores {

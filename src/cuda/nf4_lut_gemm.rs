@@ -8,7 +8,7 @@ use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{bail, CudaDevice, Result, WithDType};
 
-use super::nf4_gemv::KERNELS;
+use super::module::Kernels;
 use super::nf4_segments::RawSegments;
 use super::programmatic_launch::{self, arg};
 use super::{stream_workspace, suffix};
@@ -60,18 +60,18 @@ pub fn pays(tiles: usize, batch_tiles: usize, sms: usize) -> bool {
     6 * tiles >= Shape::of(batch_tiles).per_sm * sms
 }
 
-/// Launches `nf4_lut_gemm_<dtype>_<tiles>` for x at `x_ptr` (`n` rows of `in_dim`, T) against
-/// the `tiles` 128-row tiles of `raw`'s segments; `programmatic`: right after the `lora_down`
-/// that made their h (`programmatic_launch`).
+/// Launches `nf4_lut_gemm_<dtype>_<tiles>` (one of `kernels`, nf4_gemv.cu's) for x at `x_ptr`
+/// (`n` rows of `in_dim`, T) against the `tiles` 128-row tiles of `raw`'s segments;
+/// `programmatic`: right after the `lora_down` that made their h (`programmatic_launch`).
 ///
 /// # Safety
 /// `raw` must describe segments whose buffers hold what nf4_gemv's `launch` checked, alive until
 /// the launch has run; `x_ptr` must address x on `dev`.
 pub(super) unsafe fn launch<T: WithDType>(
+    kernels: &Kernels,
     dev: &CudaDevice,
     x_ptr: u64,
-    (n, in_dim): (usize, usize),
-    tiles: usize,
+    (n, in_dim, tiles): (usize, usize, usize),
     accumulate: bool,
     raw: &RawSegments,
     programmatic: bool,
@@ -88,7 +88,7 @@ pub(super) unsafe fn launch<T: WithDType>(
     // two fragments' sums a block of the largest grid, whatever the batch
     let most = [1, 2, 4, 8].iter().map(|&t| 2 * Shape::of(t).per_sm * sms * Shape::of(t).sums).max();
     let (ws, counts) = stream_workspace::get(dev, "nf4_lut_gemm", most.unwrap_or(0), MAX_TILES)?;
-    let func = KERNELS.function(dev, &format!("nf4_lut_gemm_{}_{batch_tiles}", suffix(T::DTYPE)?))?;
+    let func = kernels.function(dev, &format!("nf4_lut_gemm_{}_{batch_tiles}", suffix(T::DTYPE)?))?;
     func.set_attribute(MAX_DYNAMIC_SMEM, shape.bytes as i32).w()?;
     let cfg = LaunchConfig {
         grid_dim: (grid as u32, 1, 1),
