@@ -497,6 +497,43 @@ __device__ __forceinline__ uint32_t lut_pair(const uint8_t* table, uint32_t word
 // Slot `i` of the region.
 __device__ __forceinline__ uint8_t* lut_slot(uint8_t* region, int i) { return region + 256 * i + 128; }
 
+// The table, written by the block's threads: entry b = {code[b >> 4], code[b & 15]} in T, the same
+// word in each lane's copy; and the dynamic map of double-quantized absmax codes.
+template <typename T>
+__device__ __forceinline__ void lut_fill(uint8_t* region, float* dmap) {
+    for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
+        const int b = i >> 3;
+        const uint32_t v = pack2<T>(NF4_CODE[b >> 4], NF4_CODE[b & 15]);
+        *reinterpret_cast<uint4*>(region + 256 * b + 16 * (i & 7)) = make_uint4(v, v, v, v);
+    }
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) dmap[i] = DYNAMIC_MAP[i];
+}
+
+// The mma's A operand of steps 0 .. 3 for rows g (`wa`) and g + 8 (`wb`), the lane's 8 bytes of
+// each: step s takes bytes 2s and 2s + 1.
+__device__ __forceinline__ void lut_a(const uint8_t* table, uint2 wa, uint2 wb, uint32_t lane4, uint32_t a[4][4]) {
+    a[0][0] = lut_pair<0>(table, wa.x, lane4), a[0][2] = lut_pair<1>(table, wa.x, lane4);
+    a[1][0] = lut_pair<2>(table, wa.x, lane4), a[1][2] = lut_pair<3>(table, wa.x, lane4);
+    a[2][0] = lut_pair<0>(table, wa.y, lane4), a[2][2] = lut_pair<1>(table, wa.y, lane4);
+    a[3][0] = lut_pair<2>(table, wa.y, lane4), a[3][2] = lut_pair<3>(table, wa.y, lane4);
+    a[0][1] = lut_pair<0>(table, wb.x, lane4), a[0][3] = lut_pair<1>(table, wb.x, lane4);
+    a[1][1] = lut_pair<2>(table, wb.x, lane4), a[1][3] = lut_pair<3>(table, wb.x, lane4);
+    a[2][1] = lut_pair<0>(table, wb.y, lane4), a[2][3] = lut_pair<1>(table, wb.y, lane4);
+    a[3][1] = lut_pair<2>(table, wb.y, lane4), a[3][3] = lut_pair<3>(table, wb.y, lane4);
+}
+
+// One 64-value block's sums of code · x for rows g, g + 8 and batch rows 8t + 2c, + 1: the four
+// steps' mma on A and the lane's 16 values of x (`x0`, `x1`), into fresh registers (the absmax
+// then scales them).
+template <typename T>
+__device__ __forceinline__ void lut_block(float sum[4], const uint32_t a[4][4], uint4 x0, uint4 x1) {
+    sum[0] = sum[1] = sum[2] = sum[3] = 0.0f;
+    mma<T>(sum, a[0], x0.x, x0.y);
+    mma<T>(sum, a[1], x0.z, x0.w);
+    mma<T>(sum, a[2], x1.x, x1.y);
+    mma<T>(sum, a[3], x1.z, x1.w);
+}
+
 template <typename T, int NT>
 __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int accumulate, const Nf4Segments& p) {
     extern __shared__ __align__(16) uint8_t lut_smem[];
@@ -580,14 +617,8 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
         if (i < items) issue(i);
         cp_async_commit();
     }
-    // the table, while the first copies are in flight: entry b = {code[b >> 4], code[b & 15]} in T,
-    // the same word in each lane's copy
-    for (int i = tid; i < 256 * 8; i += blockDim.x) {
-        const int b = i >> 3;
-        const uint32_t v = pack2<T>(NF4_CODE[b >> 4], NF4_CODE[b & 15]);
-        *reinterpret_cast<uint4*>(lut_smem + 256 * b + 16 * (i & 7)) = make_uint4(v, v, v, v);
-    }
-    for (int i = tid; i < 256; i += blockDim.x) dmap[i] = DYNAMIC_MAP[i];
+    // the table, while the first copies are in flight
+    lut_fill<T>(lut_smem, dmap);
     __syncthreads();
 
     float acc[NT][4];
@@ -666,16 +697,8 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
             const int at = 16 * ((2 * b + (c >> 1)) ^ swz) + 8 * (c & 1);
             const uint2 wa = *reinterpret_cast<const uint2*>(row_a + at);
             const uint2 wb = *reinterpret_cast<const uint2*>(row_b + at);
-            // the mma's A operand of steps 0 .. 3: bytes 2s and 2s + 1 of the lane's 8 of each row
             uint32_t a[4][4];
-            a[0][0] = lut_pair<0>(table, wa.x, lane4), a[0][2] = lut_pair<1>(table, wa.x, lane4);
-            a[1][0] = lut_pair<2>(table, wa.x, lane4), a[1][2] = lut_pair<3>(table, wa.x, lane4);
-            a[2][0] = lut_pair<0>(table, wa.y, lane4), a[2][2] = lut_pair<1>(table, wa.y, lane4);
-            a[3][0] = lut_pair<2>(table, wa.y, lane4), a[3][2] = lut_pair<3>(table, wa.y, lane4);
-            a[0][1] = lut_pair<0>(table, wb.x, lane4), a[0][3] = lut_pair<1>(table, wb.x, lane4);
-            a[1][1] = lut_pair<2>(table, wb.x, lane4), a[1][3] = lut_pair<3>(table, wb.x, lane4);
-            a[2][1] = lut_pair<0>(table, wb.y, lane4), a[2][3] = lut_pair<1>(table, wb.y, lane4);
-            a[3][1] = lut_pair<2>(table, wb.y, lane4), a[3][3] = lut_pair<3>(table, wb.y, lane4);
+            lut_a(table, wa, wb, lane4, a);
             const int64_t k = (int64_t)sc * MMA_KC + 64 * b + 16 * c;
             uint4 x_now[AHEAD][2];
             if (X_AHEAD) {
@@ -696,11 +719,8 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
                     x0 = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)xr * in + k));
                     x1 = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)xr * in + k + 8));
                 }
-                float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma<T>(sum, a[0], x0.x, x0.y);
-                mma<T>(sum, a[1], x0.z, x0.w);
-                mma<T>(sum, a[2], x1.x, x1.y);
-                mma<T>(sum, a[3], x1.z, x1.w);
+                float sum[4];
+                lut_block<T>(sum, a, x0, x1);
                 acc[t][0] = fmaf(sum[0], scale_a, acc[t][0]);
                 acc[t][1] = fmaf(sum[1], scale_a, acc[t][1]);
                 acc[t][2] = fmaf(sum[2], scale_b, acc[t][2]);
@@ -885,13 +905,8 @@ __device__ void nf4_lut_gemm(const T* __restrict__ x, int n, int in, int tiles, 
         if (j < K) issue(j);
         cp_async_commit();
     }
-    // the table, while the first copies are in flight (as nf4_lut's)
-    for (int i = tid; i < 256 * 8; i += blockDim.x) {
-        const int e = i >> 3;
-        const uint32_t v = pack2<T>(NF4_CODE[e >> 4], NF4_CODE[e & 15]);
-        *reinterpret_cast<uint4*>(lut_smem + 256 * e + 16 * (i & 7)) = make_uint4(v, v, v, v);
-    }
-    for (int i = tid; i < 256; i += blockDim.x) dmap[i] = DYNAMIC_MAP[i];
+    // the table, while the first copies are in flight
+    lut_fill<T>(lut_smem, dmap);
 
     // accumulator e of row tile m, batch tile t: row 32 warp + 16 m + g + 8 (e / 2), batch row
     // 8t + 2c + e % 2
@@ -1012,17 +1027,7 @@ __device__ void nf4_lut_gemm(const T* __restrict__ x, int n, int in, int tiles, 
         // the mma's A operand of steps 0 .. 3 for row tiles 0 and 1 (rows g, g + 8 of each)
         uint32_t a[2][4][4];
 #pragma unroll
-        for (int m = 0; m < 2; m++) {
-            const uint2 wa = wr[2 * m], wb = wr[2 * m + 1];
-            a[m][0][0] = lut_pair<0>(table, wa.x, lane4), a[m][0][2] = lut_pair<1>(table, wa.x, lane4);
-            a[m][1][0] = lut_pair<2>(table, wa.x, lane4), a[m][1][2] = lut_pair<3>(table, wa.x, lane4);
-            a[m][2][0] = lut_pair<0>(table, wa.y, lane4), a[m][2][2] = lut_pair<1>(table, wa.y, lane4);
-            a[m][3][0] = lut_pair<2>(table, wa.y, lane4), a[m][3][2] = lut_pair<3>(table, wa.y, lane4);
-            a[m][0][1] = lut_pair<0>(table, wb.x, lane4), a[m][0][3] = lut_pair<1>(table, wb.x, lane4);
-            a[m][1][1] = lut_pair<2>(table, wb.x, lane4), a[m][1][3] = lut_pair<3>(table, wb.x, lane4);
-            a[m][2][1] = lut_pair<0>(table, wb.y, lane4), a[m][2][3] = lut_pair<1>(table, wb.y, lane4);
-            a[m][3][1] = lut_pair<2>(table, wb.y, lane4), a[m][3][3] = lut_pair<3>(table, wb.y, lane4);
-        }
+        for (int m = 0; m < 2; m++) lut_a(table, wr[2 * m], wr[2 * m + 1], lane4, a[m]);
         // batch row 8t + g, values 16c .. 16c + 15 (chunks 2c and 2c + 1), one tile ahead of
         // its products (the compiler barrier keeps it from holding every tile's x at once)
         const uint8_t* x_st = x_base + st * Shape::X_ROWS * Shape::X_PITCH + g * Shape::X_PITCH;
@@ -1039,11 +1044,8 @@ __device__ void nf4_lut_gemm(const T* __restrict__ x, int n, int in, int tiles, 
             asm volatile("" ::: "memory");
 #pragma unroll
             for (int m = 0; m < 2; m++) {
-                float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma<T>(sum, a[m][0], x0.x, x0.y);
-                mma<T>(sum, a[m][1], x0.z, x0.w);
-                mma<T>(sum, a[m][2], x1.x, x1.y);
-                mma<T>(sum, a[m][3], x1.z, x1.w);
+                float sum[4];
+                lut_block<T>(sum, a[m], x0, x1);
                 acc[m][t][0] = fmaf(sum[0], amax[2 * m], acc[m][t][0]);
                 acc[m][t][1] = fmaf(sum[1], amax[2 * m], acc[m][t][1]);
                 acc[m][t][2] = fmaf(sum[2], amax[2 * m + 1], acc[m][t][2]);
