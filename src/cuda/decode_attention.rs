@@ -16,9 +16,9 @@ const THREADS: u32 = 128;
 /// How one step's attention is laid out on the GPU: query heads a block (`group`, the kernel's G:
 /// the heads sharing a kv head, at most 8, rounded up to a power of two), blocks a kv head
 /// (`hsplit`, past 8 heads a kv head), and the splits of each row's positions (`splits`): enough
-/// blocks for two a multiprocessor, a split at least 32 positions of the cache's capacity, at
-/// most 64. It depends on the batch and the capacity, never on the rows' lengths, so a step
-/// recorded in a CUDA graph replays unchanged as the rows grow.
+/// blocks for `per_sm` a multiprocessor (of `sms`), a split at least 32 positions of the cache's
+/// capacity, at most 64. It depends on the batch and the capacity, never on the rows' lengths, so
+/// a step recorded in a CUDA graph replays unchanged as the rows grow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Launch {
     pub group: usize,
@@ -27,15 +27,34 @@ pub struct Launch {
 }
 
 impl Launch {
-    pub fn new(heads: usize, kv_heads: usize, rows: usize, capacity: usize, multiprocessors: usize) -> Self {
+    pub fn new(
+        heads: usize,
+        kv_heads: usize,
+        rows: usize,
+        capacity: usize,
+        (sms, per_sm): (usize, usize),
+    ) -> Self {
         let per_kv = (heads / kv_heads.max(1)).max(1);
         let group = per_kv.min(8).next_power_of_two();
         let hsplit = per_kv.div_ceil(8);
         let blocks = (kv_heads * hsplit * rows).max(1);
-        let wanted = (2 * multiprocessors).div_ceil(blocks);
+        let wanted = (per_sm * sms).div_ceil(blocks);
         let splits = wanted.clamp(1, capacity.div_ceil(32).clamp(1, 64));
         Launch { group, hsplit, splits }
     }
+}
+
+/// The blocks a multiprocessor the splits aim for: 2, or `LORA_FT_ATTENTION_BLOCKS_PER_SM` (read
+/// once; a diagnostic, for measuring the split).
+fn blocks_per_sm() -> usize {
+    static PER_SM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PER_SM.get_or_init(|| {
+        std::env::var("LORA_FT_ATTENTION_BLOCKS_PER_SM")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(2)
+    })
 }
 
 /// The head sizes the kernel is instantiated for.
@@ -90,7 +109,7 @@ fn typed<T: CudaDType + WithDType + DeviceRepr>(
     let (slots, lens) = (slots.contiguous()?, lens.contiguous()?);
     let dev = cuda_device(q)?;
     let out = unsafe { dev.alloc::<T>(b * heads * d)? };
-    let shape = Launch::new(heads, kv_heads, b, capacity, super::multiprocessors(&dev)?);
+    let shape = Launch::new(heads, kv_heads, b, capacity, (super::multiprocessors(&dev)?, blocks_per_sm()));
     let dtype = suffix(T::DTYPE)?;
     let func = KERNELS.function(&dev, &format!("decode_attention_{d}_{dtype}_g{}", shape.group))?;
     // the splits' partial results, f32 (none when a block takes a row's every position)

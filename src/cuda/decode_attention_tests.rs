@@ -34,18 +34,20 @@ fn exact(q: &Tensor, k: &Tensor, v: &Tensor, (slot, len): (usize, usize), rule: 
 }
 
 /// The launch's shape: GQA groups as the kernel's G (a power of two, at most 8, more
-/// blocks a kv head past 8), splits for two blocks a multiprocessor, at least 32 positions
-/// of the capacity each, at most 64, and none for a batch that fills the GPU.
+/// blocks a kv head past 8), splits for two blocks a multiprocessor (or the number asked), at
+/// least 32 positions of the capacity each, at most 64, and none for a batch that fills the GPU.
 #[test]
 fn launches_group_heads_and_split_short_batches() {
-    let llama = |rows, capacity| Launch::new(32, 8, rows, capacity, 132);
+    let llama = |rows, capacity| Launch::new(32, 8, rows, capacity, (132, 2));
     assert_eq!(llama(1, 768), Launch { group: 4, hsplit: 1, splits: 24 });
     assert_eq!(llama(1, 131072), Launch { group: 4, hsplit: 1, splits: 33 });
     assert_eq!(llama(8, 768), Launch { group: 4, hsplit: 1, splits: 5 });
     assert_eq!(llama(64, 768), Launch { group: 4, hsplit: 1, splits: 1 });
-    assert_eq!(Launch::new(28, 4, 1, 40, 132).group, 8);
-    assert_eq!(Launch::new(16, 1, 1, 40, 132), Launch { group: 8, hsplit: 2, splits: 2 });
-    assert_eq!(Launch::new(8, 8, 2, 10, 132), Launch { group: 1, hsplit: 1, splits: 1 });
+    // aiming at 8 blocks a multiprocessor (LORA_FT_ATTENTION_BLOCKS_PER_SM), a batch of 64 splits
+    assert_eq!(Launch::new(32, 8, 64, 768, (132, 8)).splits, 3);
+    assert_eq!(Launch::new(28, 4, 1, 40, (132, 2)).group, 8);
+    assert_eq!(Launch::new(16, 1, 1, 40, (132, 2)), Launch { group: 8, hsplit: 2, splits: 2 });
+    assert_eq!(Launch::new(8, 8, 2, 10, (132, 2)), Launch { group: 1, hsplit: 1, splits: 1 });
 }
 
 /// The kernel against the training attention run a row at a time (its reference, the path

@@ -633,20 +633,29 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
     // first four's products (all eight ahead took 64 registers more and lost, benches/issue38)
     constexpr bool X_AHEAD = NT >= 4;
     constexpr int AHEAD = X_AHEAD ? 4 : 1;
-    uint4 x_next[AHEAD][2];
-    auto load_x = [&](int64_t k) {
+    // the lane's rows of x, 8t + g of tile t, from column 16c, as 32-bit offsets (x holds at most
+    // 64 rows); a row past the last reads the last, whose products land in batch columns that are
+    // never written. x_at(t, sc) is the lane's first 16 bytes of super-chunk sc in tile t's row,
+    // its four blocks 8 uint4 apart.
+    const T* x_lane = x + 16 * c;
+    uint32_t x_row[NT];
 #pragma unroll
-        for (int t = 0; t < AHEAD; t++) {
-            const int xr = 8 * t + g;
-            x_next[t][0] = x_next[t][1] = make_uint4(0, 0, 0, 0);
-            if (xr < n) {
-                x_next[t][0] = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)xr * in + k));
-                x_next[t][1] = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)xr * in + k + 8));
-            }
-        }
+    for (int t = 0; t < NT; t++) x_row[t] = (uint32_t)min(8 * t + g, n - 1) * (uint32_t)in;
+    auto x_at = [&](int t, int sc) {
+        return reinterpret_cast<const uint4*>(x_lane + (x_row[t] + (uint32_t)sc * MMA_KC));
+    };
+    uint4 x_next[AHEAD][2];
+    auto load_x = [&](const uint4* const* at) {
+#pragma unroll
+        for (int t = 0; t < AHEAD; t++) x_next[t][0] = __ldg(at[t]), x_next[t][1] = __ldg(at[t] + 1);
     };
     // the first item's first block (super-chunk `warp`)
-    if (X_AHEAD && items > 0) load_x((int64_t)warp * MMA_KC + 16 * c);
+    if (X_AHEAD && items > 0) {
+        const uint4* first[AHEAD];
+#pragma unroll
+        for (int t = 0; t < AHEAD; t++) first[t] = x_at(t, warp);
+        load_x(first);
+    }
     const int swz = 2 * (g & 3);
 
     // the computing side: item j is super-chunk slot jj of the block's group gi, in stage st
@@ -688,6 +697,18 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
                 amax_b[b] = __shfl_sync(0xffffffff, mine_b, 4 * g + b);
             }
         }
+        // this super-chunk's x in each tile, and (four tiles and more) the next item's for the
+        // first four tiles (its super-chunk only depends on jj; past the last item, loads of x
+        // that go unused)
+        const uint4* x_item[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) x_item[t] = x_at(t, sc);
+        const uint4* x_following[AHEAD];
+        if (X_AHEAD) {
+            const int next_sc = warp + (jj + 1 < count ? jj + 1 : 0) * warps;
+#pragma unroll
+            for (int t = 0; t < AHEAD; t++) x_following[t] = x_at(t, next_sc);
+        }
         // (four tiles and more: one block at a time, so the compiler does not hold every block's
         // x in registers at once)
 #pragma unroll(NT >= 4 ? 1 : 4)
@@ -699,25 +720,23 @@ __device__ void nf4_lut(const T* __restrict__ x, int n, int in, int groups, int 
             const uint2 wb = *reinterpret_cast<const uint2*>(row_b + at);
             uint32_t a[4][4];
             lut_a(table, wa, wb, lane4, a);
-            const int64_t k = (int64_t)sc * MMA_KC + 64 * b + 16 * c;
             uint4 x_now[AHEAD][2];
             if (X_AHEAD) {
 #pragma unroll
                 for (int t = 0; t < AHEAD; t++) x_now[t][0] = x_next[t][0], x_now[t][1] = x_next[t][1];
-                // the next block: this super-chunk's, else the next item's first (its k only
-                // depends on its super-chunk; past the last item, loads of x that go unused)
-                const int next_jj = jj + 1 < count ? jj + 1 : 0;
-                load_x(b < 3 ? k + 64 : (int64_t)(warp + next_jj * warps) * MMA_KC + 16 * c);
+                // the next block: this super-chunk's, else the next item's first
+                const uint4* next[AHEAD];
+#pragma unroll
+                for (int t = 0; t < AHEAD; t++) next[t] = b < 3 ? x_item[t] + 8 * (b + 1) : x_following[t];
+                load_x(next);
             }
 #pragma unroll
             for (int t = 0; t < NT; t++) {
-                const int xr = 8 * t + g;
-                uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
+                uint4 x0, x1;
                 if (X_AHEAD && t < AHEAD) {
                     x0 = x_now[t < AHEAD ? t : 0][0], x1 = x_now[t < AHEAD ? t : 0][1];
-                } else if (xr < n) {
-                    x0 = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)xr * in + k));
-                    x1 = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)xr * in + k + 8));
+                } else {
+                    x0 = __ldg(x_item[t] + 8 * b), x1 = __ldg(x_item[t] + 8 * b + 1);
                 }
                 float sum[4];
                 lut_block<T>(sum, a, x0, x1);
@@ -1280,9 +1299,10 @@ __device__ void lora_down_split(const T* __restrict__ x, int rows, int in, int k
     __syncthreads();
     if (!last_in) return;
     __threadfence();
+    // (sixteen splits' loads in flight at a time)
     float2 sum = make_float2(0.0f, 0.0f);
     const float* group = ws + (int64_t)cg * splits * 512 + 2 * tid;
-#pragma unroll 4
+#pragma unroll 16
     for (int q = 0; q < splits; q++) {
         const float2 v = __ldcg(reinterpret_cast<const float2*>(group + (int64_t)q * 512));
         sum.x += v.x, sum.y += v.y;
