@@ -95,12 +95,8 @@ fn lora_down_typed<T: CudaDType + WithDType + DeviceRepr>(
         if groups * splits > SPLIT_BLOCKS_PER_SM * sms || groups > SPLIT_MAX_GROUPS {
             bail!("lora_down: {width} columns of h in {splits} splits exceed the workspace");
         }
-        let (ws, counts) = stream_workspace::get(
-            &dev,
-            "lora_down_split",
-            SPLIT_BLOCKS_PER_SM * sms * 512,
-            SPLIT_MAX_GROUPS,
-        )?;
+        let (ws, counts) =
+            stream_workspace::get(&dev, "lora_down_split", workspace_sums(sms), SPLIT_MAX_GROUPS)?;
         let func = KERNELS.function(&dev, &format!("lora_down_split_{}", suffix(T::DTYPE)?))?;
         let (gx, gh) = (x.storage_and_layout().0, h.storage_and_layout().0);
         let (xv, hv) = (view::<T>(&gx, x)?, view::<f32>(&gh, &h)?);
@@ -132,6 +128,13 @@ fn lora_down_typed<T: CudaDType + WithDType + DeviceRepr>(
     drop((gx, gh));
     Ok(h)
 }
+
+/// The f32 sums of `lora_down_split`'s workspace on `sms` multiprocessors (64 × 8 a block); its
+/// counts are `WORKSPACE_COUNTS` (`plan::serving`'s `DECODE_SCRATCH` counts both).
+pub fn workspace_sums(sms: usize) -> usize {
+    SPLIT_BLOCKS_PER_SM * sms * 512
+}
+pub const WORKSPACE_COUNTS: usize = SPLIT_MAX_GROUPS;
 
 /// Rows past which the k-split kernel runs: at 9 to 16 its 64-row blocks idle most threads and
 /// lora_down's two blocks a column were faster (benches/issue38/lut-gemm).

@@ -107,3 +107,19 @@ fn nf4_gemv_refuses_what_it_does_not_take() -> Result<()> {
     assert!(nf4_gemv_applies(&on(randn(&[8, 128], 3), DType::BF16)?, &q));
     Ok(())
 }
+
+/// The serving planner's `DECODE_SCRATCH` holds the decode kernels' workspaces (the lookup GEMM's
+/// fragments and `lora_down_split`'s splits, sums and counts) on the largest GPU it is sized for,
+/// and on an H200's 132 multiprocessors those are what the engine allocates (about 18 MiB).
+#[test]
+fn the_planned_decode_scratch_holds_the_kernels_workspaces() {
+    use crate::plan::serving::{DECODE_SCRATCH, SCRATCH_MULTIPROCESSORS};
+    let bytes = |sms: usize| {
+        4 * (crate::cuda::nf4_lut_gemm::workspace_sums(sms)
+            + crate::cuda::nf4_lut_gemm::WORKSPACE_COUNTS
+            + crate::cuda::lora_down::workspace_sums(sms)
+            + crate::cuda::lora_down::WORKSPACE_COUNTS) as u64
+    };
+    assert_eq!(bytes(SCRATCH_MULTIPROCESSORS as usize), DECODE_SCRATCH);
+    assert_eq!(bytes(132), 132 * (131_072 + 8_192) + 65_536 + 4_096);
+}

@@ -52,6 +52,14 @@ impl Shape {
     }
 }
 
+/// The f32 sums of the lookup GEMM's workspace on `sms` multiprocessors: two fragments a block of
+/// the largest grid, whatever the batch; and its counts, one a tile (`plan::serving`'s
+/// `DECODE_SCRATCH` counts both).
+pub fn workspace_sums(sms: usize) -> usize {
+    [1, 2, 4, 8].iter().map(|&t| 2 * Shape::of(t).per_sm * sms * Shape::of(t).sums).max().unwrap_or(0)
+}
+pub const WORKSPACE_COUNTS: usize = MAX_TILES;
+
 /// Whether the lookup GEMM pays for a launch of `tiles` 128-row tiles of `batch_tiles` tiles of
 /// batch rows on `sms` multiprocessors: where each tile's k is cut into more than 6 fragments
 /// (few rows, as o and down, against a grid of 2–3 blocks a multiprocessor) the fragments' sums
@@ -85,9 +93,7 @@ pub(super) unsafe fn launch<T: WithDType>(
     let shape = Shape::of(batch_tiles);
     let sms = super::multiprocessors(dev)?;
     let grid = (tiles * (in_dim / QUAD)).min(shape.per_sm * sms);
-    // two fragments' sums a block of the largest grid, whatever the batch
-    let most = [1, 2, 4, 8].iter().map(|&t| 2 * Shape::of(t).per_sm * sms * Shape::of(t).sums).max();
-    let (ws, counts) = stream_workspace::get(dev, "nf4_lut_gemm", most.unwrap_or(0), MAX_TILES)?;
+    let (ws, counts) = stream_workspace::get(dev, "nf4_lut_gemm", workspace_sums(sms), MAX_TILES)?;
     let func = kernels.function(dev, &format!("nf4_lut_gemm_{}_{batch_tiles}", suffix(T::DTYPE)?))?;
     func.set_attribute(MAX_DYNAMIC_SMEM, shape.bytes as i32).w()?;
     let cfg = LaunchConfig {

@@ -21,6 +21,18 @@ pub const PREFILL_TOKENS: usize = 16384;
 /// default): more rarely pays, each step's rows are what the replies wait on.
 pub const MAX_PLANNED_BATCH: usize = 256;
 
+/// The decode kernels' scratch on a GPU, one set for the engine's stream, allocated at its first
+/// decode step and kept (src/cuda/stream_workspace.rs): the NF4 lookup GEMM's tile fragments (two
+/// 128-row × 64-batch-row f32 fragments for each of its two blocks a multiprocessor, and a count
+/// for each of 16,384 tiles) and the split LoRA product's partial sums (four blocks a
+/// multiprocessor of 64 × 8 f32, a count for each of 1,024 column groups), sized for a GPU of up
+/// to 160 multiprocessors (an H100 or H200 has 132). The CUDA tests hold the kernels' own sizes to
+/// it.
+pub const DECODE_SCRATCH: u64 =
+    SCRATCH_MULTIPROCESSORS * (2 * 2 * 128 * 64 * 4 + 4 * 64 * 8 * 4) + (1 << 14) * 4 + 1024 * 4;
+/// The multiprocessors `DECODE_SCRATCH` is sized for.
+pub const SCRATCH_MULTIPROCESSORS: u64 = 160;
+
 /// What is served, as far as memory goes.
 #[derive(Debug, Clone)]
 pub struct ServingShape {
@@ -64,6 +76,8 @@ pub struct ServingPlan {
     /// The KV cache's bytes per position of one sequence: layers × kv heads × head_dim × 2 (keys
     /// and values) × the dtype's bytes.
     pub kv_bytes_per_token: u64,
+    /// The decode kernels' scratch (`DECODE_SCRATCH` on a GPU with NF4 weights, else none).
+    pub decode_scratch: u64,
     /// What sizes the dequantized weight: the largest projection's values, the MLP's width and
     /// the dtype's bytes.
     #[serde(skip)]
@@ -102,6 +116,7 @@ impl ServingPlan {
                 + layer_values * b
                 + d.heads * max_seq_len as u64 * 4,
             kv_bytes_per_token,
+            decode_scratch: if shape.gpu && shape.nf4.is_some() { DECODE_SCRATCH } else { 0 },
             dequantized: (largest_weight, d.i, b),
         }
     }
@@ -138,9 +153,9 @@ impl ServingPlan {
     }
 
     /// The planner's bytes with `sequences` sequences decoded together: the fixed parts, the
-    /// largest prefill, and each sequence's share.
+    /// decode kernels' scratch, the largest prefill, and each sequence's share.
     pub fn total(&self, sequences: usize) -> u64 {
-        self.fixed() + self.prefill(sequences) + sequences as u64 * self.per_sequence()
+        self.fixed() + self.decode_scratch + self.prefill(sequences) + sequences as u64 * self.per_sequence()
     }
 
     /// The most sequences whose `total` is within `budget` bytes (0 if not even one); `total`
@@ -274,10 +289,14 @@ pub fn report(m: &ModelConfig, shape: &ServingShape, budget: u64) -> String {
     {
         out += &format!("  {what:<52} {:>8.2} GiB\n", gib(bytes));
     }
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    if p.decode_scratch > 0 {
+        out += &format!("  {:<52} {:>8.2} MiB\n", "decode kernels' scratch", mib(p.decode_scratch));
+    }
     out += &format!(
         "  {:<52} {:>8.2} MiB\n",
         format!("decode step per sequence (at {} positions)", p.max_seq_len),
-        p.step_per_sequence as f64 / (1u64 << 20) as f64
+        mib(p.step_per_sequence)
     );
     out += &format!(
         "  {:<52} {:>8.1} KiB   ({} layers x {} kv heads x {} x 2 x {b} bytes)\n",

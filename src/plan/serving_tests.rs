@@ -77,6 +77,13 @@ fn the_largest_batch_is_the_last_that_fits() {
         }
         assert!(plan.total(n + 1) > budget, "{gib} GiB: {} sequences fit too", n + 1);
     }
+    // the decode kernels' scratch on a GPU (21.3 MiB), none on the CPU, counted once whatever
+    // the batch
+    assert_eq!(plan.decode_scratch, DECODE_SCRATCH);
+    assert_eq!(DECODE_SCRATCH, 160 * (131_072 + 8_192) + 65_536 + 4_096);
+    let cpu = ServingPlan::new(&m, &ServingShape { gpu: false, ..gpu_shape(1) }, 4096);
+    assert_eq!(cpu.decode_scratch, 0);
+    assert_eq!(plan.total(5) - plan.total(4), plan.per_sequence() + plan.prefill(5) - plan.prefill(4));
     assert_eq!(plan.largest_batch(plan.fixed()), 0, "nothing beside the fixed parts");
     assert_eq!(plan.largest_batch(plan.total(7)), 7);
     assert_eq!(plan.largest_batch(plan.total(7) - 1), 6);
