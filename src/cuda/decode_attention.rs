@@ -48,12 +48,17 @@ impl Launch {
 /// once; a diagnostic, for measuring the split).
 fn blocks_per_sm() -> usize {
     static PER_SM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *PER_SM.get_or_init(|| {
-        std::env::var("LORA_FT_ATTENTION_BLOCKS_PER_SM")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or(2)
+    *PER_SM.get_or_init(|| match std::env::var("LORA_FT_ATTENTION_BLOCKS_PER_SM") {
+        Err(_) => 2,
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                tracing::warn!(
+                    "LORA_FT_ATTENTION_BLOCKS_PER_SM={v:?} is not a positive whole number: using 2"
+                );
+                2
+            }
+        },
     })
 }
 

@@ -15,7 +15,7 @@ use half::{bf16, f16};
 use super::nf4_segments::RawSegments;
 pub use super::nf4_segments::{LoraUp, Scales, Segment, MAX_SEGMENTS};
 use super::programmatic_launch::{self, arg};
-use super::{address, cuda_device, nf4_lut_gemm, suffix, view, wrap};
+use super::{address, cuda_device, nf4_lut_gemm, suffix, wrap};
 
 pub static KERNELS: super::module::Kernels = super::module::kernels!("nf4_gemv");
 
@@ -388,9 +388,8 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
         r.block0 = blocks as i32;
         blocks += out_dim.div_ceil(rows_per_block);
     }
-    let gx = x.storage_and_layout().0;
-    let xv = view::<T>(&gx, x)?;
     let (in_i, acc) = (in_dim as i32, accumulate as i32);
+    // x's address for every kernel (the caller holds x across the launch)
     let x_ptr = address(x, &stream)?;
     if kernel == Kernel::Lookup {
         // a persistent grid, each block walking 16-row groups, its warps splitting each group's k;
@@ -432,7 +431,7 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
         };
         let n_i = n as i32;
         let mut b = func.builder();
-        b.arg(&xv).arg(&n_i).arg(&in_i).arg(&acc).arg(&raw);
+        b.arg(&x_ptr).arg(&n_i).arg(&in_i).arg(&acc).arg(&raw);
         unsafe { b.launch(cfg) }.w()?;
         return Ok(());
     }
@@ -447,7 +446,7 @@ unsafe fn launch<T: CudaDType + WithDType + DeviceRepr>(
     };
     let tile_i = tile as i32;
     let mut b = func.builder();
-    b.arg(&xv).arg(&in_i).arg(&tile_i).arg(&acc).arg(&raw);
+    b.arg(&x_ptr).arg(&in_i).arg(&tile_i).arg(&acc).arg(&raw);
     unsafe { b.launch(cfg) }.w()?;
     Ok(())
 }
